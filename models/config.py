@@ -1,0 +1,184 @@
+"""One frozen config for every model in the zoo, validated at construction, plus a presets registry.
+
+A config describes mechanisms, not model names: an encoder is ``causal=False`` with post-LN blocks and learned
+positions, a GPT-2 is ``causal=True`` with pre-LN blocks and learned positions, a Llama is pre-LN with RMSNorm,
+SwiGLU and RoPE. ``model_type`` only records which Hugging Face layout the weights come from / go to.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+POSITION_SCHEMES = ("learned", "sinusoidal", "rope", "alibi", "none")
+ROPE_LAYOUTS = ("half", "interleaved")
+NORMS = ("layernorm", "rmsnorm")
+NORM_PLACEMENTS = ("pre", "post")
+ACTIVATIONS = ("gelu", "gelu_tanh", "relu", "silu")
+MODEL_TYPES = ("bert", "gpt2", "llama")
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+@dataclasses.dataclass(frozen=True)
+class TransformerConfig:
+    """Hyper-parameters of an encoder-only or decoder-only Transformer.
+
+    ``num_kv_heads`` < ``num_heads`` gives grouped-query attention (1 = multi-query). ``head_dim`` defaults to
+    ``hidden_size // num_heads``. ``mlp_gated`` with ``activation="silu"`` is SwiGLU.
+    """
+
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    intermediate_size: int
+    num_kv_heads: int | None = None
+    head_dim: int | None = None
+    max_position_embeddings: int = 512
+    model_type: str = "gpt2"
+    causal: bool = True
+    position: str = "learned"
+    rope_theta: float = 10_000.0
+    rope_layout: str = "half"
+    norm: str = "layernorm"
+    norm_eps: float = 1e-5
+    norm_placement: str = "pre"
+    embedding_norm: bool = False
+    final_norm: bool = True
+    activation: str = "gelu_tanh"
+    mlp_gated: bool = False
+    attention_bias: bool = True
+    mlp_bias: bool = True
+    tie_word_embeddings: bool = True
+    type_vocab_size: int = 0
+    num_labels: int = 2
+    dropout: float = 0.0
+    initializer_range: float = 0.02
+    pad_token_id: int | None = None
+    bos_token_id: int | None = None
+    eos_token_id: int | None = None
+    dtype: str = "float32"
+    param_dtype: str = "float32"
+
+    def __post_init__(self) -> None:
+        if self.num_kv_heads is None:
+            object.__setattr__(self, "num_kv_heads", self.num_heads)
+        if self.head_dim is None:
+            if self.num_heads > 0 and self.hidden_size % self.num_heads != 0:
+                raise ValueError(
+                    f"hidden_size={self.hidden_size} is not divisible by num_heads={self.num_heads}; "
+                    "expected a multiple of num_heads (or pass head_dim explicitly)"
+                )
+            object.__setattr__(self, "head_dim", self.hidden_size // max(self.num_heads, 1))
+        self._validate()
+
+    def _validate(self) -> None:
+        for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size",
+                     "num_kv_heads", "head_dim", "max_position_embeddings", "num_labels"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name}={value!r}: expected a positive integer")
+        if self.num_heads % self.num_kv_heads != 0:
+            raise ValueError(
+                f"num_kv_heads={self.num_kv_heads} does not divide num_heads={self.num_heads}; "
+                "expected a divisor of num_heads (grouped-query attention)"
+            )
+        choices = {
+            "position": POSITION_SCHEMES, "rope_layout": ROPE_LAYOUTS, "norm": NORMS,
+            "norm_placement": NORM_PLACEMENTS, "activation": ACTIVATIONS, "model_type": MODEL_TYPES,
+            "dtype": DTYPES, "param_dtype": DTYPES,
+        }
+        for name, allowed in choices.items():
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name}={getattr(self, name)!r}: expected one of {allowed}")
+        if self.position == "rope" and self.head_dim % 2 != 0:
+            raise ValueError(f"head_dim={self.head_dim}: RoPE needs an even head dimension")
+        if self.position == "sinusoidal" and self.hidden_size % 2 != 0:
+            raise ValueError(f"hidden_size={self.hidden_size}: sinusoidal positions need an even width")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout={self.dropout}: expected a rate in [0, 1)")
+        if self.norm_eps <= 0:
+            raise ValueError(f"norm_eps={self.norm_eps}: expected a positive number")
+        if self.type_vocab_size < 0:
+            raise ValueError(f"type_vocab_size={self.type_vocab_size}: expected >= 0")
+        for name in ("pad_token_id", "bos_token_id", "eos_token_id"):
+            value = getattr(self, name)
+            if value is not None and not 0 <= value < self.vocab_size:
+                raise ValueError(f"{name}={value}: expected a token id in [0, {self.vocab_size})")
+
+    @property
+    def is_encoder(self) -> bool:
+        return not self.causal
+
+    def replace(self, **changes: Any) -> "TransformerConfig":
+        """A copy with ``changes`` applied (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> "TransformerConfig":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"unknown TransformerConfig fields {unknown}; expected a subset of {sorted(known)}")
+        return cls(**values)
+
+
+def _bert(**kw: Any) -> TransformerConfig:
+    base = dict(
+        vocab_size=30522, max_position_embeddings=512, model_type="bert", causal=False, position="learned",
+        norm="layernorm", norm_eps=1e-12, norm_placement="post", embedding_norm=True, final_norm=False,
+        activation="gelu", type_vocab_size=2, pad_token_id=0, dropout=0.1,
+    )
+    return TransformerConfig(**{**base, **kw})
+
+
+def _gpt2(**kw: Any) -> TransformerConfig:
+    base = dict(
+        vocab_size=50257, max_position_embeddings=1024, model_type="gpt2", causal=True, position="learned",
+        norm="layernorm", norm_eps=1e-5, norm_placement="pre", final_norm=True, activation="gelu_tanh",
+        bos_token_id=50256, eos_token_id=50256, dropout=0.1,
+    )
+    return TransformerConfig(**{**base, **kw})
+
+
+def _llama(**kw: Any) -> TransformerConfig:
+    base = dict(
+        model_type="llama", causal=True, position="rope", rope_layout="half", norm="rmsnorm", norm_eps=1e-5,
+        norm_placement="pre", final_norm=True, activation="silu", mlp_gated=True, attention_bias=False,
+        mlp_bias=False, dropout=0.0,
+    )
+    return TransformerConfig(**{**base, **kw})
+
+
+PRESETS: dict[str, TransformerConfig] = {
+    "bert-base-uncased": _bert(hidden_size=768, num_layers=12, num_heads=12, intermediate_size=3072),
+    "bert-large-uncased": _bert(hidden_size=1024, num_layers=24, num_heads=16, intermediate_size=4096),
+    "all-minilm-l6-v2": _bert(hidden_size=384, num_layers=6, num_heads=12, intermediate_size=1536),
+    "gpt2": _gpt2(hidden_size=768, num_layers=12, num_heads=12, intermediate_size=3072),
+    "gpt2-medium": _gpt2(hidden_size=1024, num_layers=24, num_heads=16, intermediate_size=4096),
+    "gpt2-large": _gpt2(hidden_size=1280, num_layers=36, num_heads=20, intermediate_size=5120),
+    "gpt2-xl": _gpt2(hidden_size=1600, num_layers=48, num_heads=25, intermediate_size=6400),
+    "smollm2-135m": _llama(
+        vocab_size=49152, hidden_size=576, num_layers=30, num_heads=9, num_kv_heads=3, intermediate_size=1536,
+        max_position_embeddings=8192, rope_theta=100_000.0, tie_word_embeddings=True, bos_token_id=1,
+        eos_token_id=2,
+    ),
+    # Tiny configs for tests and smoke runs.
+    "bert-tiny": _bert(vocab_size=1000, hidden_size=64, num_layers=2, num_heads=4, intermediate_size=128,
+                       max_position_embeddings=128, dropout=0.0),
+    "gpt2-tiny": _gpt2(vocab_size=1000, hidden_size=64, num_layers=2, num_heads=4, intermediate_size=256,
+                       max_position_embeddings=128, bos_token_id=0, eos_token_id=0, dropout=0.0),
+    "llama-tiny": _llama(vocab_size=1000, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
+                         intermediate_size=128, max_position_embeddings=128, tie_word_embeddings=False,
+                         bos_token_id=1, eos_token_id=2),
+}
+
+
+def get_preset(name: str, **overrides: Any) -> TransformerConfig:
+    """The preset ``name`` with ``overrides`` applied, e.g. ``get_preset("gpt2", dropout=0.0)``."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; expected one of {sorted(PRESETS)}")
+    return PRESETS[name].replace(**overrides) if overrides else PRESETS[name]

@@ -1,0 +1,116 @@
+"""Input embeddings (token + position + token type) and the tied output projection."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from models.config import TransformerConfig
+from models.layers.linear import logical_param
+from models.layers.norms import make_norm
+from models.layers.positions import LearnedPositions, sinusoidal_table
+
+
+def is_concrete(x) -> bool:
+    """True for values known now (numpy, concrete jax arrays); False for tracers inside jit."""
+    return not isinstance(x, jax.core.Tracer)
+
+
+def check_index_range(ids, upper: int, name: str) -> None:
+    """Raise ``ValueError`` if concrete ``ids`` fall outside ``[0, upper)``.
+
+    JAX gathers clamp out-of-range indices silently, so ids are checked at the model boundary. Inside ``jit`` the
+    values are unknown and the check is skipped: validate data before it reaches a compiled step.
+    """
+    if ids is None or not is_concrete(ids):
+        return
+    ids = np.asarray(ids)
+    if ids.size == 0:
+        return
+    low, high = int(ids.min()), int(ids.max())
+    if low < 0 or high >= upper:
+        bad = low if low < 0 else high
+        raise ValueError(f"{name} contains {bad}: expected values in [0, {upper})")
+
+
+class TokenEmbedding(nnx.Module):
+    """A ``[vocab, hidden]`` table; ``attend`` reuses it as the tied output projection."""
+
+    def __init__(self, vocab_size: int, hidden_size: int, *, rngs: nnx.Rngs, init_std: float = 0.02,
+                 dtype=jnp.float32, param_dtype=jnp.float32):
+        self.dtype = dtype
+        self.embedding = logical_param(rngs, jax.nn.initializers.normal(init_std), (vocab_size, hidden_size),
+                                       ("vocab", "embed"), param_dtype)
+
+    def __call__(self, ids: jax.Array) -> jax.Array:
+        """``[batch, seq]`` int → ``[batch, seq, hidden]``."""
+        return jnp.take(self.embedding[...], ids, axis=0).astype(self.dtype)
+
+    def attend(self, hidden: jax.Array) -> jax.Array:
+        """Tied output logits ``hidden · tableᵀ``: ``[batch, seq, hidden]`` → ``[batch, seq, vocab]``."""
+        return jnp.einsum("bsd,vd->bsv", hidden.astype(self.dtype), self.embedding[...].astype(self.dtype))
+
+
+class InputEmbeddings(nnx.Module):
+    """Token embedding + absolute positions (learned or sinusoidal) + token types, then an optional norm (BERT)."""
+
+    def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
+        self.config = config
+        dtype, param_dtype = jnp.dtype(config.dtype), jnp.dtype(config.param_dtype)
+        std = config.initializer_range
+        self.tokens = TokenEmbedding(config.vocab_size, config.hidden_size, rngs=rngs, init_std=std, dtype=dtype,
+                                     param_dtype=param_dtype)
+        self.positions = (LearnedPositions(config.max_position_embeddings, config.hidden_size, rngs=rngs,
+                                           init_std=std, param_dtype=param_dtype)
+                          if config.position == "learned" else None)
+        self.sinusoids = (nnx.Variable(jnp.asarray(sinusoidal_table(config.max_position_embeddings,
+                                                                    config.hidden_size)))
+                          if config.position == "sinusoidal" else None)
+        self.token_types = (logical_param(rngs, jax.nn.initializers.normal(std),
+                                          (config.type_vocab_size, config.hidden_size), (None, "embed"), param_dtype)
+                            if config.type_vocab_size else None)
+        self.norm = make_norm(config, rngs) if config.embedding_norm else None
+        self.dropout = nnx.Dropout(config.dropout, rngs=rngs)
+
+    def __call__(self, input_ids: jax.Array, positions: jax.Array, token_type_ids: jax.Array | None = None
+                 ) -> jax.Array:
+        """``[batch, seq]`` ids and positions → ``[batch, seq, hidden]``."""
+        x = self.tokens(input_ids)
+        if self.positions is not None:
+            x = x + self.positions(positions).astype(x.dtype)
+        if self.sinusoids is not None:
+            x = x + jnp.take(self.sinusoids[...], positions, axis=0).astype(x.dtype)
+        if self.token_types is not None:
+            types = jnp.zeros_like(input_ids) if token_type_ids is None else token_type_ids
+            x = x + jnp.take(self.token_types[...], types, axis=0).astype(x.dtype)
+        if self.norm is not None:
+            x = self.norm(x)
+        return self.dropout(x)
+
+
+class LMHead(nnx.Module):
+    """Hidden states → vocabulary logits, tied to the token table or with its own kernel, optional bias.
+
+    ``[batch, seq, hidden]`` → ``[batch, seq, vocab]`` in float32.
+    """
+
+    def __init__(self, config: TransformerConfig, *, use_bias: bool, rngs: nnx.Rngs):
+        self.kernel = (None if config.tie_word_embeddings else
+                       logical_param(rngs, jax.nn.initializers.normal(config.initializer_range),
+                                     (config.hidden_size, config.vocab_size), ("embed", "vocab"),
+                                     jnp.dtype(config.param_dtype)))
+        self.bias = (logical_param(rngs, jax.nn.initializers.zeros, (config.vocab_size,), ("vocab",),
+                                   jnp.dtype(config.param_dtype)) if use_bias else None)
+        self.dtype = jnp.dtype(config.dtype)
+
+    def __call__(self, hidden: jax.Array, tokens: TokenEmbedding) -> jax.Array:
+        if self.kernel is None:
+            logits = tokens.attend(hidden)
+        else:
+            logits = jnp.einsum("bsd,dv->bsv", hidden.astype(self.dtype), self.kernel[...].astype(self.dtype))
+        logits = logits.astype(jnp.float32)
+        if self.bias is not None:
+            logits = logits + self.bias[...]
+        return logits

@@ -1,0 +1,52 @@
+"""Parameters with logical sharding names, and the one dense projection every layer uses."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+Axes = tuple[str | None, ...]
+
+
+def logical_param(rngs: nnx.Rngs, init: jax.nn.initializers.Initializer, shape: Sequence[int], axes: Axes,
+                  dtype: jnp.dtype = jnp.float32) -> nnx.Param:
+    """A parameter tagged with logical axis names (e.g. ``("embed", "mlp")``).
+
+    The names are only metadata here: ``train/sharding.py`` maps them to mesh axes. ``eager_sharding=False`` lets a
+    model be built with no mesh in scope (a notebook, a test, ``eval_shape``).
+    """
+    if len(axes) != len(shape):
+        raise ValueError(f"axes {axes} do not match shape {tuple(shape)}")
+    return nnx.Param(init(rngs.params(), tuple(shape), dtype), sharding_names=tuple(axes), eager_sharding=False)
+
+
+class Dense(nnx.Module):
+    """``y = x · kernel + bias``, contracting the last ``len(in_shape)`` axes of ``x``.
+
+    The kernel has shape ``in_shape + out_shape`` so that heads stay a named axis:
+    ``Dense((d,), (heads, head_dim))`` maps ``[batch, seq, d]`` to ``[batch, seq, heads, head_dim]``.
+    """
+
+    def __init__(self, in_shape: Sequence[int], out_shape: Sequence[int], *, axes: Axes, use_bias: bool,
+                 rngs: nnx.Rngs, init_std: float = 0.02, dtype: jnp.dtype = jnp.float32,
+                 param_dtype: jnp.dtype = jnp.float32):
+        self.in_shape, self.out_shape = tuple(in_shape), tuple(out_shape)
+        self.dtype = dtype
+        self.kernel = logical_param(rngs, jax.nn.initializers.normal(init_std), self.in_shape + self.out_shape,
+                                    axes, param_dtype)
+        out_axes = tuple(axes[len(self.in_shape):])
+        self.bias = (logical_param(rngs, jax.nn.initializers.zeros, self.out_shape, out_axes, param_dtype)
+                     if use_bias else None)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        n_in = len(self.in_shape)
+        if x.shape[x.ndim - n_in:] != self.in_shape:
+            raise ValueError(f"Dense expected trailing shape {self.in_shape}, got input shape {x.shape}")
+        contract = (tuple(range(x.ndim - n_in, x.ndim)), tuple(range(n_in)))
+        y = jax.lax.dot_general(x.astype(self.dtype), self.kernel[...].astype(self.dtype), (contract, ((), ())))
+        if self.bias is not None:
+            y = y + self.bias[...].astype(self.dtype)
+        return y

@@ -1,0 +1,55 @@
+"""LayerNorm and RMSNorm (statistics in fp32), and the pre-LN / post-LN residual wiring."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from models.config import TransformerConfig
+from models.layers.linear import logical_param
+
+
+class LayerNorm(nnx.Module):
+    """``(x - mean) / sqrt(var + eps) * scale + bias`` over the last axis ``[..., features]``."""
+
+    def __init__(self, features: int, *, eps: float, rngs: nnx.Rngs, dtype=jnp.float32, param_dtype=jnp.float32):
+        self.eps, self.dtype = eps, dtype
+        self.scale = logical_param(rngs, jax.nn.initializers.ones, (features,), ("norm",), param_dtype)
+        self.bias = logical_param(rngs, jax.nn.initializers.zeros, (features,), ("norm",), param_dtype)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        x32 = x.astype(jnp.float32)
+        mean = x32.mean(-1, keepdims=True)
+        var = jnp.square(x32 - mean).mean(-1, keepdims=True)
+        y = (x32 - mean) * jax.lax.rsqrt(var + self.eps)
+        return (y * self.scale[...] + self.bias[...]).astype(self.dtype)
+
+
+class RMSNorm(nnx.Module):
+    """``x / sqrt(mean(x²) + eps) * scale`` over the last axis (Zhang & Sennrich, 2019), as Llama uses it."""
+
+    def __init__(self, features: int, *, eps: float, rngs: nnx.Rngs, dtype=jnp.float32, param_dtype=jnp.float32):
+        self.eps, self.dtype = eps, dtype
+        self.scale = logical_param(rngs, jax.nn.initializers.ones, (features,), ("norm",), param_dtype)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        x32 = x.astype(jnp.float32)
+        y = x32 * jax.lax.rsqrt(jnp.square(x32).mean(-1, keepdims=True) + self.eps)
+        return (y * self.scale[...]).astype(self.dtype)
+
+
+def make_norm(config: TransformerConfig, rngs: nnx.Rngs) -> LayerNorm | RMSNorm:
+    """The norm the config names, over ``hidden_size`` features."""
+    cls = RMSNorm if config.norm == "rmsnorm" else LayerNorm
+    return cls(config.hidden_size, eps=config.norm_eps, rngs=rngs, dtype=jnp.dtype(config.dtype),
+               param_dtype=jnp.dtype(config.param_dtype))
+
+
+def residual(x: jax.Array, sublayer: Callable[[jax.Array], jax.Array], norm: nnx.Module, placement: str) -> jax.Array:
+    """One residual branch: pre-LN ``x + f(norm(x))`` (GPT-2, Llama) or post-LN ``norm(x + f(x))`` (BERT)."""
+    if placement == "pre":
+        return x + sublayer(norm(x))
+    return norm(x + sublayer(x))

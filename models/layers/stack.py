@@ -1,0 +1,134 @@
+"""The layer stack both families share: input checks, embeddings, masks, positions, blocks, final norm."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from models.config import TransformerConfig
+from models.layers.attention import KVCache, make_attention_mask
+from models.layers.block import TransformerBlock
+from models.layers.embeddings import InputEmbeddings, check_index_range, is_concrete
+from models.layers.norms import make_norm
+from models.layers.positions import alibi_bias
+
+
+class StackOutput(NamedTuple):
+    """``hidden: [batch, seq, hidden]``; ``cache``: one KVCache per layer (decoding only); ``attention_weights``:
+    one ``[batch, heads, q, k]`` array per layer when asked for."""
+
+    hidden: jax.Array
+    cache: tuple[KVCache, ...] | None = None
+    attention_weights: tuple[jax.Array, ...] | None = None
+
+
+def _check_mask(mask, expected_shape: tuple[int, ...], name: str) -> None:
+    if mask is None:
+        return
+    if tuple(mask.shape) != tuple(expected_shape):
+        raise ValueError(f"{name} has shape {tuple(mask.shape)}: expected {tuple(expected_shape)} "
+                         "(one entry per token, 1 = real token, 0 = padding)")
+    if is_concrete(mask):
+        values = np.unique(np.asarray(mask))
+        if not np.isin(values, [0, 1]).all():
+            raise ValueError(f"{name} holds values {values.tolist()}: expected only 0 and 1")
+
+
+class TransformerStack(nnx.Module):
+    """Embeddings → ``num_layers`` blocks → final norm (pre-LN models). Causal or bidirectional per the config."""
+
+    def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
+        self.config = config
+        self.embeddings = InputEmbeddings(config, rngs=rngs)
+        self.layers = nnx.List([TransformerBlock(config, rngs=rngs) for _ in range(config.num_layers)])
+        self.final_norm = make_norm(config, rngs) if config.final_norm else None
+
+    def default_positions(self, attention_mask: jax.Array | None, batch: int, seq: int,
+                          offset: jax.Array | int = 0) -> jax.Array:
+        """``[batch, seq]`` positions. Decoders count real tokens only (``cumsum(mask) - 1``) so left padding does
+        not shift them; encoders use ``0..seq-1`` as BERT does."""
+        if attention_mask is not None and self.config.causal:
+            return jnp.maximum(jnp.cumsum(attention_mask.astype(jnp.int32), axis=-1) - 1, 0)
+        return jnp.broadcast_to(jnp.arange(seq, dtype=jnp.int32) + offset, (batch, seq))
+
+    def check_inputs(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None,
+                     total_length: int | None = None) -> None:
+        """Raise ``ValueError`` for inputs the compiled model would silently mishandle."""
+        config = self.config
+        if input_ids.ndim != 2:
+            raise ValueError(f"input_ids has shape {tuple(input_ids.shape)}: expected [batch, seq]")
+        if not jnp.issubdtype(input_ids.dtype, jnp.integer):
+            raise ValueError(f"input_ids has dtype {input_ids.dtype}: expected integer token ids")
+        check_index_range(input_ids, config.vocab_size, "input_ids")
+        length = total_length if total_length is not None else input_ids.shape[1]
+        if config.position in ("learned", "sinusoidal") and length > config.max_position_embeddings:
+            raise ValueError(f"sequence length {length} exceeds max_position_embeddings="
+                             f"{config.max_position_embeddings} of this model's {config.position} positions")
+        _check_mask(attention_mask, input_ids.shape, "attention_mask")
+        if token_type_ids is not None:
+            if tuple(token_type_ids.shape) != tuple(input_ids.shape):
+                raise ValueError(f"token_type_ids has shape {tuple(token_type_ids.shape)}: expected "
+                                 f"{tuple(input_ids.shape)}")
+            if not config.type_vocab_size:
+                raise ValueError("token_type_ids given but this model has no token-type embeddings "
+                                 "(type_vocab_size=0)")
+            check_index_range(token_type_ids, config.type_vocab_size, "token_type_ids")
+        if position_ids is not None:
+            if tuple(position_ids.shape) != tuple(input_ids.shape):
+                raise ValueError(f"position_ids has shape {tuple(position_ids.shape)}: expected "
+                                 f"{tuple(input_ids.shape)}")
+            if config.position in ("learned", "sinusoidal"):
+                check_index_range(position_ids, config.max_position_embeddings, "position_ids")
+
+    def __call__(self, input_ids: jax.Array, attention_mask: jax.Array | None = None,
+                 token_type_ids: jax.Array | None = None, position_ids: jax.Array | None = None, *,
+                 cache: tuple[KVCache, ...] | None = None, cache_index: jax.Array | None = None,
+                 key_valid: jax.Array | None = None, return_attention_weights: bool = False) -> StackOutput:
+        """Run the stack on ``input_ids: [batch, seq]``.
+
+        ``attention_mask: [batch, seq]`` (1 = token, 0 = padding). For decoding against a cache, pass ``cache``,
+        ``cache_index`` (the slot of the first new token) and ``key_valid: [batch, max_len]`` (which cache slots hold
+        real tokens, including the new ones) instead of ``attention_mask``, and explicit ``position_ids``.
+        """
+        config = self.config
+        batch, seq = input_ids.shape
+        if cache is None:
+            self.check_inputs(input_ids, attention_mask, token_type_ids, position_ids)
+            if position_ids is None:
+                position_ids = self.default_positions(attention_mask, batch, seq)
+            query_slots = key_slots = jnp.arange(seq)
+            key_positions = position_ids
+            mask = make_attention_mask(None, attention_mask, causal=config.causal and attention_mask is not None,
+                                       query_slots=query_slots, key_slots=key_slots)
+        else:
+            if position_ids is None or key_valid is None:
+                raise ValueError("decoding with a cache needs position_ids and key_valid")
+            max_len = cache[0].key.shape[1]
+            query_slots = cache_index + jnp.arange(seq)
+            key_slots = jnp.arange(max_len)
+            # A cache slot's position: real tokens are counted, as in default_positions.
+            key_positions = jnp.maximum(jnp.cumsum(key_valid.astype(jnp.int32), axis=-1) - 1, 0)
+            mask = make_attention_mask(None, key_valid, causal=config.causal, query_slots=query_slots,
+                                       key_slots=key_slots)
+        bias = (alibi_bias(config.num_heads, position_ids, key_positions, causal=config.causal)
+                if config.position == "alibi" else None)
+        x = self.embeddings(input_ids, position_ids, token_type_ids)
+        new_cache, weights = [], []
+        for i, layer in enumerate(self.layers):
+            x, layer_cache, layer_weights = layer(
+                x, positions=position_ids, mask=mask, bias=bias, cache=None if cache is None else cache[i],
+                cache_index=cache_index, return_weights=return_attention_weights)
+            new_cache.append(layer_cache)
+            weights.append(layer_weights)
+        if self.final_norm is not None:
+            x = self.final_norm(x)
+        return StackOutput(x, tuple(new_cache) if cache is not None else None,
+                           tuple(weights) if return_attention_weights else None)
+
+    def init_cache(self, batch: int, max_len: int) -> tuple[KVCache, ...]:
+        """Empty per-layer caches ``[batch, max_len, kv_heads, head_dim]``."""
+        return tuple(KVCache.zeros(self.config, batch, max_len) for _ in range(self.config.num_layers))
