@@ -20,7 +20,7 @@ def logical_param(rngs: nnx.Rngs, init: jax.nn.initializers.Initializer, shape: 
     """
     if len(axes) != len(shape):
         raise ValueError(f"axes {axes} do not match shape {tuple(shape)}")
-    return nnx.Param(init(rngs.params(), tuple(shape), dtype), sharding_names=tuple(axes), eager_sharding=False)
+    return nnx.Param(init(rngs.params(), tuple(shape), dtype), out_sharding=tuple(axes), eager_sharding=False)
 
 
 class Dense(nnx.Module):
