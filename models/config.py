@@ -111,7 +111,18 @@ class TransformerConfig:
         return not self.causal
 
     def replace(self, **changes: Any) -> "TransformerConfig":
-        """A copy with ``changes`` applied (validated again)."""
+        """A copy with ``changes`` applied (validated again).
+
+        ``head_dim`` and ``num_kv_heads`` that hold their defaults (``hidden_size // num_heads``, ``num_heads``) are
+        derived again from the new ``hidden_size`` / ``num_heads`` unless ``changes`` sets them: otherwise
+        ``get_preset("gpt2-tiny", num_heads=8)`` would keep 4 KV heads of width 16 (silently grouped-query attention
+        over 128 features of a 64-wide model) and an indivisible ``hidden_size`` would not be reported.
+        """
+        if "head_dim" not in changes and ({"hidden_size", "num_heads"} & changes.keys()) and \
+                self.head_dim == self.hidden_size // self.num_heads:
+            changes["head_dim"] = None
+        if "num_kv_heads" not in changes and "num_heads" in changes and self.num_kv_heads == self.num_heads:
+            changes["num_kv_heads"] = None
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:

@@ -74,16 +74,17 @@ class InputEmbeddings(nnx.Module):
         self.norm = make_norm(config, rngs) if config.embedding_norm else None
         self.dropout = nnx.Dropout(config.dropout, rngs=rngs)
 
-    def __call__(self, input_ids: jax.Array, positions: jax.Array, token_type_ids: jax.Array | None = None
-                 ) -> jax.Array:
-        """``[batch, seq]`` ids and positions → ``[batch, seq, hidden]``."""
-        x = self.tokens(input_ids)
+    def __call__(self, input_ids: jax.Array | None, positions: jax.Array, token_type_ids: jax.Array | None = None,
+                 *, inputs_embeds: jax.Array | None = None) -> jax.Array:
+        """``[batch, seq]`` ids and positions → ``[batch, seq, hidden]``. ``inputs_embeds: [batch, seq, hidden]``, when
+        given, is used in place of the token lookup (``input_ids`` is then ignored)."""
+        x = self.tokens(input_ids) if inputs_embeds is None else inputs_embeds.astype(self.tokens.dtype)
         if self.positions is not None:
             x = x + self.positions(positions).astype(x.dtype)
         if self.sinusoids is not None:
             x = x + jnp.take(self.sinusoids[...], positions, axis=0).astype(x.dtype)
         if self.token_types is not None:
-            types = jnp.zeros_like(input_ids) if token_type_ids is None else token_type_ids
+            types = jnp.zeros(positions.shape, jnp.int32) if token_type_ids is None else token_type_ids
             x = x + jnp.take(self.token_types[...], types, axis=0).astype(x.dtype)
         if self.norm is not None:
             x = self.norm(x)

@@ -56,48 +56,60 @@ class TransformerStack(nnx.Module):
         return jnp.broadcast_to(jnp.arange(seq, dtype=jnp.int32) + offset, (batch, seq))
 
     def check_inputs(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None,
-                     total_length: int | None = None) -> None:
+                     total_length: int | None = None, *, inputs_embeds=None) -> None:
         """Raise ``ValueError`` for inputs the compiled model would silently mishandle."""
         config = self.config
-        if input_ids.ndim != 2:
-            raise ValueError(f"input_ids has shape {tuple(input_ids.shape)}: expected [batch, seq]")
-        if not jnp.issubdtype(input_ids.dtype, jnp.integer):
-            raise ValueError(f"input_ids has dtype {input_ids.dtype}: expected integer token ids")
-        check_index_range(input_ids, config.vocab_size, "input_ids")
-        length = total_length if total_length is not None else input_ids.shape[1]
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("pass exactly one of input_ids [batch, seq] and inputs_embeds [batch, seq, hidden]")
+        if inputs_embeds is not None:
+            if inputs_embeds.ndim != 3 or inputs_embeds.shape[-1] != config.hidden_size:
+                raise ValueError(f"inputs_embeds has shape {tuple(inputs_embeds.shape)}: expected "
+                                 f"[batch, seq, {config.hidden_size}]")
+            shape = tuple(inputs_embeds.shape[:2])
+        else:
+            if input_ids.ndim != 2:
+                raise ValueError(f"input_ids has shape {tuple(input_ids.shape)}: expected [batch, seq]")
+            if not jnp.issubdtype(input_ids.dtype, jnp.integer):
+                raise ValueError(f"input_ids has dtype {input_ids.dtype}: expected integer token ids")
+            check_index_range(input_ids, config.vocab_size, "input_ids")
+            shape = tuple(input_ids.shape)
+        length = total_length if total_length is not None else shape[1]
         if config.position in ("learned", "sinusoidal") and length > config.max_position_embeddings:
             raise ValueError(f"sequence length {length} exceeds max_position_embeddings="
                              f"{config.max_position_embeddings} of this model's {config.position} positions")
-        _check_mask(attention_mask, input_ids.shape, "attention_mask")
+        _check_mask(attention_mask, shape, "attention_mask")
         if token_type_ids is not None:
-            if tuple(token_type_ids.shape) != tuple(input_ids.shape):
-                raise ValueError(f"token_type_ids has shape {tuple(token_type_ids.shape)}: expected "
-                                 f"{tuple(input_ids.shape)}")
+            if tuple(token_type_ids.shape) != shape:
+                raise ValueError(f"token_type_ids has shape {tuple(token_type_ids.shape)}: expected {shape}")
             if not config.type_vocab_size:
                 raise ValueError("token_type_ids given but this model has no token-type embeddings "
                                  "(type_vocab_size=0)")
             check_index_range(token_type_ids, config.type_vocab_size, "token_type_ids")
         if position_ids is not None:
-            if tuple(position_ids.shape) != tuple(input_ids.shape):
-                raise ValueError(f"position_ids has shape {tuple(position_ids.shape)}: expected "
-                                 f"{tuple(input_ids.shape)}")
+            if tuple(position_ids.shape) != shape:
+                raise ValueError(f"position_ids has shape {tuple(position_ids.shape)}: expected {shape}")
             if config.position in ("learned", "sinusoidal"):
                 check_index_range(position_ids, config.max_position_embeddings, "position_ids")
 
-    def __call__(self, input_ids: jax.Array, attention_mask: jax.Array | None = None,
+    def __call__(self, input_ids: jax.Array | None, attention_mask: jax.Array | None = None,
                  token_type_ids: jax.Array | None = None, position_ids: jax.Array | None = None, *,
-                 cache: tuple[KVCache, ...] | None = None, cache_index: jax.Array | None = None,
-                 key_valid: jax.Array | None = None, return_attention_weights: bool = False) -> StackOutput:
+                 inputs_embeds: jax.Array | None = None, cache: tuple[KVCache, ...] | None = None,
+                 cache_index: jax.Array | None = None, key_valid: jax.Array | None = None,
+                 return_attention_weights: bool = False) -> StackOutput:
         """Run the stack on ``input_ids: [batch, seq]``.
 
         ``attention_mask: [batch, seq]`` (1 = token, 0 = padding). For decoding against a cache, pass ``cache``,
         ``cache_index`` (the slot of the first new token) and ``key_valid: [batch, max_len]`` (which cache slots hold
         real tokens, including the new ones) instead of ``attention_mask``, and explicit ``position_ids``.
+
+        ``inputs_embeds: [batch, seq, hidden]``, given instead of ``input_ids`` (which must then be None), replaces the
+        token-embedding lookup; positions, token types and the embedding norm are still added. It lets a caller
+        differentiate with respect to the inputs (e.g. to check causality) or feed soft prompts.
         """
         config = self.config
-        batch, seq = input_ids.shape
+        batch, seq = (input_ids if inputs_embeds is None else inputs_embeds).shape[:2]
         if cache is None:
-            self.check_inputs(input_ids, attention_mask, token_type_ids, position_ids)
+            self.check_inputs(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds=inputs_embeds)
             if position_ids is None:
                 position_ids = self.default_positions(attention_mask, batch, seq)
             query_slots = key_slots = jnp.arange(seq)
@@ -116,7 +128,7 @@ class TransformerStack(nnx.Module):
                                        key_slots=key_slots)
         bias = (alibi_bias(config.num_heads, position_ids, key_positions, causal=config.causal)
                 if config.position == "alibi" else None)
-        x = self.embeddings(input_ids, position_ids, token_type_ids)
+        x = self.embeddings(input_ids, position_ids, token_type_ids, inputs_embeds=inputs_embeds)
         new_cache, weights = [], []
         for i, layer in enumerate(self.layers):
             x, layer_cache, layer_weights = layer(

@@ -1,0 +1,199 @@
+"""``models.generate`` (compiled KV-cache loop) against plain full forward passes, padding, eos and samplers."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import models
+from models import get_preset
+from models.generate import sample_logits
+
+KINDS = {
+    "gpt2": dict(name="gpt2-tiny"),
+    "llama": dict(name="llama-tiny"),  # grouped-query attention (4 heads, 2 KV heads), RoPE
+    "alibi": dict(name="gpt2-tiny", position="alibi"),
+}
+NEW = 32
+
+
+@functools.lru_cache(maxsize=None)
+def model_for(kind: str) -> nnx.Module:
+    """A random tiny decoder with its matrices scaled up (init std 0.02 → 0.2) so that greedy decoding is not a
+    constant token; one per kind for the module (compiling an initialiser costs seconds)."""
+    spec = dict(KINDS[kind])
+    model = models.create_model(get_preset(spec.pop("name"), **spec), seed=0)
+    graphdef, state = nnx.split(model)
+    return nnx.merge(graphdef, jax.tree.map(lambda x: x * 10.0 if x.ndim >= 2 else x, state))
+
+
+@functools.lru_cache(maxsize=None)
+def forward_for(kind: str):
+    """Full forward pass without a cache, compiled once per input shape."""
+    graphdef, state = nnx.split(model_for(kind))
+    run = jax.jit(lambda state, ids, mask: nnx.merge(graphdef, state)(ids, mask))
+    return lambda ids, mask=None: np.asarray(run(state, jnp.asarray(ids), None if mask is None else jnp.asarray(mask)))
+
+
+def prompts(batch: int, length: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).integers(3, 1000, (batch, length)).astype(np.int32)
+
+
+def greedy_by_full_passes(kind: str, prompt: np.ndarray, new: int) -> np.ndarray:
+    """Greedy decoding the slow way: a full forward pass (no cache) per new token, argmax of the last real position.
+
+    Each pass runs over one fixed-size buffer (the sequence so far, then filler) so that it compiles once; the filler
+    after position t cannot reach position t's logits in a causal model (test_models.test_decoder_is_causal)."""
+    forward = forward_for(kind)
+    batch, length = prompt.shape
+    buffer = np.zeros((batch, length + new), np.int32)
+    buffer[:, :length] = prompt
+    for t in range(length, length + new):
+        buffer[:, t] = forward(buffer)[:, t - 1].argmax(-1)
+    # And once more at the exact length, no filler at all.
+    exact = forward(buffer[:, :-1])
+    np.testing.assert_array_equal(exact[:, length - 1:].argmax(-1), buffer[:, length:])
+    return buffer
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_greedy_equals_argmax_of_full_forward_passes(kind):
+    prompt = prompts(2, 5)
+    got = np.asarray(models.generate(model_for(kind), prompt, NEW))
+    expected = greedy_by_full_passes(kind, prompt, NEW)
+    assert got.shape == (2, 5 + NEW)
+    np.testing.assert_array_equal(got, expected)
+    for row in got[:, 5:]:
+        assert len(set(row.tolist())) >= 5, f"degenerate greedy sequence {row}: the test would prove little"
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_cached_steps_equal_full_forward(kind):
+    model = model_for(kind)
+    graphdef, state = nnx.split(model)
+
+    @jax.jit
+    def decode(state, ids, cache, index, key_valid, positions):
+        return nnx.merge(graphdef, state).decode(ids, cache=cache, cache_index=index, key_valid=key_valid,
+                                                 position_ids=positions)
+
+    sequence = prompts(2, 10, seed=1)
+    prefill, steps = 6, 4
+    max_len = prefill + steps
+    full = forward_for(kind)(sequence)
+    cache = model.init_cache(2, max_len)
+    key_valid = np.zeros((2, max_len), np.int32)
+    key_valid[:, :prefill] = 1
+    positions = np.broadcast_to(np.arange(prefill), (2, prefill))
+    logits, cache = decode(state, sequence[:, :prefill], cache, 0, key_valid, positions)
+    np.testing.assert_allclose(np.asarray(logits), full[:, :prefill], atol=1e-4, rtol=0)
+    for t in range(prefill, max_len):
+        key_valid[:, t] = 1
+        logits, cache = decode(state, sequence[:, t:t + 1], cache, t, key_valid, np.full((2, 1), t))
+        np.testing.assert_allclose(np.asarray(logits)[:, 0], full[:, t], atol=1e-4, rtol=0, err_msg=f"step {t}")
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_padded_batch_generates_what_each_prompt_generates_alone(kind):
+    model = model_for(kind)
+    short, long = prompts(1, 3, seed=2), prompts(1, 7, seed=3)
+    new = 12
+    alone = [np.asarray(models.generate(model, p, new))[0, p.shape[1]:] for p in (short, long)]
+    pad = 4  # a pad id that is not 0: its value must not matter
+    right = np.array([list(short[0]) + [pad] * 4, list(long[0])])
+    right_mask = np.array([[1] * 3 + [0] * 4, [1] * 7])
+    left = np.array([[pad] * 4 + list(short[0]), list(long[0])])
+    left_mask = np.array([[0] * 4 + [1] * 3, [1] * 7])
+    for name, ids, mask in (("right", right, right_mask), ("left", left, left_mask)):
+        out = np.asarray(models.generate(model, ids, new, attention_mask=mask))
+        np.testing.assert_array_equal(out[:, :7], ids, err_msg=f"{name}: the prompt is returned unchanged")
+        for row in range(2):
+            np.testing.assert_array_equal(out[row, 7:], alone[row], err_msg=f"{name} padding, row {row}")
+
+
+def test_eos_stops_rows_and_fills_with_eos():
+    model = model_for("gpt2")
+    prompt = prompts(2, 5)
+    greedy = np.asarray(models.generate(model, prompt, NEW))[:, 5:]
+    # An eos that row 0 reaches mid-way (first occurrence), after which greedy would have gone on with other tokens.
+    step = next(i for i in range(3, NEW - 3) if greedy[0, i] not in greedy[0, :i] and
+                (greedy[0, i + 1:] != greedy[0, i]).any())
+    eos = int(greedy[0, step])
+    got = np.asarray(models.generate(model, prompt, NEW, eos_token_id=eos))[:, 5:]
+    for row in range(2):
+        hits = np.flatnonzero(greedy[row] == eos)
+        stop = hits[0] if hits.size else NEW
+        np.testing.assert_array_equal(got[row, :stop + 1], greedy[row, :stop + 1])
+        assert (got[row, stop + 1:] == eos).all(), f"row {row} continued after eos: {got[row]}"
+    assert (got[0, step + 1:] == eos).all() and (got[0, step + 1:] != greedy[0, step + 1:]).any()
+
+
+def test_top_k_1_and_tiny_top_p_are_greedy():
+    model = model_for("llama")
+    prompt = prompts(2, 4, seed=5)
+    greedy = np.asarray(models.generate(model, prompt, 16))
+    top_k = np.asarray(models.generate(model, prompt, 16, temperature=1.0, top_k=1, rng=jax.random.key(7)))
+    top_p = np.asarray(models.generate(model, prompt, 16, temperature=1.0, top_p=1e-6, rng=jax.random.key(7)))
+    np.testing.assert_array_equal(top_k, greedy)
+    np.testing.assert_array_equal(top_p, greedy)
+
+
+def test_sampling_is_reproducible_and_depends_on_the_key():
+    model = model_for("gpt2")
+    prompt = prompts(2, 4, seed=6)
+    sample = functools.partial(models.generate, model, prompt, 16, temperature=1.0)
+    a = np.asarray(sample(rng=jax.random.key(1)))
+    b = np.asarray(sample(rng=jax.random.key(1)))
+    c = np.asarray(sample(rng=jax.random.key(2)))
+    np.testing.assert_array_equal(a, b)
+    assert (a[:, 4:] != c[:, 4:]).any()
+
+
+def test_samplers_keep_the_right_tokens():
+    """top_k keeps the k largest logits; top_p keeps the smallest set, in order of probability, whose mass reaches p
+    (Holtzman et al., 2020): both computed here in numpy, then checked on many draws."""
+    logits = np.log(np.array([[0.05, 0.30, 0.10, 0.25, 0.02, 0.20, 0.08]], np.float32))
+    draws = jax.vmap(lambda key: sample_logits(jnp.asarray(logits), key, temperature=1.0, top_k=3, top_p=None))(
+        jax.random.split(jax.random.key(0), 2000))
+    assert set(np.asarray(draws).ravel().tolist()) == set(np.argsort(-logits[0])[:3].tolist())
+    probs = np.exp(logits[0])
+    order = np.argsort(-probs)
+    nucleus = order[: np.searchsorted(np.cumsum(probs[order]), 0.6) + 1]  # 0.30 + 0.25 = 0.55 < 0.6 → three tokens
+    draws = jax.vmap(lambda key: sample_logits(jnp.asarray(logits), key, temperature=1.0, top_k=None, top_p=0.6))(
+        jax.random.split(jax.random.key(1), 2000))
+    assert set(np.asarray(draws).ravel().tolist()) == set(nucleus.tolist()) == {1, 3, 5}
+
+
+# ------------------------------------------------------------------------------------------------------ bad input
+
+
+@pytest.mark.parametrize("new", [0, -3])
+def test_max_new_tokens_must_be_positive(new):
+    with pytest.raises(ValueError, match=rf"max_new_tokens={new}: expected a positive integer"):
+        models.generate(model_for("gpt2"), prompts(1, 4), new)
+
+
+def test_prompt_plus_new_tokens_beyond_learned_positions():
+    with pytest.raises(ValueError, match=r"prompt \+ max_new_tokens = 130 exceeds max_position_embeddings=128"):
+        models.generate(model_for("gpt2"), prompts(1, 100), 30)
+
+
+@pytest.mark.parametrize("bad", [1000, -1])
+def test_token_id_out_of_range(bad):
+    prompt = prompts(1, 4)
+    prompt[0, 2] = bad
+    with pytest.raises(ValueError, match=rf"input_ids contains {bad}: expected values in \[0, 1000\)"):
+        models.generate(model_for("gpt2"), prompt, 4)
+
+
+def test_non_contiguous_mask():
+    with pytest.raises(ValueError, match=r"attention_mask row 1 is not contiguous: expected left or right padding"):
+        models.generate(model_for("gpt2"), prompts(2, 4), 4, attention_mask=np.array([[1, 1, 1, 1], [1, 0, 1, 1]]))
+
+
+def test_mask_of_wrong_shape():
+    with pytest.raises(ValueError, match=r"attention_mask has shape \(2, 3\): expected \(2, 4\)"):
+        models.generate(model_for("gpt2"), prompts(2, 4), 4, attention_mask=np.ones((2, 3), np.int32))
