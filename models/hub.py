@@ -110,6 +110,17 @@ def _linear(hf: str, flax: str, bias: bool, transform: Transform = LINEAR,
     return entries
 
 
+def _causal_lm_head(config: TransformerConfig, cls: type, embedding: str) -> tuple[list[Entry], dict[str, str]]:
+    """``GPTForCausalLM``'s head: tied to the Hugging Face tensor ``embedding``, or its own ``lm_head.weight``.
+
+    Returns (entries to add, tied names ``{hf duplicate: hf source}``)."""
+    if cls is not GPTForCausalLM:
+        return [], {}
+    if config.tie_word_embeddings:
+        return [], {"lm_head.weight": embedding}
+    return [_entry("lm_head.weight", "lm_head.kernel", LINEAR)], {}
+
+
 def _norm(hf: str, flax: str, bias: bool = True) -> list[Entry]:
     """A Hugging Face LayerNorm / RMSNorm (``weight``, ``bias``) → flaxzoo norm (``scale``, ``bias``)."""
     entries = [_entry(f"{hf}.weight", f"{flax}.scale")]
@@ -290,12 +301,8 @@ def _gpt2_weights(config: TransformerConfig, cls: type, base: str) -> WeightMap:
             *_linear(f"{hf}.mlp.c_fc", f"{fz}.mlp.up", True, IDENTITY),
             *_linear(f"{hf}.mlp.c_proj", f"{fz}.mlp.down", True, IDENTITY),
         ]
-    tied = {}
-    if cls is GPTForCausalLM:
-        if config.tie_word_embeddings:
-            tied = {"lm_head.weight": f"{base}wte.weight"}
-        else:
-            entries.append(_entry("lm_head.weight", "lm_head.kernel", LINEAR))
+    head, tied = _causal_lm_head(config, cls, f"{base}wte.weight")
+    entries += head
     # Old checkpoints store the causal-mask buffers.
     return WeightMap(entries, tied, ignored=(rf"{re.escape(base)}h\.\d+\.attn\.(bias|masked_bias)",))
 
@@ -356,12 +363,8 @@ def _llama_weights(config: TransformerConfig, cls: type, base: str) -> WeightMap
             *_linear(f"{hf}.mlp.up_proj", f"{fz}.mlp.up", mb),
             *_linear(f"{hf}.mlp.down_proj", f"{fz}.mlp.down", mb),
         ]
-    tied = {}
-    if cls is GPTForCausalLM:
-        if config.tie_word_embeddings:
-            tied = {"lm_head.weight": f"{base}embed_tokens.weight"}
-        else:
-            entries.append(_entry("lm_head.weight", "lm_head.kernel", LINEAR))
+    head, tied = _causal_lm_head(config, cls, f"{base}embed_tokens.weight")
+    entries += head
     # Old checkpoints store the RoPE frequencies.
     return WeightMap(entries, tied, ignored=(rf"{re.escape(base)}layers\.\d+\.self_attn\.rotary_emb\.inv_freq",))
 
