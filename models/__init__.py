@@ -9,13 +9,17 @@ from models.modeling import abstract_model, create_model, default_model_class, p
 __all__ = [
     "BertForMaskedLM", "BertForSequenceClassification", "BertModel", "EncoderOutput", "GPTForCausalLM", "GPTModel",
     "PRESETS", "TransformerConfig", "abstract_model", "create_model", "default_model_class", "from_pretrained",
-    "generate", "get_preset", "param_count", "save_pretrained",
+    "generate", "get_preset", "param_count", "save_pretrained", "load_tokenizer", "embed", "generate_text",
 ]
+
+# Loaded on first use: file formats, tokenizers and orbax are not needed to build and run a model.
+_LAZY = {"from_pretrained": "models.hub", "save_pretrained": "models.hub", "load_tokenizer": "models.tokenizer",
+         "embed": "models.text", "generate_text": "models.text"}
 
 
 def __getattr__(name):
-    # hub.py pulls in safetensors and file handling; load it on first use.
-    if name in ("from_pretrained", "save_pretrained"):
-        from models import hub
-        return getattr(hub, name)
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'models' has no attribute {name!r}")

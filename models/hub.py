@@ -1,8 +1,11 @@
-"""Hugging Face directories in and out: ``from_pretrained`` / ``save_pretrained``.
+"""Pretrained weights in and out: ``from_pretrained`` / ``save_pretrained``.
 
-A Hugging Face model directory is a ``config.json`` plus weights in ``model.safetensors`` (or shards listed by
-``model.safetensors.index.json``). Weights are read with the safetensors numpy API: no torch at run time, except for
-the opt-in ``allow_pickle=True`` path that reads legacy ``pytorch_model.bin`` files.
+``from_pretrained`` is the one entry point for every source: a Hugging Face model directory (``config.json`` plus
+weights in ``model.safetensors`` or shards listed by ``model.safetensors.index.json``), a GGUF file (llama.cpp; read
+by ``models/gguf.py``), a flaxzoo training checkpoint (``models/checkpoint.py``) or a Hugging Face Hub id (fetched
+into the standard cache, then loaded as a directory). Weights are read with the safetensors numpy API: no torch at
+run time, except for the opt-in ``allow_pickle=True`` path that reads legacy ``pytorch_model.bin`` files.
+``save_pretrained`` writes Hugging Face directories.
 
 The translation is table-driven. For each supported ``model_type`` there is
 
@@ -11,14 +14,16 @@ The translation is table-driven. For each supported ``model_type`` there is
   fills and a ``Transform`` whose two directions are written once as a pair of einops patterns.
 
 Loading and saving both walk the same table (``Transform.to_flax`` one way, ``Transform.to_hf`` the other), so the two
-directions cannot drift apart. Loading is strict: a tensor the table does not expect, a tensor it expects and does not
-find, or a tensor of the wrong shape is a ``ValueError`` that names it.
+directions cannot drift apart. A GGUF file walks the Llama table too, its tensor names translated by
+``GGUF_LLAMA_NAMES``. Loading is strict: a tensor the table does not expect, a tensor it expects and does not find, or
+a tensor of the wrong shape is a ``ValueError`` that names it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import pathlib
 import re
 from typing import Any, Callable, Mapping, Sequence, Union
@@ -36,7 +41,8 @@ from models.config import TransformerConfig
 from models.gpt import GPTForCausalLM, GPTModel
 from models.modeling import abstract_model
 
-__all__ = ["from_pretrained", "save_pretrained", "SUPPORTED_ARCHITECTURES"]
+__all__ = ["from_pretrained", "save_pretrained", "SUPPORTED_ARCHITECTURES", "assemble_model", "checkpoint_kind",
+           "resolve_pretrained"]
 
 PathLike = Union[str, pathlib.Path]
 ParamPath = tuple[Union[str, int], ...]
@@ -419,6 +425,46 @@ _LLAMA_LAYOUT = dict(causal=True, position="rope", norm="rmsnorm", norm_placemen
 
 
 # --------------------------------------------------------------------------------------------------------------------
+# GGUF (llama.cpp) names of the Llama tensors
+# --------------------------------------------------------------------------------------------------------------------
+
+# Hugging Face name (a regular expression) -> llama.cpp's name, as llama.cpp's convert_hf_to_gguf.py writes them.
+# Dequantised GGUF projections are [out, in] like torch's, so the Llama table's transforms apply unchanged; only the
+# names differ (and Q/K rows are in the interleaved RoPE layout, which the config records: see models/gguf.py).
+GGUF_LLAMA_NAMES: tuple[tuple[str, str], ...] = (
+    (r"model\.embed_tokens\.weight", "token_embd.weight"),
+    (r"model\.norm\.weight", "output_norm.weight"),
+    (r"lm_head\.weight", "output.weight"),
+    (r"model\.layers\.(\d+)\.input_layernorm\.weight", r"blk.\1.attn_norm.weight"),
+    (r"model\.layers\.(\d+)\.post_attention_layernorm\.weight", r"blk.\1.ffn_norm.weight"),
+    (r"model\.layers\.(\d+)\.self_attn\.q_proj\.(weight|bias)", r"blk.\1.attn_q.\2"),
+    (r"model\.layers\.(\d+)\.self_attn\.k_proj\.(weight|bias)", r"blk.\1.attn_k.\2"),
+    (r"model\.layers\.(\d+)\.self_attn\.v_proj\.(weight|bias)", r"blk.\1.attn_v.\2"),
+    (r"model\.layers\.(\d+)\.self_attn\.o_proj\.(weight|bias)", r"blk.\1.attn_output.\2"),
+    (r"model\.layers\.(\d+)\.mlp\.gate_proj\.(weight|bias)", r"blk.\1.ffn_gate.\2"),
+    (r"model\.layers\.(\d+)\.mlp\.up_proj\.(weight|bias)", r"blk.\1.ffn_up.\2"),
+    (r"model\.layers\.(\d+)\.mlp\.down_proj\.(weight|bias)", r"blk.\1.ffn_down.\2"),
+)
+
+
+def gguf_name(hf_name: str) -> str:
+    """``"model.layers.3.self_attn.q_proj.weight"`` → ``"blk.3.attn_q.weight"``."""
+    for pattern, replacement in GGUF_LLAMA_NAMES:
+        if re.fullmatch(pattern, hf_name):
+            return re.sub(pattern, replacement, hf_name)
+    raise KeyError(f"no GGUF name for the Hugging Face tensor {hf_name}")
+
+
+def _gguf_llama_weights(config: TransformerConfig, cls: type) -> WeightMap:
+    """The Llama table with llama.cpp's names. A GGUF has no base-model prefix; loading only the base model
+    (``cls=GPTModel``) skips the output projection."""
+    hf = _llama_weights(config, cls, "model.")
+    entries = [dataclasses.replace(e, hf=gguf_name(e.hf)) for e in hf.entries]
+    tied = {gguf_name(dup): gguf_name(source) for dup, source in hf.tied.items()}
+    return WeightMap(entries, tied, ignored=() if cls is GPTForCausalLM else (r"output\.weight",))
+
+
+# --------------------------------------------------------------------------------------------------------------------
 # The registry
 # --------------------------------------------------------------------------------------------------------------------
 
@@ -514,8 +560,10 @@ def _shards(directory: pathlib.Path, index_name: str) -> list[pathlib.Path]:
     return [directory / f for f in files]
 
 
-def _read_weights(directory: pathlib.Path, allow_pickle: bool) -> dict[str, np.ndarray]:
-    """Every tensor of the checkpoint in ``directory``: safetensors (single or sharded), or opt-in pickles."""
+def _weight_files(directory: pathlib.Path, allow_pickle: bool
+                  ) -> tuple[list[pathlib.Path], Callable[[pathlib.Path], dict[str, np.ndarray]]]:
+    """The weight files of the checkpoint in ``directory`` and their reader: safetensors (single or sharded), or
+    opt-in pickles. Raises ValueError (listing the directory) when there are none."""
     if (directory / SAFETENSORS).is_file():
         files, reader = [directory / SAFETENSORS], _read_safetensors
     elif (directory / SAFETENSORS_INDEX).is_file():
@@ -530,29 +578,39 @@ def _read_weights(directory: pathlib.Path, allow_pickle: bool) -> dict[str, np.n
         files = [directory / PICKLE] if name == PICKLE else _shards(directory, PICKLE_INDEX)
         reader = _read_pickle
     else:
-        contents = sorted(p.name for p in directory.iterdir())
         raise ValueError(f"{directory} holds no model weights: expected {SAFETENSORS} or {SAFETENSORS_INDEX} "
-                         f"(or {PICKLE} with allow_pickle=True); the directory holds "
-                         f"{_names(contents) if contents else 'nothing (it is empty)'}")
+                         f"(or {PICKLE} with allow_pickle=True) beside config.json, or a .gguf file; the directory "
+                         f"holds {_listing(directory)}")
+    return files, reader
+
+
+def _read_weights(directory: pathlib.Path, allow_pickle: bool, progress: bool = False) -> dict[str, np.ndarray]:
+    """Every tensor of the checkpoint in ``directory``."""
+    files, reader = _weight_files(directory, allow_pickle)
     tensors: dict[str, np.ndarray] = {}
-    for file in files:
+    for file in _progress(files, progress and len(files) > 1, "reading shards"):
         tensors.update(reader(file))
     return tensors
 
 
+def _progress(items: Sequence[Any], enabled: bool, desc: str, unit: str = "file"):
+    """``items`` wrapped in a tqdm progress bar when ``enabled``."""
+    if not enabled:
+        return items
+    from tqdm.auto import tqdm
+
+    return tqdm(items, desc=desc, unit=unit)
+
+
+def _listing(directory: pathlib.Path) -> str:
+    contents = sorted(p.name + ("/" if p.is_dir() else "") for p in directory.iterdir())
+    return _names(contents) if contents else "nothing (it is empty)"
+
+
 def _read_config(directory: pathlib.Path) -> dict[str, Any]:
-    if not directory.exists():
-        raise FileNotFoundError(f"{directory} does not exist: from_pretrained expects a local Hugging Face model "
-                                "directory (config.json + model.safetensors); downloading from the Hub is not "
-                                "supported")
-    if not directory.is_dir():
-        raise ValueError(f"{directory} is a file: from_pretrained expects the directory holding config.json and "
-                         f"{SAFETENSORS}")
     file = directory / "config.json"
     if not file.is_file():
-        contents = sorted(p.name for p in directory.iterdir())
-        raise ValueError(f"{directory} has no config.json; the directory holds "
-                         f"{_names(contents) if contents else 'nothing (it is empty)'}")
+        raise ValueError(f"{directory} has no config.json; the directory holds {_listing(directory)}")
     return json.loads(file.read_text())
 
 
@@ -583,8 +641,11 @@ def _family_and_class(hf: Mapping[str, Any], cls: type | str | None) -> tuple[Fa
 # Loading
 # --------------------------------------------------------------------------------------------------------------------
 
-def _param_shapes(config: TransformerConfig, factory: Callable[..., nnx.Module]
-                  ) -> tuple[nnx.GraphDef, nnx.State, dict[ParamPath, jax.ShapeDtypeStruct]]:
+AbstractParams = tuple[nnx.GraphDef, nnx.State, dict[ParamPath, jax.ShapeDtypeStruct]]
+
+
+def _param_shapes(config: TransformerConfig, factory: Callable[..., nnx.Module]) -> AbstractParams:
+    """The model's graph, its abstract parameters and their shapes (``eval_shape``: nothing is allocated)."""
     abstract = abstract_model(config, factory)
     graphdef, params, _ = nnx.split(abstract, nnx.Param, ...)
     shapes = {path: var.get_value() for path, var in nnx.to_flat_state(params)}
@@ -637,34 +698,62 @@ def _match_tensors(tensors: dict[str, np.ndarray], weights: WeightMap, expected:
         raise ValueError(f"{where}: tensors of the wrong shape: " + "; ".join(wrong))
 
 
-def from_pretrained(path: PathLike, *, cls: type | str | None = None, allow_pickle: bool = False,
-                    dtype: Any = None) -> nnx.Module:
-    """Load a Hugging Face model directory into a flaxzoo model (in eval mode).
+def _with_dtype(config: TransformerConfig, dtype: Any) -> TransformerConfig:
+    if dtype is None:
+        return config
+    name = jnp.dtype(dtype).name
+    return config.replace(dtype=name, param_dtype=name)
 
-    Args:
-      path: a local directory with ``config.json`` and ``model.safetensors`` (or ``model.safetensors.index.json``
-        and its shards). Supported: ``bert`` (BertModel, BertForMaskedLM, BertForSequenceClassification), ``gpt2``
-        (GPT2Model, GPT2LMHeadModel) and ``llama`` (LlamaModel, LlamaForCausalLM).
-      cls: the flaxzoo class (or its name) to build; default: the counterpart of ``architectures[0]``. A base class
-        (``BertModel``, ``GPTModel``) may be loaded from a head checkpoint: the head's tensors are skipped, and a
-        ``BertModel`` gets a pooler only if the checkpoint has one.
-      allow_pickle: read a legacy ``pytorch_model.bin`` with ``torch.load(weights_only=True)`` (needs torch). Off by
-        default: a pickle can run code when loaded.
-      dtype: parameter and compute dtype (e.g. ``"bfloat16"``); default float32 whatever the checkpoint stores.
 
-    Raises:
-      FileNotFoundError: ``path`` does not exist.
-      ValueError: unsupported model type / architecture / config feature; missing, unexpected or mis-shaped
-        tensors (each named); a pickle without ``allow_pickle``; no weights in the directory.
+def assemble_model(config: TransformerConfig, factory: Callable[..., nnx.Module], values: Mapping[ParamPath, Any],
+                   *, abstract: AbstractParams | None = None) -> nnx.Module:
+    """A model (in eval mode) whose parameters are ``values`` (flaxzoo path → array), built without random init.
+
+    Every parameter of ``factory(config)`` must be in ``values`` with its shape; values are cast to
+    ``config.param_dtype``. ``abstract``: ``_param_shapes(config, factory)`` when the caller already has it (tracing
+    a 30-layer model's construction takes about a second).
     """
-    directory = pathlib.Path(path).expanduser()
+    graphdef, abstract_params, shapes = abstract or _param_shapes(config, factory)
+    param_dtype = jnp.dtype(config.param_dtype)
+    missing = sorted(".".join(map(str, p)) for p in set(shapes) - set(values))
+    if missing:
+        raise ValueError(f"no value for the parameters {_names(missing)}")
+    flat = []
+    for path, var in nnx.to_flat_state(abstract_params):
+        value = values[path]
+        if tuple(value.shape) != tuple(shapes[path].shape):
+            raise ValueError(f"parameter {'.'.join(map(str, path))}: expected shape {tuple(shapes[path].shape)}, "
+                             f"got {tuple(value.shape)}")
+        flat.append((path, var.replace(jnp.asarray(value, dtype=param_dtype))))
+    params = nnx.from_flat_state(flat)
+    # Non-parameter state (dropout RNG streams, fixed tables): built under jit, where the unused random
+    # initialisation of the parameters is compiled away.
+    rest = jax.jit(lambda: nnx.split(factory(config, rngs=nnx.Rngs(0)), nnx.Param, ...)[2])()
+    model = nnx.merge(graphdef, params, rest)
+    model.eval()
+    return model
+
+
+def _load_tensors(config: TransformerConfig, factory: Callable[..., nnx.Module], weights: WeightMap,
+                  tensors: dict[str, np.ndarray], where: str) -> nnx.Module:
+    """Check ``tensors`` against the table ``weights`` (names, shapes), translate them, and build the model."""
+    abstract = _param_shapes(config, factory)
+    shapes = abstract[2]
+    _check_coverage(weights, shapes, where)
+    _match_tensors(tensors, weights, _expected_hf_shapes(weights, shapes), where)
+    values: dict[ParamPath, Any] = {}
+    for entry in weights.entries:
+        values.update(zip(entry.paths, entry.transform.to_flax(tensors.pop(entry.hf))))
+    return assemble_model(config, factory, values, abstract=abstract)
+
+
+def _from_hf_directory(directory: pathlib.Path, cls: type | str | None, allow_pickle: bool, dtype: Any,
+                       progress: bool) -> nnx.Module:
     hf = _read_config(directory)
     family, model_cls = _family_and_class(hf, cls)
-    config = family.config_from_hf(hf)
-    if dtype is not None:
-        name = jnp.dtype(dtype).name
-        config = config.replace(dtype=name, param_dtype=name)
-    tensors = _read_weights(directory, allow_pickle)
+    _weight_files(directory, allow_pickle)  # no weights at all: say so before judging the config's fields
+    config = _with_dtype(family.config_from_hf(hf), dtype)
+    tensors = _read_weights(directory, allow_pickle, progress)
     if family.model_type == "bert":  # TF-era LayerNorm names
         tensors = {re.sub(r"LayerNorm\.beta$", "LayerNorm.bias", re.sub(r"LayerNorm\.gamma$", "LayerNorm.weight", k)):
                    v for k, v in tensors.items()}
@@ -680,27 +769,174 @@ def from_pretrained(path: PathLike, *, cls: type | str | None = None, allow_pick
     if model_cls is BertModel:
         extra["pooler"] = f"{base}pooler.dense.weight" in tensors
         if not extra["pooler"]:
-            factory = lambda config, rngs: BertModel(config, rngs=rngs, add_pooler=False)  # noqa: E731
-
-    graphdef, abstract_params, shapes = _param_shapes(config, factory)
+            factory = bert_without_pooler
     weights = family.weights(config, model_cls, base, **extra)
-    where = f"{directory} ({family.model_type}, flaxzoo {model_cls.__name__})"
-    _check_coverage(weights, shapes, where)
-    _match_tensors(tensors, weights, _expected_hf_shapes(weights, shapes), where)
+    return _load_tensors(config, factory, weights, tensors,
+                         f"{directory} ({family.model_type}, flaxzoo {model_cls.__name__})")
 
-    param_dtype = jnp.dtype(config.param_dtype)
-    values: dict[ParamPath, jax.Array] = {}
-    for entry in weights.entries:
-        for p, value in zip(entry.paths, entry.transform.to_flax(tensors[entry.hf])):
-            assert tuple(value.shape) == tuple(shapes[p].shape), (entry.hf, p, value.shape)
-            values[p] = jnp.asarray(value, dtype=param_dtype)
-    params = nnx.from_flat_state([(p, var.replace(values[p])) for p, var in nnx.to_flat_state(abstract_params)])
-    # Non-parameter state (dropout RNG streams, fixed tables): built under jit, where the unused random
-    # initialisation of the parameters is compiled away.
-    rest = jax.jit(lambda: nnx.split(factory(config, rngs=nnx.Rngs(0)), nnx.Param, ...)[2])()
-    model = nnx.merge(graphdef, params, rest)
-    model.eval()
-    return model
+
+def bert_without_pooler(config: TransformerConfig, rngs: nnx.Rngs) -> BertModel:
+    """A ``BertModel`` factory without the pooler (checkpoints such as all-MiniLM-L6-v2 may lack one)."""
+    return BertModel(config, rngs=rngs, add_pooler=False)
+
+
+def _from_gguf(file: pathlib.Path, cls: type | str | None, dtype: Any, progress: bool) -> nnx.Module:
+    """A Llama-architecture GGUF: config from its metadata, dequantised tensors through the GGUF name table."""
+    from models.gguf import GGUFFile, llama_hf_config
+
+    gguf_file = GGUFFile(file)
+    hf = llama_hf_config(gguf_file)
+    family, model_cls = _family_and_class(hf, cls)
+    # llama.cpp stores Q and K rows in the interleaved RoPE pair layout: keep them, and rotate those pairs.
+    config = _with_dtype(family.config_from_hf(hf).replace(rope_layout="interleaved"), dtype)
+    tensors = dict(gguf_file.tensors(progress=progress))
+    return _load_tensors(config, model_cls, _gguf_llama_weights(config, model_cls), tensors,
+                         f"{file} (GGUF {gguf_file.architecture}, flaxzoo {model_cls.__name__})")
+
+
+def checkpoint_kind(path: pathlib.Path) -> tuple[str, pathlib.Path]:
+    """What ``path`` holds: ``("gguf", file)``, ``("flaxzoo", directory)`` or ``("hf", directory)``.
+
+    A directory is a flaxzoo training checkpoint when it (or its ``checkpoints/``) holds orbax step directories; a
+    Hugging Face directory when it has ``config.json`` and weights; otherwise a directory holding exactly one
+    ``.gguf`` file stands for that file. Raises ValueError (listing what the directory holds) for anything else.
+    """
+    from models.checkpoint import find_step_dir
+    from models.gguf import is_gguf
+
+    if path.is_file():
+        if path.suffix == ".gguf" or is_gguf(path):
+            return "gguf", path
+        raise ValueError(f"{path} is a file but not a GGUF file: from_pretrained expects a directory (Hugging Face: "
+                         f"config.json + {SAFETENSORS}; a flaxzoo checkpoint) or a .gguf file")
+    if find_step_dir(path) is not None:
+        return "flaxzoo", path
+    weight_files = (SAFETENSORS, SAFETENSORS_INDEX, PICKLE, PICKLE_INDEX)
+    has_weights = any((path / name).is_file() for name in weight_files)
+    if (path / "config.json").is_file() and has_weights:
+        return "hf", path
+    ggufs = sorted(path.glob("*.gguf"))
+    if len(ggufs) == 1:
+        return "gguf", ggufs[0]
+    if len(ggufs) > 1:
+        raise ValueError(f"{path} holds several GGUF files ({_names([g.name for g in ggufs])}): pass the path of "
+                         "the one to load")
+    if (path / "config.json").is_file():
+        return "hf", path  # reading its weights reports what is missing
+    raise ValueError(f"{path} holds no model: no config.json with {SAFETENSORS}, no .gguf file and no flaxzoo "
+                     f"checkpoint (checkpoints/<step>/); the directory holds {_listing(path)}")
+
+
+def from_pretrained(path: PathLike, *, cls: type | str | None = None, allow_pickle: bool = False,
+                    dtype: Any = None, revision: str | None = None, progress: bool = False) -> nnx.Module:
+    """Load a pretrained model (in eval mode) from a Hugging Face directory, a GGUF file, a flaxzoo training
+    checkpoint, or a Hugging Face Hub id.
+
+    Args:
+      path: one of
+        * a Hugging Face model directory: ``config.json`` and ``model.safetensors`` (or
+          ``model.safetensors.index.json`` and its shards). Supported: ``bert`` (BertModel, BertForMaskedLM,
+          BertForSequenceClassification), ``gpt2`` (GPT2Model, GPT2LMHeadModel), ``llama`` (LlamaModel,
+          LlamaForCausalLM);
+        * a ``.gguf`` file (llama.cpp) of the Llama architecture, dequantised from any type the ``gguf`` package
+          reads (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, K-quants ...), or a directory holding one;
+        * a flaxzoo training checkpoint: a ``python -m train`` work directory, its ``checkpoints/`` folder or one
+          step folder (the latest step is taken; only the parameters are read);
+        * a Hub id such as ``"openai-community/gpt2"`` (any string that is not an existing local path): its config,
+          safetensors and tokenizer files (never pickles) are fetched into the standard Hugging Face cache, or
+          found there when offline (``HF_HUB_OFFLINE=1``).
+      cls: the flaxzoo class (or its name) to build; default: the counterpart of ``architectures[0]``. A base class
+        (``BertModel``, ``GPTModel``) may be loaded from a head checkpoint: the head's tensors are skipped, and a
+        ``BertModel`` gets a pooler only if the checkpoint has one.
+      allow_pickle: read a legacy ``pytorch_model.bin`` with ``torch.load(weights_only=True)`` (needs torch). Off by
+        default: a pickle can run code when loaded.
+      dtype: parameter and compute dtype (e.g. ``"bfloat16"``); default float32 whatever the checkpoint stores (a
+        flaxzoo checkpoint: its config's dtypes).
+      revision: the Hub branch, tag or commit for a Hub id.
+      progress: show progress bars while reading large files.
+
+    Raises:
+      FileNotFoundError: a local path that does not exist; a Hub id neither downloadable nor in the cache.
+      ValueError: unsupported model type / architecture / config feature / GGUF architecture or tensor type;
+        missing, unexpected or mis-shaped tensors (each named); a pickle without ``allow_pickle``; a directory
+        holding no model (its contents are listed).
+    """
+    source = resolve_pretrained(path, revision=revision)
+    kind, source = checkpoint_kind(source)
+    if kind == "gguf":
+        return _from_gguf(source, cls, dtype, progress)
+    if kind == "flaxzoo":
+        from models.checkpoint import load_checkpoint
+
+        return load_checkpoint(source, cls=cls, dtype=dtype)
+    return _from_hf_directory(source, cls, allow_pickle, dtype, progress)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Hugging Face Hub ids
+# --------------------------------------------------------------------------------------------------------------------
+
+# What a Hub download fetches: configuration, safetensors weights and tokenizer files. Never pickles (*.bin, *.pt,
+# *.pth, *.ckpt), which can run code when loaded, nor the ONNX / TF / Flax copies many repositories also hold.
+HUB_ALLOW_PATTERNS = (
+    "config.json", SAFETENSORS, "model-*.safetensors", SAFETENSORS_INDEX, "tokenizer.json", "tokenizer_config.json",
+    "special_tokens_map.json", "vocab.txt", "vocab.json", "merges.txt", "generation_config.json",
+)
+_HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]*(/[A-Za-z0-9][A-Za-z0-9_.\-]*)?")
+
+
+def is_hub_id(path: PathLike) -> bool:
+    """True for a string that is not an existing local path and is shaped like ``name`` or ``org/name``."""
+    if not isinstance(path, str) or os.path.exists(os.path.expanduser(path)):
+        return False
+    return bool(_HUB_ID.fullmatch(path)) and not path.endswith((".gguf", ".json", ".safetensors"))
+
+
+def resolve_pretrained(path: PathLike, *, revision: str | None = None) -> pathlib.Path:
+    """The local path ``path`` names: itself, or for a Hub id its snapshot folder in the Hugging Face cache."""
+    if is_hub_id(path):
+        return download_from_hub(str(path), revision=revision)
+    local = pathlib.Path(path).expanduser()
+    if not local.exists():
+        raise FileNotFoundError(
+            f"{local} does not exist: from_pretrained expects a local directory (Hugging Face: config.json + "
+            f"{SAFETENSORS}; a flaxzoo checkpoint), a .gguf file, or a Hugging Face Hub id such as "
+            "'openai-community/gpt2'")
+    return local
+
+
+def download_from_hub(repo_id: str, *, revision: str | None = None) -> pathlib.Path:
+    """Fetch ``repo_id``'s config, safetensors and tokenizer files into the Hugging Face cache (``HF_HOME``) and
+    return the snapshot folder. Offline (``HF_HUB_OFFLINE=1``, or no network) a cached snapshot is used.
+
+    Raises FileNotFoundError, saying how to pass a local path instead, when the repository can be neither fetched
+    nor found in the cache; ValueError when it holds no safetensors weights.
+    """
+    try:
+        import huggingface_hub
+    except ImportError as exc:
+        raise ImportError(f"{repo_id!r} is not a local path; fetching it from the Hugging Face Hub needs "
+                          "huggingface_hub (pip install huggingface_hub), or pass a local directory") from exc
+    try:
+        folder = pathlib.Path(huggingface_hub.snapshot_download(
+            repo_id, revision=revision, allow_patterns=list(HUB_ALLOW_PATTERNS)))
+    except Exception as exc:  # offline and not cached, unknown / gated repository, invalid id, network failure
+        offline = huggingface_hub.constants.HF_HUB_OFFLINE
+        why = ("offline mode is on (HF_HUB_OFFLINE=1) and it is not in the Hugging Face cache "
+               f"{huggingface_hub.constants.HF_HUB_CACHE}" if offline else
+               "the Hugging Face Hub could not provide it and it is not in the cache "
+               f"{huggingface_hub.constants.HF_HUB_CACHE}")
+        detail = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise FileNotFoundError(
+            f"{repo_id!r} is not a local path, and {why} ({type(exc).__name__}: {detail}). To load files you "
+            "already have, pass their local path: from_pretrained('/path/to/model_dir') (config.json + "
+            "model.safetensors) or from_pretrained('/path/to/model.gguf'); to fetch from the Hub, run once with "
+            "network access and without HF_HUB_OFFLINE") from exc
+    if not any(folder.glob("*.safetensors")):
+        raise ValueError(f"Hugging Face Hub repository {repo_id!r} has no safetensors weights (flaxzoo never "
+                         f"downloads pickled .bin/.pt files); its snapshot {folder} holds {_listing(folder)}. "
+                         "Convert the weights to safetensors and pass the local directory")
+    return folder
 
 
 # --------------------------------------------------------------------------------------------------------------------

@@ -25,23 +25,19 @@ import tempfile
 from typing import Iterable, Sequence
 
 import tokenizers
-from tokenizers import decoders, models, normalizers, pre_tokenizers, processors, trainers
+from tokenizers import models, pre_tokenizers, trainers
 
-BPE_SPECIALS = ("<|endoftext|>",)
-WORDPIECE_SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+# Loading a tokenizer is the model zoo's job (pretrained checkpoints need it too): one copy, in models/.
+from models.tokenizer import BPE_SPECIALS, WORDPIECE_SPECIALS
+from models.tokenizer import ROLE_NAMES as _ROLE_NAMES
+from models.tokenizer import bert_parts as _bert_parts
+from models.tokenizer import bert_post_processor as _bert_post_processor
+from models.tokenizer import byte_level_parts as _byte_level_parts
+from models.tokenizer import load_tokenizer as _load_tokenizer
+from models.tokenizer import wordpiece_from_vocab_txt
+
 KINDS = ("bpe", "wordpiece")
 BYTE_ALPHABET_SIZE = 256
-
-# Role -> candidate token strings, first present wins. Covers BERT, RoBERTa, GPT-2, Llama/SmolLM style vocabularies.
-_ROLE_NAMES: dict[str, tuple[str, ...]] = {
-    "pad": ("[PAD]", "<pad>", "<|pad|>", "<|padding|>"),
-    "unk": ("[UNK]", "<unk>", "<|unk|>"),
-    "cls": ("[CLS]", "<s>", "<cls>"),
-    "sep": ("[SEP]", "</s>", "<sep>"),
-    "mask": ("[MASK]", "<mask>"),
-    "eos": ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>", "[SEP]"),
-    "bos": ("<|endoftext|>", "<s>", "<|begin_of_text|>", "<bos>", "[CLS]"),
-}
 
 
 def min_vocab_size(kind: str) -> int:
@@ -166,26 +162,6 @@ class TextTokenizer:
 
 
 # ------------------------------------------------------------------------------------------------------ training
-def _bert_parts(tok: tokenizers.Tokenizer, lowercase: bool) -> None:
-    tok.normalizer = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True, strip_accents=None,
-                                                lowercase=lowercase)
-    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    tok.decoder = decoders.WordPiece(prefix="##")
-
-
-def _bert_post_processor(tok: tokenizers.Tokenizer) -> None:
-    cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
-    tok.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", cls), ("[SEP]", sep)]
-    )
-
-
-def _byte_level_parts(tok: tokenizers.Tokenizer) -> None:
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.post_processor = processors.ByteLevel(trim_offsets=False)
-
-
 def train_tokenizer(texts: Iterable[str], kind: str, vocab_size: int, *, lowercase: bool = True,
                     min_frequency: int = 2) -> TextTokenizer:
     """Train a ``kind`` (``"bpe"`` | ``"wordpiece"``) tokenizer with ``vocab_size`` entries on ``texts``.
@@ -254,60 +230,13 @@ class _CountingIterator:
 
 
 # ------------------------------------------------------------------------------------------------------- loading
-def _read_lowercase_flag(folder: pathlib.Path, default: bool) -> bool:
-    cfg = folder / "tokenizer_config.json"
-    if cfg.is_file():
-        try:
-            return bool(json.loads(cfg.read_text(encoding="utf-8")).get("do_lower_case", default))
-        except (json.JSONDecodeError, OSError):
-            return default
-    return default
-
-
 def from_vocab_txt(path: str | os.PathLike, *, lowercase: bool = True) -> TextTokenizer:
     """A BERT WordPiece tokenizer from a ``vocab.txt`` (one token per line, id = line number)."""
-    path = pathlib.Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"vocab file {str(path)!r} does not exist")
-    vocab = models.WordPiece.read_file(str(path))
-    if not vocab:
-        raise ValueError(f"vocab file {str(path)!r} is empty")
-    unk = next((n for n in _ROLE_NAMES["unk"] if n in vocab), None)
-    if unk is None:
-        raise ValueError(f"vocab file {str(path)!r} has no unknown token; expected one of {_ROLE_NAMES['unk']}")
-    tok = tokenizers.Tokenizer(models.WordPiece(vocab=vocab, unk_token=unk, max_input_chars_per_word=100))
-    _bert_parts(tok, lowercase)
-    tok.add_special_tokens([t for t in (*WORDPIECE_SPECIALS, "<s>", "</s>", "<pad>", "<mask>", "<unk>") if t in vocab])
-    if tok.token_to_id("[CLS]") is not None and tok.token_to_id("[SEP]") is not None:
-        _bert_post_processor(tok)
-    return TextTokenizer(tok)
+    return TextTokenizer(wordpiece_from_vocab_txt(path, lowercase=lowercase))
 
 
 def load_tokenizer(path: str | os.PathLike, *, lowercase: bool = True) -> TextTokenizer:
-    """Load a ``tokenizer.json``, a ``vocab.txt``, a ``vocab.json`` (with ``merges.txt`` beside it) or a directory
-    holding one of them (tried in that order). ``lowercase`` applies to ``vocab.txt`` only and is overridden by a
-    ``tokenizer_config.json`` ``do_lower_case`` beside it."""
-    path = pathlib.Path(os.path.expanduser(str(path)))
-    if not path.exists():
-        raise FileNotFoundError(f"tokenizer path {str(path)!r} does not exist")
-    if path.is_dir():
-        for name in ("tokenizer.json", "vocab.txt", "vocab.json"):
-            if (path / name).is_file():
-                return load_tokenizer(path / name, lowercase=lowercase)
-        raise FileNotFoundError(
-            f"tokenizer directory {str(path)!r} holds none of tokenizer.json, vocab.txt, vocab.json (+ merges.txt)"
-        )
-    if path.name.endswith(".txt") and path.name != "merges.txt":
-        return from_vocab_txt(path, lowercase=_read_lowercase_flag(path.parent, lowercase))
-    if path.name == "vocab.json":
-        merges = path.parent / "merges.txt"
-        if not merges.is_file():
-            raise FileNotFoundError(f"{str(path)!r} needs {str(merges)!r} beside it (byte-level BPE merges)")
-        tok = tokenizers.Tokenizer(models.BPE.from_file(str(path), str(merges)))
-        _byte_level_parts(tok)
-        tok.add_special_tokens([t for t in BPE_SPECIALS if tok.token_to_id(t) is not None])
-        return TextTokenizer(tok)
-    try:
-        return TextTokenizer(tokenizers.Tokenizer.from_file(str(path)))
-    except Exception as exc:  # tokenizers raises a bare Exception on malformed files
-        raise ValueError(f"cannot read tokenizer file {str(path)!r}: {exc}") from exc
+    """Load a ``tokenizer.json``, a ``vocab.txt``, a ``vocab.json`` (with ``merges.txt`` beside it), a GGUF file or a
+    directory holding one of them (tried in that order); see ``models.tokenizer.load_tokenizer``. ``lowercase``
+    applies to ``vocab.txt`` only and is overridden by a ``tokenizer_config.json`` ``do_lower_case`` beside it."""
+    return TextTokenizer(_load_tokenizer(path, lowercase=lowercase))

@@ -1,0 +1,147 @@
+"""Text in, text (or vectors) out: sentence embeddings for encoders, text continuation for causal LMs.
+
+Both take a model and a ``tokenizers.Tokenizer`` (``models.load_tokenizer``), tokenize without the tokenizer's own
+padding (each batch is padded here to its longest row, rounded up to a multiple of 8 so that few shapes compile), and
+run compiled programs.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import tokenizers
+from flax import nnx
+
+from models.bert import BertModel
+from models.generate import generate
+from models.gpt import GPTForCausalLM, GPTModel
+
+__all__ = ["embed", "encode_texts", "generate_text"]
+
+_BUCKET = 8
+
+
+def encode_texts(tokenizer: tokenizers.Tokenizer, texts: Sequence[str], *, add_special_tokens: bool = True
+                 ) -> list[list[int]]:
+    """Token ids of each text, whatever padding the tokenizer is set to (pad tokens are dropped)."""
+    encodings = tokenizer.encode_batch(list(texts), add_special_tokens=add_special_tokens)
+    return [[i for i, real in zip(e.ids, e.attention_mask) if real] for e in encodings]
+
+
+def _pad(rows: Sequence[Sequence[int]], pad_id: int, *, left: bool, limit: int | None = None
+         ) -> tuple[np.ndarray, np.ndarray]:
+    """``rows`` padded to a common length (the longest, rounded up to a multiple of 8, at most ``limit``):
+    ``(ids [batch, length] int32, mask [batch, length] int32)``."""
+    longest = max(len(r) for r in rows)
+    length = -(-longest // _BUCKET) * _BUCKET
+    if limit is not None:
+        length = max(longest, min(length, limit))
+    ids = np.full((len(rows), length), pad_id, np.int32)
+    mask = np.zeros((len(rows), length), np.int32)
+    for i, row in enumerate(rows):
+        span = slice(length - len(row), length) if left else slice(0, len(row))
+        ids[i, span], mask[i, span] = row, 1
+    return ids, mask
+
+
+# -------------------------------------------------------------------------------------------------------- embed
+def _stack(model: nnx.Module) -> nnx.Module:
+    """The ``TransformerStack`` of a flaxzoo model."""
+    if isinstance(model, BertModel):
+        return model.encoder
+    if hasattr(model, "bert"):  # BertForMaskedLM, BertForSequenceClassification
+        return model.bert.encoder
+    if isinstance(model, GPTModel):
+        return model.decoder
+    if isinstance(model, GPTForCausalLM):
+        return model.transformer.decoder
+    raise ValueError(f"embed needs a flaxzoo encoder or decoder; got {type(model).__name__}")
+
+
+@partial(jax.jit, static_argnames=("graphdef",))
+def _mean_pooled(graphdef: nnx.GraphDef, state: nnx.State, ids: jax.Array, mask: jax.Array) -> jax.Array:
+    """Mean of the hidden states over real tokens: ``[batch, seq]`` → ``[batch, hidden]`` float32."""
+    hidden = _stack(nnx.merge(graphdef, state))(ids, mask).hidden.astype(jnp.float32)
+    weights = mask[..., None].astype(jnp.float32)
+    return (hidden * weights).sum(axis=1) / jnp.maximum(weights.sum(axis=1), 1e-9)
+
+
+def embed(model: nnx.Module, tokenizer: tokenizers.Tokenizer, texts: str | Sequence[str], *, batch_size: int = 32,
+          normalize: bool = True) -> np.ndarray:
+    """Sentence embeddings: hidden states mean-pooled over each text's real tokens, L2-normalised.
+
+    This is what sentence-transformers computes for all-MiniLM-L6-v2 (its ``1_Pooling`` mean + ``Normalize``).
+    Texts are encoded with the tokenizer's special tokens and truncation (``[CLS] … [SEP]``), batched by
+    ``batch_size``. Returns ``[len(texts), hidden]`` float32 (one row for a single string).
+    """
+    single = isinstance(texts, str)
+    texts = [texts] if single else list(texts)
+    if not texts:
+        return np.zeros((0, model.config.hidden_size), np.float32)
+    if batch_size < 1:
+        raise ValueError(f"batch_size={batch_size}: expected a positive integer")
+    stack = _stack(model)
+    graphdef, state = nnx.split(model)
+    limit = model.config.max_position_embeddings if model.config.position in ("learned", "sinusoidal") else None
+    out = []
+    for start in range(0, len(texts), batch_size):
+        rows = encode_texts(tokenizer, texts[start:start + batch_size])
+        if min(len(r) for r in rows) == 0:
+            raise ValueError("a text encodes to no tokens at all; embed needs at least one token per text")
+        ids, mask = _pad(rows, pad_id=model.config.pad_token_id or 0, left=False, limit=limit)
+        stack.check_inputs(ids, mask)  # ids in range, length within the positions: before compiling
+        out.append(np.asarray(_mean_pooled(graphdef, state, jnp.asarray(ids), jnp.asarray(mask))))
+    vectors = np.concatenate(out)
+    if normalize:
+        vectors = vectors / np.maximum(np.linalg.norm(vectors, axis=-1, keepdims=True), 1e-12)
+    return vectors
+
+
+# ------------------------------------------------------------------------------------------------ generate_text
+def generate_text(model: nnx.Module, tokenizer: tokenizers.Tokenizer, prompt: str | Sequence[str], *,
+                  max_new_tokens: int = 32, temperature: float = 0.0, top_k: int | None = None,
+                  top_p: float | None = None, eos_token_id: int | None = None, stop_at_eos: bool = True,
+                  add_bos: bool | None = None, rng: jax.Array | None = None,
+                  skip_special_tokens: bool = True) -> str | list[str]:
+    """Continue ``prompt`` (one string or a list, batched with left padding) and return only the new text.
+
+    Args:
+      max_new_tokens, temperature, top_k, top_p, rng: as ``models.generate`` (temperature 0 = greedy).
+      eos_token_id: stop a row at this token; default ``model.config.eos_token_id``. ``stop_at_eos=False`` never
+        stops early. The text ends before the EOS token.
+      add_bos: None (default): the tokenizer's own special tokens decide (a GGUF's ``add_bos_token``; SmolLM2 adds
+        none); True: make sure each prompt starts with ``config.bos_token_id``; False: encode without special
+        tokens.
+      skip_special_tokens: leave special tokens out of the decoded text.
+
+    Returns a string for a string prompt, else a list of strings.
+    """
+    if not isinstance(model, GPTForCausalLM):
+        raise ValueError(f"generate_text needs a causal LM (GPTForCausalLM); got {type(model).__name__}")
+    single = isinstance(prompt, str)
+    prompts = [prompt] if single else list(prompt)
+    if not prompts:
+        return []
+    config = model.config
+    rows = encode_texts(tokenizer, prompts, add_special_tokens=add_bos is not False)
+    if add_bos:
+        if config.bos_token_id is None:
+            raise ValueError("add_bos=True but the model's config has no bos_token_id")
+        rows = [r if r[:1] == [config.bos_token_id] else [config.bos_token_id, *r] for r in rows]
+    empty = [i for i, r in enumerate(rows) if not r]
+    if empty:
+        raise ValueError(f"prompt(s) {empty} encode to no tokens; pass add_bos=True to start from the BOS token")
+    eos = (config.eos_token_id if eos_token_id is None else eos_token_id) if stop_at_eos else None
+    ids, mask = _pad(rows, pad_id=config.pad_token_id or 0, left=True)
+    tokens = np.asarray(generate(model, ids, max_new_tokens, attention_mask=mask, temperature=temperature,
+                                 top_k=top_k, top_p=top_p, eos_token_id=eos, rng=rng))
+    texts = []
+    for row in tokens[:, ids.shape[1]:].tolist():
+        if eos is not None and eos in row:
+            row = row[:row.index(eos)]
+        texts.append(tokenizer.decode(row, skip_special_tokens=skip_special_tokens))
+    return texts[0] if single else texts
