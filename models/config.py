@@ -17,6 +17,7 @@ NORM_PLACEMENTS = ("pre", "post")
 ACTIVATIONS = ("gelu", "gelu_tanh", "relu", "silu")
 MODEL_TYPES = ("bert", "gpt2", "llama")
 DTYPES = ("float32", "bfloat16", "float16")
+REMAT_POLICIES = ("none", "full", "dots")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,6 +26,12 @@ class TransformerConfig:
 
     ``num_kv_heads`` < ``num_heads`` gives grouped-query attention (1 = multi-query). ``head_dim`` defaults to
     ``hidden_size // num_heads``. ``mlp_gated`` with ``activation="silu"`` is SwiGLU.
+
+    ``remat`` and ``scan_layers`` change how the layer stack is executed, never its parameters or its outputs:
+    ``remat="full"`` recomputes each layer's activations in the backward pass, ``"dots"`` keeps the results of the
+    weight matmuls and recomputes the rest, ``"none"`` keeps everything; ``scan_layers`` runs the layers as one
+    ``lax.scan`` over their stacked parameters (one compiled layer body instead of ``num_layers`` copies). Both apply
+    to full-sequence forward passes (training, evaluation); cached decoding always runs the plain loop.
     """
 
     vocab_size: int
@@ -59,6 +66,8 @@ class TransformerConfig:
     eos_token_id: int | None = None
     dtype: str = "float32"
     param_dtype: str = "float32"
+    remat: str = "none"
+    scan_layers: bool = False
 
     def __post_init__(self) -> None:
         if self.num_kv_heads is None:
@@ -86,7 +95,7 @@ class TransformerConfig:
         choices = {
             "position": POSITION_SCHEMES, "rope_layout": ROPE_LAYOUTS, "norm": NORMS,
             "norm_placement": NORM_PLACEMENTS, "activation": ACTIVATIONS, "model_type": MODEL_TYPES,
-            "dtype": DTYPES, "param_dtype": DTYPES,
+            "dtype": DTYPES, "param_dtype": DTYPES, "remat": REMAT_POLICIES,
         }
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
@@ -95,6 +104,8 @@ class TransformerConfig:
             raise ValueError(f"head_dim={self.head_dim}: RoPE needs an even head dimension")
         if self.position == "sinusoidal" and self.hidden_size % 2 != 0:
             raise ValueError(f"hidden_size={self.hidden_size}: sinusoidal positions need an even width")
+        if not isinstance(self.scan_layers, bool):
+            raise ValueError(f"scan_layers={self.scan_layers!r}: expected True or False")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout={self.dropout}: expected a rate in [0, 1)")
         if self.norm_eps <= 0:

@@ -16,6 +16,12 @@ from models.layers.embeddings import InputEmbeddings, check_index_range, is_conc
 from models.layers.norms import make_norm
 from models.layers.positions import alibi_bias
 
+# The remat policies a config can name: what each layer keeps for the backward pass.
+REMAT_POLICIES = {
+    "full": jax.checkpoint_policies.nothing_saveable,  # keep only the layer's input; recompute the rest
+    "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,  # keep the weight-matmul outputs
+}
+
 
 class StackOutput(NamedTuple):
     """``hidden: [batch, seq, hidden]``; ``cache``: one KVCache per layer (decoding only); ``attention_weights``:
@@ -130,16 +136,62 @@ class TransformerStack(nnx.Module):
                 if config.position == "alibi" else None)
         x = self.embeddings(input_ids, position_ids, token_type_ids, inputs_embeds=inputs_embeds)
         new_cache, weights = [], []
-        for i, layer in enumerate(self.layers):
-            x, layer_cache, layer_weights = layer(
-                x, positions=position_ids, mask=mask, bias=bias, cache=None if cache is None else cache[i],
-                cache_index=cache_index, return_weights=return_attention_weights)
-            new_cache.append(layer_cache)
-            weights.append(layer_weights)
+        if cache is None and not return_attention_weights and (config.remat != "none" or config.scan_layers):
+            x = self._run_layers_functional(x, positions=position_ids, mask=mask, bias=bias)
+        else:
+            for i, layer in enumerate(self.layers):
+                x, layer_cache, layer_weights = layer(
+                    x, positions=position_ids, mask=mask, bias=bias, cache=None if cache is None else cache[i],
+                    cache_index=cache_index, return_weights=return_attention_weights)
+                new_cache.append(layer_cache)
+                weights.append(layer_weights)
         if self.final_norm is not None:
             x = self.final_norm(x)
         return StackOutput(x, tuple(new_cache) if cache is not None else None,
                            tuple(weights) if return_attention_weights else None)
+
+    def _run_layers_functional(self, x: jax.Array, *, positions: jax.Array, mask: jax.Array | None,
+                               bias: jax.Array | None) -> jax.Array:
+        """The layers as pure functions of their state, so that ``jax.checkpoint`` (``config.remat``) and
+        ``lax.scan`` (``config.scan_layers``) can wrap them. ``[batch, seq, hidden]`` in and out.
+
+        Parameters stay where they are (``layers.0 ... layers.{L-1}``): a scan stacks them into ``[L, ...]`` arrays
+        inside the computation only, so checkpoints and the Hugging Face mapping see the same layout with either
+        option. Non-parameter state the layers change (dropout RNG counters, in training mode with ``dropout`` > 0)
+        is written back afterwards.
+        """
+        config = self.config
+
+        def apply(graphdef, params, rest, h):
+            layer = nnx.merge(graphdef, params, rest)
+            h, _, _ = layer(h, positions=positions, mask=mask, bias=bias)
+            return h, nnx.state(layer, nnx.Not(nnx.Param))
+
+        if config.remat != "none":
+            apply = jax.checkpoint(apply, policy=REMAT_POLICIES[config.remat], static_argnums=(0,),
+                                   prevent_cse=not config.scan_layers)
+        # Dropout in training mode advances its RNG counters; nothing else changes (and eval mode writes nothing).
+        mutates = config.dropout > 0 and any(not m.deterministic for _, m in nnx.iter_graph(self.layers[0])
+                                             if isinstance(m, nnx.Dropout))
+        splits = [nnx.split(layer, nnx.Param, ...) for layer in self.layers]
+        graphdef = splits[0][0]
+        if not config.scan_layers or any(g != graphdef for g, _, _ in splits):
+            for layer, (graphdef, params, rest) in zip(self.layers, splits):
+                x, new_rest = apply(graphdef, params, rest, x)
+                if mutates:
+                    nnx.update(layer, new_rest)
+            return x
+        stacked_params, stacked_rest = jax.tree.map(lambda *leaves: jnp.stack(leaves),
+                                                    *[(params, rest) for _, params, rest in splits])
+
+        def body(h, layer_state):
+            return apply(graphdef, *layer_state, h)
+
+        x, new_rests = jax.lax.scan(body, x, (stacked_params, stacked_rest))
+        if mutates:
+            for i, layer in enumerate(self.layers):
+                nnx.update(layer, jax.tree.map(lambda leaf: leaf[i], new_rests))
+        return x
 
     def init_cache(self, batch: int, max_len: int) -> tuple[KVCache, ...]:
         """Empty per-layer caches ``[batch, max_len, kv_heads, head_dim]``."""

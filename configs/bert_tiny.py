@@ -1,0 +1,27 @@
+"""A tiny BERT pre-trained with masked-LM on the embedded corpus (WordPiece), a few minutes on 2 CPU cores.
+
+``python -m train --config configs/bert_tiny.py``: evaluation reports masked-token accuracy.
+"""
+
+from train.config import base_config, data_fields, model_fields
+
+
+def get_config():
+    c = base_config()
+    c.steps = 600
+    c.log_every = 20
+    c.eval_every = 200
+    c.checkpoint_every = 200
+    c.batch_size = 16
+    c.seq_len = 128
+    c.optim.lr = 1e-3
+    c.optim.warmup_steps = 50
+    c.optim.weight_decay = 0.01
+    c.optim.b2 = 0.999
+    c.optim.schedule = "linear"
+    c.model = model_fields("bert-tiny", vocab_size=2048, hidden_size=128, num_layers=4, num_heads=4,
+                           intermediate_size=512, dropout=0.0)
+    c.model.max_position_embeddings = c.get_ref("seq_len")
+    c.data = data_fields(source="embedded", tokenizer="wordpiece", mask_prob=0.15)
+    c.data.vocab_size = c.model.get_ref("vocab_size")
+    return c

@@ -1,0 +1,277 @@
+"""Training config checks (train/config.py), sharding rules (train/sharding.py), optimizer pieces (train/optim.py),
+FLOP accounting (train/flops.py): all in-process, no training."""
+
+import importlib.util
+import os
+import pathlib
+import subprocess
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from jax.sharding import PartitionSpec as P
+
+from models import get_preset, param_count
+from train import flops, optim, sharding
+from train.config import ConfigError, resolve, resolve_mesh
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+CONFIGS = sorted(p.stem for p in (REPO / "configs").glob("*.py") if not p.stem.startswith("_"))
+
+
+def load_config(name):
+    spec = importlib.util.spec_from_file_location(f"cfg_{name}", REPO / "configs" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.get_config()
+
+
+# ---------------------------------------------------------------------------------------------------------- configs
+def test_required_configs_exist():
+    assert {"default", "bert_tiny", "gpt2_small", "gpt2_medium", "bert_base", "llama_small"} <= set(CONFIGS)
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+@pytest.mark.parametrize("devices", [1, 8])
+def test_every_config_resolves(name, devices):
+    config = load_config(name)
+    if config.batch_size % devices:
+        pytest.skip("batch does not split over this many devices")
+    resolved = resolve(config, devices)
+    assert np.prod(resolved.mesh_shape) == devices
+    assert resolved.data.vocab_size <= resolved.model.vocab_size
+    assert resolved.objective == ("causal" if resolved.model.causal else "mlm")
+
+
+def test_named_configs_have_the_advertised_sizes():
+    assert param_count(resolve(load_config("gpt2_small"), 1).model) == 124_439_808
+    assert resolve(load_config("gpt2_medium"), 1).model.num_layers == 24
+    bert = resolve(load_config("bert_base"), 1)
+    assert bert.model.hidden_size == 768 and bert.model_cls.__name__ == "BertForMaskedLM"
+    llama = resolve(load_config("llama_small"), 1).model
+    assert llama.norm == "rmsnorm" and llama.mlp_gated and llama.num_kv_heads == 3
+
+
+def test_model_fields_override_the_preset_and_references_follow():
+    config = load_config("default")
+    config.seq_len = 64
+    config.model.num_layers = 3
+    resolved = resolve(config, 1)
+    assert resolved.model.num_layers == 3 and resolved.model.max_position_embeddings == 64
+    assert resolved.model.hidden_size == config.model.hidden_size
+    config.precision.remat, config.precision.scan_layers = "full", True
+    assert resolve(config, 1).model.remat == "full" and resolve(config, 1).model.scan_layers
+
+
+@pytest.mark.parametrize("change, key", [
+    ({"mesh.data": 3}, "mesh"),                           # 3 x 1 x 1 != 8 devices
+    ({"mesh.data": 3, "mesh.fsdp": -1}, "mesh.fsdp"),     # -1 cannot fill 8 / 3
+    ({"mesh.data": -1, "mesh.fsdp": -1}, "mesh.fsdp"),
+    ({"mesh.tensor": 0}, "mesh.tensor"),
+    ({"mesh.data": 4, "mesh.fsdp": 2, "batch_size": 12}, "batch_size"),
+    ({"model.preset": "gpt-17"}, "model.preset"),
+    ({"model.cls": "GPTForEverything"}, "model.cls"),
+    ({"steps": -5}, "steps"),
+    ({"steps": 0}, "steps"),
+    ({"optim.lr": -1.0}, "optim.lr"),
+    ({"optim.schedule": "exp"}, "optim.schedule"),
+    ({"optim.accum_steps": 3}, "optim.accum_steps"),
+    ({"optim.accum_steps": 4}, "optim.accum_steps"),      # 16 / 4 = 4 rows do not split over 8 devices
+    ({"precision.remat": "some"}, "precision.remat"),
+    ({"precision.compute_dtype": "int8"}, "precision.compute_dtype"),
+    ({"model.num_heads": 5}, "model.hidden_size"),         # 128 not divisible by 5
+    ({"seq_len": 4096}, "seq_len"),
+    ({"data.vocab_size": 60000}, "data.vocab_size"),
+    ({"data.objective": "mlm"}, "data.objective"),
+    ({"data.source": "s3://x"}, "data.source"),
+])
+def test_bad_values_name_their_key(change, key):
+    # default.py ties data.vocab_size to model.vocab_size (one FieldReference); gpt2_small sets them apart.
+    config = load_config("gpt2_small" if "data.vocab_size" in change else "default")
+    for dotted, value in change.items():
+        node = config
+        *parents, leaf = dotted.split(".")
+        for part in parents:
+            node = node[part]
+        if dotted == "seq_len":
+            config.model.max_position_embeddings = 128  # break the reference: a fixed table
+        node[leaf] = value
+    with pytest.raises(ConfigError) as info:
+        resolve(config, 8)
+    assert info.value.key == key, str(info.value)
+    assert str(info.value).startswith(key)
+
+
+def test_mesh_fill():
+    config = load_config("default")
+    config.mesh.data, config.mesh.fsdp, config.mesh.tensor = 2, -1, 2
+    assert resolve_mesh(config, 8) == (2, 2, 2)
+    config.mesh.data, config.mesh.fsdp, config.mesh.tensor = -1, 1, 1
+    assert resolve_mesh(config, 8) == (8, 1, 1)
+
+
+def test_cli_bad_config_stops_fast_with_the_key(tmp_path):
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    start = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "train", "--config.steps=-3", "--workdir", str(tmp_path / "w")],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert "steps" in proc.stderr and "-3" in proc.stderr
+    assert not (tmp_path / "w").exists()  # nothing was started
+    assert "compiled" not in proc.stdout
+    unknown = subprocess.run([sys.executable, "-m", "train", "--config", "no_such_config"], cwd=REPO, env=env,
+                             capture_output=True, text=True, timeout=120)
+    assert unknown.returncode == 2 and "no_such_config" in unknown.stderr and "default" in unknown.stderr
+    assert time.perf_counter() - start < 60
+
+
+# --------------------------------------------------------------------------------------------------------- sharding
+def abstract_mesh(shape):
+    return jax.sharding.AbstractMesh(tuple(shape), sharding.MESH_AXES)
+
+
+def test_logical_rules():
+    mesh = abstract_mesh((2, 2, 2))
+    assert sharding.logical_to_mesh(("vocab", "embed"), (1000, 64), mesh) == P(("tensor", "fsdp"), None)
+    assert sharding.logical_to_mesh(("embed", "heads", "head_dim"), (64, 4, 16), mesh) == P("fsdp", "tensor", None)
+    assert sharding.logical_to_mesh(("embed", "mlp"), (64, 256), mesh) == P("fsdp", "tensor")
+    assert sharding.logical_to_mesh(("norm",), (64,), mesh) == P(None)
+    # A dimension an axis does not divide stays whole on it.
+    assert sharding.logical_to_mesh(("embed", "kv_heads", "head_dim"), (64, 1, 16), mesh) == P("fsdp", None, None)
+    assert sharding.logical_to_mesh(("vocab", "embed"), (1001, 64), mesh) == P(None, None)
+    assert sharding.logical_to_mesh(("vocab", "embed"), (1002, 64), mesh) == P("tensor", None)
+    # Axes of size 1 are left out.
+    assert sharding.logical_to_mesh(("embed", "mlp"), (64, 256), abstract_mesh((8, 1, 1))) == P(None, None)
+
+
+def test_optimizer_state_follows_parameter_shardings():
+    mesh = jax.make_mesh((1, 1, 1), sharding.MESH_AXES, axis_types=(jax.sharding.AxisType.Auto,) * 3,
+                         devices=jax.devices()[:1])
+    params = {"a": {"kernel": jnp.zeros((4, 8))}, "b": jnp.zeros((3,))}
+    special = jax.sharding.NamedSharding(mesh, P("fsdp", "tensor"))
+    shardings = {"a": {"kernel": special}, "b": sharding.replicated(mesh)}
+    state = optax.adamw(1e-3).init(params)
+    out = sharding.tree_shardings_like(state, params, shardings, mesh)
+    adam = out[0]
+    assert adam.mu["a"]["kernel"] == special and adam.nu["a"]["kernel"] == special
+    assert adam.count == sharding.replicated(mesh)
+
+
+def test_multi_process_detection(monkeypatch):
+    for name in ("JAX_COORDINATOR_ADDRESS", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE",
+                 "TPU_WORKER_HOSTNAMES", "MEGASCALE_COORDINATOR_ADDRESS", "FLAXZOO_DISTRIBUTED"):
+        monkeypatch.delenv(name, raising=False)
+    assert sharding.multi_process_environment() is None
+    monkeypatch.setenv("SLURM_NTASKS", "1")
+    assert sharding.multi_process_environment() is None
+    monkeypatch.setenv("SLURM_NTASKS", "16")
+    assert sharding.multi_process_environment() == "SLURM_NTASKS"
+    monkeypatch.setenv("FLAXZOO_DISTRIBUTED", "0")
+    assert sharding.multi_process_environment() is None
+    monkeypatch.delenv("SLURM_NTASKS")
+    monkeypatch.delenv("FLAXZOO_DISTRIBUTED")
+    monkeypatch.setenv("TPU_WORKER_HOSTNAMES", "t1k-0,t1k-1")
+    assert sharding.multi_process_environment() == "TPU_WORKER_HOSTNAMES"
+
+
+# -------------------------------------------------------------------------------------------------------- optimizer
+def gpt_params():
+    from flax import nnx
+
+    from models import abstract_model
+
+    return nnx.to_pure_dict(nnx.state(abstract_model(get_preset("gpt2-tiny")), nnx.Param))
+
+
+def test_weight_decay_mask_skips_biases_norms_and_embeddings():
+    params = gpt_params()
+    mask = optim.decay_mask(params, decay_embeddings=False)
+    layer = mask["transformer"]["decoder"]["layers"][0]
+    assert layer["attention"]["query"]["kernel"] and layer["mlp"]["up"]["kernel"]
+    assert not layer["attention"]["query"]["bias"] and not layer["attention_norm"]["scale"]
+    embeddings = mask["transformer"]["decoder"]["embeddings"]
+    assert not embeddings["tokens"]["embedding"] and not embeddings["positions"]["embedding"]
+    with_embeddings = optim.decay_mask(params, decay_embeddings=True)["transformer"]["decoder"]["embeddings"]
+    assert with_embeddings["tokens"]["embedding"]
+
+
+def test_layer_wise_lr_scales():
+    params = gpt_params()
+    scales = optim.layer_scales(params, num_layers=2, layer_decay=0.5)
+    decoder = scales["transformer"]["decoder"]
+    assert float(decoder["embeddings"]["tokens"]["embedding"]) == 0.125  # 0.5 ** 3
+    assert float(decoder["layers"][0]["mlp"]["up"]["kernel"]) == 0.25
+    assert float(decoder["layers"][1]["mlp"]["up"]["kernel"]) == 0.5
+    assert float(decoder["final_norm"]["scale"]) == 1.0
+
+
+@pytest.mark.parametrize("schedule", ["cosine", "linear", "constant"])
+def test_schedule_warms_up_then_decays(schedule):
+    from ml_collections import ConfigDict
+
+    cfg = ConfigDict({"lr": 1.0, "warmup_steps": 10, "min_lr_ratio": 0.1, "schedule": schedule})
+    fn = optim.make_schedule(cfg, 110)
+    assert float(fn(0)) == 0.0 and abs(float(fn(5)) - 0.5) < 1e-6 and abs(float(fn(10)) - 1.0) < 1e-6
+    end = float(fn(110))
+    assert abs(end - (1.0 if schedule == "constant" else 0.1)) < 1e-6
+    if schedule == "cosine":
+        assert abs(float(fn(60)) - 0.55) < 1e-6  # halfway: (1 + 0.1) / 2
+
+
+def test_adamw_chain_matches_optax_adamw():
+    """With clipping off, no layer decay and decay on every matrix, the chain is optax.adamw."""
+    from ml_collections import ConfigDict
+
+    cfg = ConfigDict({"lr": 1e-2, "warmup_steps": 0, "min_lr_ratio": 1.0, "schedule": "constant", "b1": 0.9,
+                      "b2": 0.95, "eps": 1e-8, "weight_decay": 0.1, "decay_embeddings": True, "grad_clip": 0.0,
+                      "layer_decay": 1.0})
+    params = {"w": jnp.arange(6.0).reshape(2, 3), "b": jnp.ones(3)}
+    grads = {"w": jnp.full((2, 3), 0.5), "b": jnp.full(3, -0.25)}
+    tx, _ = optim.make_optimizer(cfg, 100, params, num_layers=1)
+    reference = optax.adamw(1e-2, b1=0.9, b2=0.95, eps=1e-8, weight_decay=0.1,
+                            mask=lambda p: jax.tree.map(lambda x: x.ndim >= 2, p))
+    ours, _ = tx.update(grads, tx.init(params), params)
+    theirs, _ = reference.update(grads, reference.init(params), params)
+    for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(theirs)):
+        np.testing.assert_allclose(a, b, rtol=1e-6)
+
+
+def test_clipping_bounds_the_update_norm():
+    from ml_collections import ConfigDict
+
+    cfg = ConfigDict({"lr": 1.0, "warmup_steps": 0, "min_lr_ratio": 1.0, "schedule": "constant", "b1": 0.0,
+                      "b2": 0.0, "eps": 0.0, "weight_decay": 0.0, "decay_embeddings": False, "grad_clip": 1.0,
+                      "layer_decay": 1.0})
+    params = {"w": jnp.zeros((2, 2))}
+    tx, _ = optim.make_optimizer(cfg, 10, params, num_layers=1)
+    clip_state = tx.init(params)
+    clipped = optax.clip_by_global_norm(1.0).update({"w": jnp.full((2, 2), 10.0)}, clip_state[0])[0]
+    assert abs(float(jnp.sqrt(jnp.sum(clipped['w'] ** 2))) - 1.0) < 1e-5
+
+
+# ------------------------------------------------------------------------------------------------------------ flops
+def test_flops_convention_for_gpt2():
+    config = get_preset("gpt2")
+    n = param_count(config) - 1024 * 768  # the learned position table is a lookup
+    assert flops.matmul_params(config) == n
+    assert flops.flops_per_token(config, 1024) == 6 * n + 12 * 12 * 1024 * 768
+
+
+def test_peak_table():
+    class Device:
+        def __init__(self, kind):
+            self.device_kind = kind
+
+    assert flops.peak_flops(Device("NVIDIA H100 80GB HBM3")) == 989e12
+    assert flops.peak_flops(Device("NVIDIA H200")) == 989e12
+    assert flops.peak_flops(Device("NVIDIA A100-SXM4-80GB")) == 312e12
+    assert flops.peak_flops(Device("TPU v4")) == 275e12
+    assert flops.peak_flops(Device("TPU v5 lite")) == 197e12
+    assert flops.peak_flops(Device("TPU v5p")) == 459e12
+    assert flops.peak_flops(Device("TPU v6 lite")) == 918e12
+    assert flops.peak_flops(Device("cpu")) is None
+    assert flops.measure_cpu_peak(size=256, repeats=2) > 1e8

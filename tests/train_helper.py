@@ -1,0 +1,157 @@
+"""Tiny training configs for the tests, and the parts of tests that need their own process (a device count).
+
+Usage: python tests/train_helper.py COMMAND ARGS_JSON
+  parity   {"kind", "data_dir", "workdir", "meshes": [[d, f, t], ...], "steps", "out"}
+           the losses and parameters after ``steps`` steps on a one-device mesh and on each mesh; writes the largest
+           differences to ``out`` (JSON). Needs as many devices as the largest mesh.
+  save     {"kind", "data_dir", "workdir", "mesh", "steps", "out"}: train ``steps`` steps on ``mesh``, checkpoint,
+           write the state to ``out`` (.npz)
+  restore  {"kind", "data_dir", "workdir", "mesh", "out"}: restore the latest checkpoint onto ``mesh``, write the
+           state and the shardings' specs to ``out`` (.npz / .json)
+Run with XLA_FLAGS=--xla_force_host_platform_device_count=N for N CPU devices.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import sys
+from typing import Any
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+# A tiny model and a small tokenizer: compiles in a second or two, 40 steps take a few seconds.
+TINY_MODEL = {"hidden_size": 32, "num_layers": 2, "num_heads": 4, "intermediate_size": 64, "vocab_size": 512}
+
+
+def overrides(kind: str, data_dir: str, **extra: Any) -> dict[str, Any]:
+    """Dotted config keys → values for a tiny run of ``kind`` ("gpt" | "bert") on the embedded corpus."""
+    values: dict[str, Any] = {f"model.{k}": v for k, v in TINY_MODEL.items()}
+    values.update({
+        "seq_len": 32, "batch_size": 8, "steps": 40, "log_every": 1, "eval_every": 0, "eval_batches": 2,
+        "checkpoint_every": 5, "keep_checkpoints": 3, "optim.warmup_steps": 5, "optim.lr": 3e-3,
+        "data.data_dir": data_dir, "data.tokenizer_max_docs": 1500, "sample.max_new_tokens": 8,
+    })
+    values.update(extra)
+    return values
+
+
+def config_file(kind: str) -> str:
+    return str(REPO / "configs" / ("default.py" if kind == "gpt" else "bert_tiny.py"))
+
+
+def as_flags(kind: str, values: dict[str, Any]) -> list[str]:
+    """The command line of ``python -m train`` for ``values``."""
+    return ["--config", config_file(kind)] + [f"--config.{k}={v}" for k, v in values.items()]
+
+
+def make_config(kind: str, data_dir: str, **extra: Any):
+    """The tiny config as a ``ConfigDict`` (for in-process tests)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"config_{kind}", config_file(kind))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    config = module.get_config()
+    for key, value in overrides(kind, data_dir, **extra).items():
+        node = config
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node[part]
+        node[leaf] = value
+    return config
+
+
+def run_steps(trainer, steps: int):
+    """``(state, losses)`` after ``steps`` train steps from a fresh state on ``trainer``'s mesh."""
+    import jax
+
+    from train.sharding import global_batch
+
+    state, rest = trainer.initial_state()
+    iterator = trainer.train_iterator()
+    losses = []
+    for _ in range(steps):
+        state, metrics = trainer._train_step(state, rest, global_batch(next(iterator), trainer.batch_sharding))
+        losses.append(float(jax.device_get(metrics["loss"])))
+    return state, losses
+
+
+def flat_state(state) -> dict[str, Any]:
+    import jax
+    import numpy as np
+
+    from train.checkpoint import _leaf_name
+
+    return {_leaf_name(path): np.asarray(jax.device_get(leaf))
+            for path, leaf in jax.tree_util.tree_flatten_with_path(state)[0]}
+
+
+def _mesh_config(args: dict[str, Any], mesh) -> Any:
+    return make_config(args["kind"], args["data_dir"], **{"mesh.data": mesh[0], "mesh.fsdp": mesh[1],
+                                                          "mesh.tensor": mesh[2]})
+
+
+def main(command: str, args: dict[str, Any]) -> None:
+    import jax
+    import numpy as np
+
+    from train.loop import Trainer
+
+    if command == "parity":
+        reference = Trainer(_mesh_config(args, (1, 1, 1)), args["workdir"], devices=jax.devices()[:1])
+        ref_state, ref_losses = run_steps(reference, args["steps"])
+        ref_params = flat_state(ref_state["params"])
+        report = {}
+        for mesh in args["meshes"]:
+            count = int(np.prod(mesh))
+            trainer = Trainer(_mesh_config(args, mesh), args["workdir"], devices=jax.devices()[:count])
+            state, losses = run_steps(trainer, args["steps"])
+            params = flat_state(state["params"])
+            specs = {str(s.spec) for s in jax.tree.leaves(trainer.state_shardings["params"])}
+            report["x".join(map(str, mesh))] = {
+                "losses": losses, "reference_losses": ref_losses,
+                "max_loss_diff": max(abs(a - b) for a, b in zip(losses, ref_losses)),
+                "max_param_diff": max(float(np.max(np.abs(params[k] - ref_params[k]))) for k in ref_params),
+                "param_specs": sorted(specs),
+            }
+        pathlib.Path(args["out"]).write_text(json.dumps(report, indent=1))
+    elif command == "save":
+        from train.checkpoint import Checkpointer
+
+        trainer = Trainer(_mesh_config(args, args["mesh"]), args["workdir"])
+        state, _ = run_steps(trainer, args["steps"])
+        checkpointer = Checkpointer(args["workdir"])
+        iterator = trainer.train_iterator()
+        checkpointer.save(args["steps"], state, iterator.get_state(), trainer.meta())
+        checkpointer.close()
+        np.savez(args["out"], **flat_state(state))
+    elif command == "restore":
+        from train.checkpoint import Checkpointer
+
+        trainer = Trainer(_mesh_config(args, args["mesh"]), args["workdir"])
+        checkpointer = Checkpointer(args["workdir"])
+        restored = checkpointer.restore_latest(trainer.target, trainer.train_iterator(),
+                                               model_class=trainer.model_cls.__name__,
+                                               config=trainer.model_config.to_dict())
+        checkpointer.close()
+        np.savez(args["out"], **flat_state(restored.state))
+        specs = {name: str(leaf.sharding.spec) for name, leaf in
+                 zip(flat_state(restored.state["params"]), jax.tree.leaves(restored.state["params"]))}
+        pathlib.Path(args["out"] + ".json").write_text(json.dumps({"step": restored.step, "devices": jax.device_count(),
+                                                                   "specs": specs}))
+    else:
+        raise SystemExit(f"unknown command {command!r}")
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    import jax
+
+    cache = os.environ.get("FLAXZOO_JAX_CACHE")
+    if cache:
+        jax.config.update("jax_compilation_cache_dir", cache)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    main(sys.argv[1], json.loads(sys.argv[2]))

@@ -1,0 +1,139 @@
+"""``python -m train [--config configs/NAME.py] [--config.KEY=VALUE ...] [--workdir DIR]``
+
+Trains the model of the config on every device there is (a mesh from ``mesh.*``), resuming from ``WORKDIR``'s latest
+checkpoint when there is one. With no arguments: the tiny GPT of ``configs/default.py`` on the embedded corpus, into
+``runs/default``. ``--config`` also takes a bare name from ``configs/`` (``--config bert_tiny``).
+
+Exit codes: 0 done (or stopped by SIGTERM / SIGINT after saving), 1 the run failed (a non-finite loss, no usable
+checkpoint), 2 a bad config or command line (nothing was computed).
+"""
+
+from __future__ import annotations
+
+import logging
+import pathlib
+import sys
+import time
+
+_START = time.perf_counter()
+
+from absl import flags  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+import configs  # noqa: E402
+
+CONFIG_DIR = pathlib.Path(configs.__file__).resolve().parent
+DEFAULT_CONFIG = CONFIG_DIR / "default.py"
+
+
+def available_configs() -> list[str]:
+    return sorted(p.stem for p in CONFIG_DIR.glob("*.py") if not p.stem.startswith("_"))
+
+
+def _resolve_config_argument(argv: list[str]) -> tuple[list[str], str | None]:
+    """Accept ``--config NAME`` for ``configs/NAME.py``; return (argv, error message or None)."""
+    out = list(argv)
+    for i, arg in enumerate(out):
+        if arg == "--config" and i + 1 < len(out):
+            index, value = i + 1, out[i + 1]
+        elif arg.startswith("--config="):
+            index, value = i, arg.split("=", 1)[1]
+        else:
+            continue
+        path, _, suffix = value.partition(":")
+        if pathlib.Path(path).is_file():
+            return out, None
+        candidate = CONFIG_DIR / (path if path.endswith(".py") else f"{path}.py")
+        if not candidate.is_file():
+            candidate = CONFIG_DIR / pathlib.Path(path).name
+        if candidate.is_file():
+            resolved = str(candidate) + (f":{suffix}" if suffix else "")
+            out[index] = resolved if index == i + 1 else f"--config={resolved}"
+            return out, None
+        return out, f"--config {value}: no such config file; expected a path or one of {available_configs()}"
+    return out, None
+
+
+def _config_name(argv: list[str]) -> str:
+    for i, arg in enumerate(argv):
+        if arg == "--config" and i + 1 < len(argv):
+            return pathlib.Path(argv[i + 1].split(":")[0]).stem
+        if arg.startswith("--config="):
+            return pathlib.Path(arg.split("=", 1)[1].split(":")[0]).stem
+    return "default"
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv if argv is None else argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("train").setLevel(logging.INFO)
+    if any(arg in ("-h", "--help", "-help", "--helpshort") for arg in argv[1:]):
+        from train import config as config_module
+
+        print(__doc__.strip() + "\n\nConfigs: " + ", ".join(available_configs()) + "\n\n"
+              + config_module.__doc__.strip())
+        return 0
+    argv, error = _resolve_config_argument(argv)
+    if error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+
+    flag_values = flags.FlagValues()
+    config_flag = config_flags.DEFINE_config_file("config", str(DEFAULT_CONFIG), "the training config file",
+                                                  flag_values=flag_values, lock_config=True)
+    flags.DEFINE_string("workdir", None, "where checkpoints, logs and the tokenizer go (default runs/CONFIG_NAME)",
+                        flag_values=flag_values)
+    try:
+        flag_values(argv)
+    except (flags.Error, AttributeError, KeyError, TypeError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    config = config_flag.value
+    workdir = flag_values.workdir or str(pathlib.Path("runs") / _config_name(argv))
+
+    from train import sharding
+
+    sharding.maybe_initialize_distributed()  # before anything touches a device
+
+    from train.checkpoint import CheckpointError
+    from train.config import ConfigError, resolve
+    from train.loop import NonFiniteLossError, Trainer, _say
+
+    try:
+        resolved = resolve(config)
+    except ConfigError as exc:
+        print(f"config error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        summary = Trainer(config, workdir, resolved).run()
+    except NonFiniteLossError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except CheckpointError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except (ValueError, FileNotFoundError) as exc:  # data: tokenizer too big for the model, missing files, ...
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+    wall = time.perf_counter() - _START
+    parts = [f"done: steps {summary.start_step + 1}..{summary.last_step} in {wall:.0f} s wall time"]
+    if summary.compile_s is not None:
+        parts.append(f"train-step compile {summary.compile_s:.1f} s")
+    if summary.final_eval:
+        parts.append(f"final validation loss {summary.final_eval['val_loss']:.4f}, perplexity "
+                     f"{summary.final_eval['val_perplexity']:.2f}")
+        if resolved.objective == "mlm":
+            parts.append(f"masked-token accuracy {100 * summary.final_eval['val_accuracy']:.2f}%")
+    if summary.unigram_perplexity:
+        parts.append(f"unigram baseline perplexity {summary.unigram_perplexity:.2f}")
+    if summary.tokens_per_s:
+        parts.append(f"{summary.tokens_per_s:,.0f} tokens/s, MFU {100 * summary.mfu:.2f}%")
+    if summary.cpu_peak_flops:
+        parts.append(f"CPU matmul peak {summary.cpu_peak_flops / 1e9:.1f} GFLOP/s")
+    _say("; ".join(parts))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,296 @@
+"""Training checkpoints: an orbax ``CheckpointManager`` with async saves, exact resume, damage detection.
+
+Layout (a contract: ``from_pretrained`` reads training checkpoints with it)::
+
+    WORKDIR/
+      checkpoints/                 orbax CheckpointManager root; one directory per saved step, the last N kept
+        <step>/
+          state/                   ocp.args.StandardSave of a dict:
+                                     "params":    the model's nnx.Param state as a pure nested dict,
+                                                  nnx.state(model, nnx.Param).to_pure_dict() (layer lists have int
+                                                  keys 0..L-1; restored without a target they come back as "0"...)
+                                     "opt_state": the optax state (train/optim.py's chain)
+                                     "step":      int32, the number of optimizer updates done
+                                     "rng":       uint32[2], jax.random.key_data of the run's base key
+          data/                    grain.checkpoint.CheckpointSave of the train iterator:
+                                     process_<i>-of-<n>.json (the next batch to read)
+          meta/                    ocp.args.JsonSave of {"format": "flaxzoo", "version": 1,
+                                     "model_class": "GPTForCausalLM" | "BertForMaskedLM" | ...,
+                                     "config": TransformerConfig.to_dict(),
+                                     "train_config": the ml_collections config as a dict,
+                                     "step": <step>, "tokenizer": "tokenizer.json" (relative to WORKDIR),
+                                     "data": DataConfig.to_dict()}
+      damaged_checkpoints/<step>   a checkpoint that failed to restore, moved here (never deleted)
+      tokenizer.json               the run's tokenizer
+      metrics.jsonl, tensorboard/  logs (train/loop.py)
+
+To read the parameters elsewhere: build the abstract model from ``meta["config"]`` and ``meta["model_class"]``,
+take ``nnx.state(abstract, nnx.Param).to_pure_dict()`` as the restore target of ``state.params`` (or restore without a
+target and turn the string layer keys back into ints), then ``nnx.merge``. :func:`load_params` does this.
+
+Saves are asynchronous: ``save`` returns once the arrays are copied off the devices, and the files are written in
+a background thread while training goes on; a step directory appears only when complete (orbax writes to a
+temporary directory and renames it). Restores build the target from the current mesh, so a checkpoint written on
+any mesh or device count restores on any other.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import pathlib
+import re
+import shutil
+import time
+from typing import Any
+
+import grain
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+
+log = logging.getLogger(__name__)
+
+FORMAT = "flaxzoo"
+VERSION = 1
+ITEMS = ("state", "data", "meta")
+
+
+class CheckpointError(RuntimeError):
+    """No usable checkpoint (all damaged), or one written by a different model."""
+
+
+@dataclasses.dataclass
+class Restored:
+    state: Any
+    step: int
+    meta: dict[str, Any]
+    damaged: list[tuple[int, str]]  # (step, reason) of the checkpoints skipped on the way
+
+
+class _IteratorStateSnapshot:
+    """The iterator's state taken when ``save`` is called (the real iterator moves on while the save is written)."""
+
+    def __init__(self, state: bytes):
+        self._state = state
+
+    def get_state(self) -> bytes:
+        return self._state
+
+
+def _leaf_name(path) -> str:
+    parts = []
+    for entry in path:
+        for attr in ("key", "name", "idx"):
+            if hasattr(entry, attr):
+                parts.append(str(getattr(entry, attr)))
+                break
+        else:
+            parts.append(str(entry))
+    return ".".join(parts)
+
+
+def _param_shapes(tree: Any) -> dict[str, tuple[int, ...]]:
+    return {_leaf_name(path): tuple(leaf.shape) for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
+def _item_handlers() -> dict[str, Any]:
+    return {"state": ocp.StandardCheckpointHandler(), "data": grain.checkpoint.CheckpointHandler(),
+            "meta": ocp.JsonCheckpointHandler()}
+
+
+# Exceptions that mean a bug or a wrong call, not damaged files: never a reason to set a checkpoint aside.
+_NOT_DAMAGE = (TypeError, AttributeError, NameError, AssertionError, NotImplementedError, ImportError,
+               RecursionError, MemoryError, KeyboardInterrupt)
+
+
+class Checkpointer:
+    """Saves and restores ``{state, data, meta}`` under ``workdir/checkpoints``, keeping the last ``keep``."""
+
+    def __init__(self, workdir: str | pathlib.Path, *, keep: int = 3, async_save: bool = True):
+        self.workdir = pathlib.Path(workdir).absolute()
+        self.directory = self.workdir / "checkpoints"
+        self.damaged_directory = self.workdir / "damaged_checkpoints"
+        options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=async_save,
+                                               cleanup_tmp_directories=True, create=True)
+        self.manager = ocp.CheckpointManager(self.directory, options=options, item_handlers=_item_handlers())
+
+    # ------------------------------------------------------------------------------------------------------ save
+    def save(self, step: int, state: Any, iterator_state: bytes, meta: dict[str, Any]) -> None:
+        """Start saving ``state`` (device arrays), the data iterator's state and ``meta`` as step ``step``."""
+        if step in self.manager.all_steps():
+            return
+        meta = {"format": FORMAT, "version": VERSION, **meta, "step": int(step)}
+        self.manager.save(step, force=True, args=ocp.args.Composite(
+            state=ocp.args.StandardSave(state),
+            data=grain.checkpoint.CheckpointSave(_IteratorStateSnapshot(iterator_state)),
+            meta=ocp.args.JsonSave(meta)))
+
+    def wait(self) -> None:
+        """Block until every started save is on disk."""
+        self.manager.wait_until_finished()
+
+    def close(self) -> None:
+        self.manager.wait_until_finished()
+        self.manager.close()
+
+    def steps(self) -> list[int]:
+        return sorted(self.manager.all_steps())
+
+    def latest_step(self) -> int | None:
+        return self.manager.latest_step()
+
+    # --------------------------------------------------------------------------------------------------- restore
+    def restore_latest(self, target: Any, iterator: Any | None, *, model_class: str,
+                       config: dict[str, Any]) -> Restored | None:
+        """Restore the newest checkpoint that reads back whole, or None when there is none.
+
+        ``target``: the train state as ``jax.ShapeDtypeStruct`` with the shardings wanted now. ``iterator``: the data
+        iterator to reposition. A checkpoint that fails to read is *damaged*: it is reported, moved to
+        ``damaged_checkpoints/`` (so that it is neither retried nor counted among the kept ones) and the previous one
+        is tried. When checkpoints exist but none reads back, raises :class:`CheckpointError` (a fresh start would
+        silently throw the run away). A checkpoint of a different model raises :class:`CheckpointError` untouched.
+        """
+        damaged: list[tuple[int, str]] = []
+        for step in sorted(self.manager.all_steps(), reverse=True):
+            try:
+                meta = self._read_meta(step)
+                self._check_compatible(step, meta, target, model_class, config)
+                state = self._read_state(step, target, iterator)
+            except (CheckpointError, *_NOT_DAMAGE):
+                raise
+            except Exception as exc:  # orbax / tensorstore / JSON / OS errors: the files are damaged
+                reason = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
+                log.error("checkpoint at step %d is damaged (%s); moving it to %s and trying the previous one",
+                          step, reason, self.damaged_directory)
+                damaged.append((step, reason))
+                self._quarantine(step)
+                continue
+            return Restored(state=state, step=step, meta=meta, damaged=damaged)
+        if damaged:
+            steps = ", ".join(str(s) for s, _ in damaged)
+            raise CheckpointError(
+                f"no good checkpoint in {self.directory}: step(s) {steps} are damaged ({damaged[0][1]}); they were "
+                f"moved to {self.damaged_directory}. Remove that folder and rerun to start afresh, or point "
+                "--workdir elsewhere")
+        return None
+
+    def _read_meta(self, step: int) -> dict[str, Any]:
+        meta = self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
+        if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+            raise ValueError(f"meta of step {step} is not a {FORMAT} checkpoint description")
+        return meta
+
+    def _check_compatible(self, step: int, meta: dict[str, Any], target: Any, model_class: str,
+                          config: dict[str, Any]) -> None:
+        if meta.get("model_class") != model_class:
+            raise CheckpointError(f"{self.directory / str(step)} holds a {meta.get('model_class')} but this run "
+                                  f"trains a {model_class}; use another --workdir")
+        stored = self.manager.item_metadata(step)["state"]
+        stored_tree = getattr(stored, "tree", stored)
+        want = _param_shapes(target["params"])
+        have = _param_shapes(stored_tree["params"])
+        if want != have:
+            diffs = [f"{k}: checkpoint {have.get(k)} vs model {want.get(k)}"
+                     for k in sorted(set(want) | set(have)) if want.get(k) != have.get(k)]
+            changed = {k: (meta["config"].get(k), v) for k, v in config.items()
+                       if k in meta.get("config", {}) and meta["config"][k] != v}
+            raise CheckpointError(
+                f"{self.directory / str(step)} was written by a different model (config changes {changed}; "
+                f"parameters {diffs[:3]}{' ...' if len(diffs) > 3 else ''}); use another --workdir to start a new run")
+
+    def _read_state(self, step: int, target: Any, iterator: Any | None) -> Any:
+        restored = self.manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target)))
+        if iterator is not None:
+            saved = json.loads(self._data_state(step))  # unreadable JSON: damaged
+            current = json.loads(iterator.get_state())
+            rows = re.compile(r"rows=\[\d+, \d+\)")
+            if rows.sub("", str(saved.get("data_source"))) == rows.sub("", str(current.get("data_source"))):
+                saved["data_source"] = current["data_source"]  # the same data, this process's rows of it
+            try:
+                iterator.set_state(json.dumps(saved).encode())
+            except ValueError as exc:
+                raise CheckpointError(
+                    f"the data pipeline of {self.directory / str(step)} differs from this run's ({exc}: "
+                    f"checkpoint {saved.get('data_source')} vs now {current.get('data_source')}); restore the "
+                    "data settings (batch_size, seq_len, data.*) or use another --workdir") from None
+            if hasattr(iterator, "start_prefetch"):
+                iterator.start_prefetch()
+        state = restored.state
+        for leaf in jax.tree.leaves(state):
+            if not np.issubdtype(leaf.dtype, np.floating):
+                continue
+            # A restored array that is not finite can only come from damaged bytes: saves are refused for NaNs.
+            if not bool(jax.numpy.isfinite(leaf).all()):
+                raise ValueError(f"step {step} holds non-finite values")
+        return state
+
+    def _data_state(self, step: int) -> bytes:
+        """This process's iterator state. Written under another process count, process 0's state serves: every
+        process reads the same global batch index (its own rows of it), which is all the state holds."""
+        folder = self.directory / str(step) / "data"
+        own = folder / f"process_{jax.process_index()}-of-{jax.process_count()}.json"
+        if own.is_file():
+            return own.read_bytes()
+        others = sorted(folder.glob("process_0-of-*.json"))
+        if not others:
+            raise FileNotFoundError(f"{folder} holds no data-iterator state ({own.name} or process_0-of-N.json)")
+        log.info("data-iterator state of step %d was written by another process count: using %s", step,
+                 others[0].name)
+        return others[0].read_bytes()
+
+    def _quarantine(self, step: int) -> None:
+        source = self.directory / str(step)
+        if jax.process_index() == 0 and source.exists():
+            self.damaged_directory.mkdir(parents=True, exist_ok=True)
+            destination = self.damaged_directory / str(step)
+            if destination.exists():
+                destination = self.damaged_directory / f"{step}-{time.strftime('%Y%m%d-%H%M%S')}"
+            shutil.move(str(source), str(destination))
+        if jax.process_count() > 1:
+            from jax.experimental import multihost_utils
+
+            multihost_utils.sync_global_devices(f"flaxzoo_quarantine_{step}")
+        self.manager.reload()
+
+
+def read_meta(workdir: str | pathlib.Path, step: int | None = None) -> tuple[int, dict[str, Any]]:
+    """``(step, meta)`` of the checkpoint ``step`` (default: the latest) in ``workdir``."""
+    directory = pathlib.Path(workdir).absolute() / "checkpoints"
+    with ocp.CheckpointManager(directory, item_handlers=_item_handlers(),
+                               options=ocp.CheckpointManagerOptions(create=False, read_only=True)) as manager:
+        step = manager.latest_step() if step is None else step
+        if step is None:
+            raise FileNotFoundError(f"no checkpoint in {directory}")
+        meta = manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
+    return step, meta
+
+
+def _default_sharding() -> jax.sharding.Sharding:
+    return jax.sharding.SingleDeviceSharding(jax.devices()[0])
+
+
+def load_params(workdir: str | pathlib.Path, step: int | None = None):
+    """``(model, step)``: the model of a training checkpoint (default: the latest), on the default device."""
+    from flax import nnx
+
+    from models.config import TransformerConfig
+    from models.modeling import MODEL_CLASSES, abstract_model
+
+    step, meta = read_meta(workdir, step)
+    config = TransformerConfig.from_dict(meta["config"])
+    cls = MODEL_CLASSES[meta["model_class"]]
+    abstract = abstract_model(config, cls)
+    graphdef, abstract_params, rest = nnx.split(abstract, nnx.Param, ...)
+    target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), nnx.to_pure_dict(abstract_params))
+    directory = pathlib.Path(workdir).absolute() / "checkpoints"
+    with ocp.CheckpointManager(directory, item_handlers={"state": ocp.PyTreeCheckpointHandler()},
+                               options=ocp.CheckpointManagerOptions(create=False, read_only=True)) as manager:
+        restored = manager.restore(step, args=ocp.args.Composite(
+            state=ocp.args.PyTreeRestore(item={"params": target}, restore_args=jax.tree.map(
+                lambda x: ocp.ArrayRestoreArgs(dtype=x.dtype, sharding=_default_sharding()), {"params": target}),
+                partial_restore=True)))
+    params = restored.state["params"]
+    real_rest = jax.jit(lambda: nnx.state(cls(config, rngs=nnx.Rngs(0)), nnx.Not(nnx.Param)))()
+    return nnx.merge(graphdef, params, real_rest), step

@@ -1,0 +1,534 @@
+"""The training loop: data, sharded state, steps, metrics, evaluation, samples, checkpoints, signals, MFU.
+
+:func:`train` is the whole job behind ``python -m train``:
+
+1. check the config (``train/config.py``: a bad value stops here, before any data work or compilation);
+2. prepare the data (tokenizer, packed splits: cached), check the tokenizer fits the model's vocabulary, compute the
+   unigram baseline;
+3. build the mesh and the sharded train state (initialised under ``jax.jit`` with ``out_shardings``), or restore the
+   workdir's latest good checkpoint into it (any mesh, any device count);
+4. run the steps: the host reads batch ``s + 1`` while the devices run step ``s``; metrics of a step are fetched one
+   step late except where the loop needs them now (logging, evaluation, checkpoints, the end);
+5. every ``log_every`` steps a row in ``metrics.jsonl`` and TensorBoard; every ``eval_every`` steps validation loss,
+   perplexity (and masked-token accuracy) and a sample; every ``checkpoint_every`` steps an async checkpoint;
+6. at the end (or on SIGTERM / SIGINT, after the current step) a final checkpoint, waited for. A non-finite loss or
+   gradient stops the run with the step number; no checkpoint is written after it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import os
+import pathlib
+import signal
+import sys
+import threading
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from ml_collections import ConfigDict
+from tqdm.auto import tqdm
+
+from models.generate import generate
+from models.modeling import abstract_model
+from train import data as datalib
+from train import flops as flopslib
+from train import sharding as shardlib
+from train.checkpoint import Checkpointer
+from train.config import Resolved, compilation_cache_dir, resolve, to_json_dict
+from train.optim import make_optimizer
+from train.step import make_eval_step, make_predict_masked, make_train_step
+
+log = logging.getLogger(__name__)
+
+
+class NonFiniteLossError(RuntimeError):
+    """The loss or the gradient norm of a step is NaN or infinite."""
+
+    def __init__(self, step: int, metrics: dict[str, float], last_checkpoint: int | None):
+        self.step, self.metrics, self.last_checkpoint = step, metrics, last_checkpoint
+        kept = (f"the last good checkpoint is step {last_checkpoint}" if last_checkpoint is not None
+                else "no checkpoint was written")
+        super().__init__(f"non-finite training loss at step {step} (loss={metrics.get('loss')}, grad_norm="
+                         f"{metrics.get('grad_norm')}); stopping: {kept}")
+
+
+@dataclasses.dataclass
+class Summary:
+    """What a run did (returned by :func:`train`, printed at the end)."""
+
+    workdir: str
+    start_step: int
+    last_step: int
+    stopped_by: str | None = None  # "SIGTERM" / "SIGINT" when interrupted
+    resumed_from: int | None = None
+    final_eval: dict[str, float] | None = None
+    unigram_perplexity: float | None = None
+    tokens_per_s: float | None = None
+    mfu: float | None = None
+    cpu_peak_flops: float | None = None
+    flops_per_token: float | None = None
+    param_count: int | None = None
+    compile_s: float | None = None
+    wall_s: float | None = None
+    sample: str | None = None
+
+
+# ================================================================================================== small helpers
+def _is_main() -> bool:
+    return jax.process_index() == 0
+
+
+def _say(message: str) -> None:
+    """A line on stdout from process 0, kept clear of the progress bar."""
+    if _is_main():
+        tqdm.write(message, file=sys.stdout)
+        sys.stdout.flush()
+
+
+def setup_compilation_cache(config: ConfigDict) -> str | None:
+    directory = compilation_cache_dir(config)
+    if directory:
+        os.makedirs(directory, exist_ok=True)
+        jax.config.update("jax_compilation_cache_dir", directory)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+        jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    return directory
+
+
+def unigram_baseline(sources: dict[str, Any], vocab_size: int, objective: str, *, ignore_ids: tuple[int, ...] = (),
+                     max_records: int = 20_000) -> float | None:
+    """Perplexity of the validation targets under the train split's unigram distribution (add-one smoothed): the
+    best a model can do that ignores context.
+
+    Causal: every token of the stream is a target. MLM: the non-special tokens (what masking can select). At most
+    ``max_records`` records per split are read (evenly strided; the default corpus has fewer). None without a
+    validation split.
+    """
+    if "validation" not in sources:
+        return None
+
+    def counts(split: str, targets: bool) -> np.ndarray:
+        source = sources[split]
+        indices = list(range(0, len(source), max(1, -(-len(source) // max_records))))
+        total = np.zeros(vocab_size, np.int64)
+        for start in range(0, len(indices), 4096):
+            chunk = indices[start:start + 4096]
+            records = source.__getitems__(chunk) if hasattr(source, "__getitems__") else [source[i] for i in chunk]
+            ids = np.stack([np.asarray(r["input_ids"]) for r in records])
+            if objective == "causal":
+                ids = ids[:, 1:] if targets else ids[:, :-1]
+            total += np.bincount(ids.ravel(), minlength=vocab_size)[:vocab_size]
+        if ignore_ids:
+            total[list(ignore_ids)] = 0
+        return total
+
+    train_counts = counts("train", targets=False).astype(np.float64)
+    val_counts = counts("validation", targets=True).astype(np.float64)
+    probs = (train_counts + 1.0) / (train_counts.sum() + vocab_size)
+    cross_entropy = -(val_counts * np.log(probs)).sum() / max(val_counts.sum(), 1.0)
+    return float(math.exp(cross_entropy))
+
+
+class MetricsWriter:
+    """``metrics.jsonl`` (one JSON object per logged step) and TensorBoard events, on process 0.
+
+    On resume from step ``start_step`` rows after it (written by the interrupted run past its last checkpoint) are
+    dropped, and TensorBoard purges its events after it, so both show the resumed trajectory once.
+    """
+
+    def __init__(self, workdir: pathlib.Path, start_step: int):
+        self.enabled = _is_main()
+        self.path = workdir / "metrics.jsonl"
+        self.tb = None
+        if not self.enabled:
+            return
+        if self.path.exists():
+            kept = []
+            for line in self.path.read_text().splitlines():
+                try:
+                    if json.loads(line).get("step", 0) <= start_step:
+                        kept.append(line)
+                except ValueError:  # a line cut short by a killed process
+                    continue
+            self.path.write_text("".join(line + "\n" for line in kept))
+        self.file = open(self.path, "a", buffering=1)
+        try:
+            from tensorboardX import SummaryWriter
+
+            self.tb = SummaryWriter(str(workdir / "tensorboard"), purge_step=start_step + 1 if start_step else None)
+        except ImportError:  # pragma: no cover - tensorboardX is a dependency
+            log.warning("tensorboardX is not installed: no TensorBoard events")
+
+    def write(self, row: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        self.file.write(json.dumps(row) + "\n")
+        if self.tb is not None:
+            step = row["step"]
+            for key, value in row.items():
+                if key != "step" and isinstance(value, (int, float)) and math.isfinite(value):
+                    group = "eval" if key.startswith("val_") else "train"
+                    self.tb.add_scalar(f"{group}/{key.removeprefix('val_')}", value, step)
+
+    def text(self, tag: str, text: str, step: int) -> None:
+        if self.enabled and self.tb is not None:
+            self.tb.add_text(tag, text, step)
+
+    def close(self) -> None:
+        if not self.enabled:
+            return
+        self.file.close()
+        if self.tb is not None:
+            self.tb.close()
+
+
+class StopSignal:
+    """Turns the first SIGTERM / SIGINT into a request to stop after the current step (a second one acts as
+    usual: SIGINT raises KeyboardInterrupt, SIGTERM terminates)."""
+
+    def __init__(self) -> None:
+        self.name: str | None = None
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> "StopSignal":
+        if threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                self._previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def _handle(self, signum, frame) -> None:
+        del frame
+        self.name = signal.Signals(signum).name
+        signal.signal(signum, signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL)
+
+    def __exit__(self, *exc) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+
+
+# ========================================================================================================= trainer
+class Trainer:
+    """The state of one run: resolved config, data, mesh, compiled steps, checkpoints. :meth:`run` trains."""
+
+    def __init__(self, config: ConfigDict, workdir: str | os.PathLike, resolved: Resolved | None = None, *,
+                 devices: list[jax.Device] | None = None):
+        """``devices``: the devices of the mesh (default: all of them)."""
+        self.wall_start = time.perf_counter()
+        self.config = config
+        self.devices = list(jax.devices() if devices is None else devices)
+        self.resolved = resolved or resolve(config, len(self.devices))
+        self.workdir = pathlib.Path(workdir).absolute()
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        setup_compilation_cache(config)
+        r = self.resolved
+        self.model_config, self.model_cls = r.model, r.model_cls
+        self.steps = int(config.steps)
+        self.tokens_per_step = int(config.batch_size) * int(config.seq_len)
+        self.mesh = shardlib.make_mesh(r.mesh_shape, self.devices)
+        _say(f"devices: {len(self.devices)} x {self.devices[0].device_kind} ({jax.process_count()} process(es)); "
+             f"mesh {shardlib.describe(self.mesh)}; compute {self.model_config.dtype}, params "
+             f"{self.model_config.param_dtype}, remat {self.model_config.remat}, scan_layers "
+             f"{self.model_config.scan_layers}")
+        self._prepare_data()
+        self._build_state()
+
+    # ---------------------------------------------------------------------------------------------------- data
+    def _prepare_data(self) -> None:
+        cfg = self.resolved.data
+        start = time.perf_counter()
+        self.tokenizer = datalib.build_tokenizer(cfg)
+        self.sources = datalib.prepare(cfg, self.tokenizer)
+        if self.tokenizer.vocab_size > self.model_config.vocab_size:
+            raise ValueError(f"the tokenizer has {self.tokenizer.vocab_size} tokens but model.vocab_size="
+                             f"{self.model_config.vocab_size}: the embedding table needs a row per token id; raise "
+                             f"model.vocab_size to at least {self.tokenizer.vocab_size} (or lower data.vocab_size)")
+        if _is_main():
+            self.tokenizer.save(self.workdir / "tokenizer.json")
+        ignore = self.tokenizer.special_ids if self.resolved.objective == "mlm" else ()
+        self.unigram_ppl = unigram_baseline(self.sources, self.model_config.vocab_size, self.resolved.objective,
+                                            ignore_ids=ignore)
+        sizes = {k: len(v) for k, v in self.sources.items()}
+        _say(f"data: {cfg.source} corpus, {self.tokenizer.kind} tokenizer of {self.tokenizer.vocab_size} tokens, "
+             f"{sizes} examples of {cfg.seq_len} tokens ({time.perf_counter() - start:.1f} s)"
+             + (f"; unigram baseline perplexity {self.unigram_ppl:.1f}" if self.unigram_ppl else ""))
+
+    def train_iterator(self):
+        return datalib.make_iterator(self.resolved.data, "train", self.tokenizer, sources=self.sources)
+
+    # --------------------------------------------------------------------------------------------------- state
+    def _build_state(self) -> None:
+        config, cls, mesh = self.model_config, self.model_cls, self.mesh
+        seed = int(self.config.seed)
+        abstract = abstract_model(config, cls)
+        self.graphdef, abstract_params, _ = nnx.split(abstract, nnx.Param, ...)
+        logical = nnx.to_pure_dict(nnx.get_partition_spec(abstract_params))
+        abstract_params = nnx.to_pure_dict(abstract_params)
+        self.param_count = int(sum(np.prod(x.shape) for x in jax.tree.leaves(abstract_params)))
+        self.tx, self.schedule = make_optimizer(self.config.optim, self.steps, abstract_params, config.num_layers)
+        tx = self.tx
+
+        def init():
+            model = cls(config, rngs=nnx.Rngs(seed))
+            _, params, rest = nnx.split(model, nnx.Param, ...)
+            params = nnx.to_pure_dict(params)
+            state = {"params": params, "opt_state": tx.init(params), "step": jnp.zeros((), jnp.int32),
+                     "rng": jax.random.key_data(jax.random.key(seed))}
+            return state, rest
+
+        abstract_state, _ = jax.eval_shape(init)
+        param_shardings = shardlib.param_shardings(logical, abstract_params, mesh)
+        replicated = shardlib.replicated(mesh)
+        self.state_shardings = {
+            "params": param_shardings,
+            "opt_state": shardlib.tree_shardings_like(abstract_state["opt_state"], abstract_params, param_shardings,
+                                                      mesh),
+            "step": replicated, "rng": replicated,
+        }
+        self.replicated = replicated
+        self.batch_sharding = shardlib.batch_sharding(mesh)
+        self._init = jax.jit(init, out_shardings=(self.state_shardings, replicated))
+        self._init_rest = jax.jit(lambda: init()[1], out_shardings=replicated)
+        self.target = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract_state,
+                                   self.state_shardings)
+        objective = self.resolved.objective
+        accum = int(self.config.optim.accum_steps)
+        train_step = make_train_step(self.graphdef, tx, self.schedule, objective=objective, accum_steps=accum,
+                                     micro_batch_sharding=self.batch_sharding if accum > 1 else None)
+        self._train_step = jax.jit(train_step, in_shardings=(self.state_shardings, replicated, self.batch_sharding),
+                                   out_shardings=(self.state_shardings, replicated), donate_argnums=(0,))
+        self._eval_step = jax.jit(make_eval_step(self.graphdef, objective=objective),
+                                  in_shardings=(param_shardings, replicated, self.batch_sharding),
+                                  out_shardings=replicated)
+        self._predict = (jax.jit(make_predict_masked(self.graphdef), out_shardings=replicated)
+                         if objective == "mlm" else None)
+
+    def initial_state(self):
+        """A fresh ``(state, rest)``, sharded over the mesh."""
+        return self._init()
+
+    def meta(self) -> dict[str, Any]:
+        return {"model_class": self.model_cls.__name__, "config": self.model_config.to_dict(),
+                "train_config": to_json_dict(self.config), "tokenizer": "tokenizer.json",
+                "data": {k: list(v) if isinstance(v, tuple) else v
+                         for k, v in self.resolved.data.to_dict().items()}}
+
+    # ---------------------------------------------------------------------------------------------------- eval
+    def evaluate(self, params, rest) -> dict[str, float] | None:
+        """Validation loss, perplexity, accuracy over ``eval_batches`` batches (0 = all), or None without a
+        validation split big enough for one batch."""
+        if "validation" not in self.sources:
+            return None
+        try:
+            iterator = datalib.make_iterator(self.resolved.data, "validation", self.tokenizer, sources=self.sources,
+                                             num_epochs=1, shuffle=False)
+        except ValueError as exc:
+            log.warning("no evaluation: %s", exc)
+            return None
+        limit = int(self.config.eval_batches)
+        totals = None
+        for i, batch in enumerate(iterator):
+            if limit and i >= limit:
+                break
+            out = self._eval_step(params, rest, shardlib.global_batch(batch, self.batch_sharding))
+            totals = out if totals is None else jax.tree.map(jnp.add, totals, out)
+        if totals is None:
+            return None
+        totals = jax.device_get(totals)
+        tokens = max(float(totals["tokens"]), 1.0)
+        loss = float(totals["loss_sum"]) / tokens
+        return {"val_loss": loss, "val_perplexity": float(math.exp(min(loss, 80.0))),
+                "val_accuracy": float(totals["correct"]) / tokens, "val_tokens": int(tokens)}
+
+    def sample(self, params, rest) -> str | None:
+        """A generated continuation of ``sample.prompt`` (causal) or a filled-in masked validation example (MLM)."""
+        cfg = self.config.sample
+        if int(cfg.max_new_tokens) == 0:
+            return None
+        model = nnx.merge(self.graphdef, params, rest)
+        if self.resolved.objective == "causal":
+            ids = self.tokenizer.encode(cfg.prompt) if cfg.prompt else []
+            if not ids:
+                ids = [self.tokenizer.eos_id or 0]
+            room = self.model_config.max_position_embeddings - len(ids)
+            new = min(int(cfg.max_new_tokens), room) if self.model_config.position in ("learned", "sinusoidal") \
+                else int(cfg.max_new_tokens)
+            if new < 1:
+                return None
+            out = generate(model, np.asarray([ids], np.int32), new, temperature=float(cfg.temperature),
+                           top_k=int(cfg.top_k) or None, rng=jax.random.key(int(self.config.seed)))
+            return self.tokenizer.decode(np.asarray(out[0]).tolist())
+        if "validation" not in self.sources:
+            return None
+        try:
+            batch = next(datalib.make_iterator(self.resolved.data, "validation", self.tokenizer, sources=self.sources,
+                                               num_epochs=1, shuffle=False))
+        except (ValueError, StopIteration):
+            return None
+        predicted = np.asarray(self._predict(params, rest, shardlib.global_batch(batch, self.batch_sharding)))
+        ids, labels, keep = batch["input_ids"][0], batch["labels"][0], batch["attention_mask"][0].astype(bool)
+        masked = labels != datalib.IGNORE_INDEX
+        filled = np.where(masked, predicted[0], ids)
+        truth = np.where(masked, labels, ids)
+        mask_id = self.tokenizer.mask_id
+        shown = [f"[{self.tokenizer.decode([p])}|{self.tokenizer.decode([t])}]" if m else self.tokenizer.decode([i])
+                 for i, p, t, m in zip(ids[keep], filled[keep], truth[keep], masked[keep])]
+        del mask_id
+        return ("masked positions as [predicted|original]: " + " ".join(shown))
+
+    # ----------------------------------------------------------------------------------------------------- run
+    def run(self) -> Summary:
+        """Train from the latest good checkpoint (or from scratch) to ``steps``; see the module docstring."""
+        with StopSignal() as stop:  # from here on, SIGTERM / SIGINT stop the run after a step, with a checkpoint
+            return self._run(stop)
+
+    def _run(self, stop: "StopSignal") -> Summary:
+        config = self.config
+        checkpointer = Checkpointer(self.workdir, keep=int(config.keep_checkpoints))
+        iterator = self.train_iterator()
+        restored = checkpointer.restore_latest(self.target, iterator, model_class=self.model_cls.__name__,
+                                               config=self.model_config.to_dict())
+        if restored is not None:
+            state, rest = restored.state, self._init_rest()
+            start = int(restored.step)
+            for step, reason in restored.damaged:
+                _say(f"checkpoint at step {step} is damaged ({reason}); moved to {checkpointer.damaged_directory}")
+            _say(f"resumed from checkpoint at step {start} ({checkpointer.directory / str(start)})")
+        else:
+            state, rest = self.initial_state()
+            start = 0
+        summary = Summary(workdir=str(self.workdir), start_step=start, last_step=start,
+                          resumed_from=start if restored is not None else None, unigram_perplexity=self.unigram_ppl,
+                          param_count=self.param_count)
+        if start >= self.steps:
+            _say(f"nothing to do: the checkpoint is at step {start} and steps={self.steps}")
+            checkpointer.close()
+            return summary
+
+        # compile, FLOPs, peak
+        compile_start = time.perf_counter()
+        keys = ("input_ids", "targets") if self.resolved.objective == "causal" else \
+            ("input_ids", "labels", "attention_mask", "token_type_ids")
+        abstract_batch = {k: jax.ShapeDtypeStruct((int(config.batch_size), int(config.seq_len)), jnp.int32,
+                                                  sharding=self.batch_sharding) for k in keys}
+        train_step = self._train_step.lower(state, rest, abstract_batch).compile()
+        summary.compile_s = time.perf_counter() - compile_start
+        flops_per_token = flopslib.flops_per_token(self.model_config, int(config.seq_len), self.model_cls)
+        peak, peak_source = flopslib.device_peak(self.devices)
+        summary.flops_per_token = flops_per_token
+        if self.devices[0].platform == "cpu":
+            summary.cpu_peak_flops = peak
+        _say(f"model: {self.model_cls.__name__}, {self.param_count:,} parameters, {flops_per_token / 1e6:.2f} MFLOP "
+             f"per token (6N + 12LTd); peak {peak / 1e9:.1f} GFLOP/s ({peak_source}); train step compiled in "
+             f"{summary.compile_s:.1f} s")
+
+        writer = MetricsWriter(self.workdir, start)
+        last_saved = checkpointer.latest_step()
+        tty = sys.stderr.isatty()
+        # A live bar on a terminal; in a log file (CI, a cluster job) one plain line per logged step instead.
+        bar = tqdm(total=self.steps, initial=start, desc="train", unit="step", dynamic_ncols=True,
+                   disable=not (_is_main() and tty), file=sys.stderr)
+        window = {"steps": 0, "loss": 0.0, "accuracy": 0.0, "grad_norm": 0.0, "time": 0.0}
+        window_start = time.perf_counter()
+        paused = 0.0  # seconds spent in eval / checkpoints inside the window
+        throughput: list[tuple[float, float]] = []  # (tokens/s, mfu) per window, for the summary
+        pending: list[tuple[int, Any]] = []
+
+        def flush(keep_last: bool) -> None:
+            nonlocal pending
+            ready, pending = (pending[:-1], pending[-1:]) if keep_last else (pending, [])
+            for step, metrics in ready:
+                values = {k: float(v) for k, v in jax.device_get(metrics).items()}
+                if not (math.isfinite(values["loss"]) and math.isfinite(values["grad_norm"])):
+                    raise NonFiniteLossError(step, values, last_saved)
+                window["steps"] += 1
+                for key in ("loss", "accuracy", "grad_norm"):
+                    window[key] += values[key]
+                window["lr"] = values["lr"]
+
+        step = start
+        try:
+            for step in range(start + 1, self.steps + 1):
+                batch = shardlib.global_batch(next(iterator), self.batch_sharding)
+                state, metrics = train_step(state, rest, batch)
+                pending.append((step, metrics))
+                final = step == self.steps or stop.name is not None
+                do_log = step % int(config.log_every) == 0 or final
+                do_eval = (int(config.eval_every) and step % int(config.eval_every) == 0) or step == self.steps
+                do_save = (int(config.checkpoint_every) and step % int(config.checkpoint_every) == 0) or final
+                flush(keep_last=not (do_log or do_eval or do_save))
+                bar.update(1)
+                row = None
+                if do_log and window["steps"]:
+                    elapsed = time.perf_counter() - window_start - paused
+                    tokens_per_s = window["steps"] * self.tokens_per_step / max(elapsed, 1e-9)
+                    utilisation = flopslib.mfu(flops_per_token, tokens_per_s, peak)
+                    throughput.append((tokens_per_s, utilisation))
+                    n = window["steps"]
+                    row = {"step": step, "loss": window["loss"] / n, "accuracy": window["accuracy"] / n,
+                           "grad_norm": window["grad_norm"] / n, "lr": window["lr"],
+                           "tokens_per_s": tokens_per_s, "mfu": utilisation,
+                           "elapsed_s": time.perf_counter() - self.wall_start}
+                    bar.set_postfix(loss=f"{row['loss']:.4f}", tok_s=f"{tokens_per_s:,.0f}",
+                                    mfu=f"{100 * utilisation:.1f}%", refresh=False)
+                    if not tty:
+                        _say(f"step {step}/{self.steps}  loss {row['loss']:.4f}  tokens/s {tokens_per_s:,.0f}  "
+                             f"MFU {100 * utilisation:.2f}%")
+                    window = {"steps": 0, "loss": 0.0, "accuracy": 0.0, "grad_norm": 0.0, "time": 0.0}
+                    window_start, paused = time.perf_counter(), 0.0
+                pause_start = time.perf_counter()
+                if do_eval:
+                    result = self.evaluate(state["params"], rest)
+                    if result is not None:
+                        row = {**(row or {"step": step}), **result}
+                        summary.final_eval = result
+                        line = (f"eval at step {step}: loss {result['val_loss']:.4f}, perplexity "
+                                f"{result['val_perplexity']:.2f}")
+                        if self.resolved.objective == "mlm":
+                            line += f", masked-token accuracy {100 * result['val_accuracy']:.2f}%"
+                        if self.unigram_ppl:
+                            line += f" (unigram baseline {self.unigram_ppl:.1f})"
+                        _say(line)
+                    text = self.sample(state["params"], rest)
+                    if text is not None:
+                        summary.sample = text
+                        _say(f"sample at step {step}: {text!r}")
+                        writer.text("sample", text, step)
+                if row is not None:
+                    writer.write(row)
+                if do_save:
+                    checkpointer.save(step, state, iterator.get_state(), self.meta())
+                    last_saved = step
+                paused += time.perf_counter() - pause_start
+                summary.last_step = step
+                if stop.name is not None:
+                    if last_saved != step:  # the signal came after this step's save decision
+                        flush(keep_last=False)
+                        checkpointer.save(step, state, iterator.get_state(), self.meta())
+                        last_saved = step
+                    summary.stopped_by = stop.name
+                    _say(f"{stop.name} received: stopped after step {step}, checkpoint saved")
+                    break
+        finally:
+            bar.close()
+            writer.close()
+            checkpointer.close()  # waits for the async saves in flight (all of them checked finite)
+        if throughput:
+            steady = throughput[1:] or throughput  # the first window holds the first step's dispatch
+            summary.tokens_per_s = float(np.median([t for t, _ in steady]))
+            summary.mfu = float(np.median([m for _, m in steady]))
+        summary.wall_s = time.perf_counter() - self.wall_start
+        return summary
+
+
+def train(config: ConfigDict, workdir: str | os.PathLike) -> Summary:
+    """Check ``config``, then train (or resume) in ``workdir``. See the module docstring."""
+    resolved = resolve(config)
+    return Trainer(config, workdir, resolved).run()

@@ -1,0 +1,112 @@
+"""The optimizer: AdamW as an optax chain, with a warmup + decay schedule, clipping, masks and layer-wise LR decay.
+
+``clip_by_global_norm → scale_by_adam → add_decayed_weights (masked) → scale_by_learning_rate → layer scales``.
+
+- Weight decay applies to matrices only: biases, norm scales and (unless ``decay_embeddings``) the embedding tables
+  (token, position, token type) are masked off.
+- The schedule warms up linearly from 0 to ``lr`` over ``warmup_steps``, then decays to ``min_lr_ratio · lr`` at
+  ``steps`` with a cosine or a straight line (or stays constant).
+- Layer-wise LR decay (``layer_decay`` < 1, ELECTRA / BEiT fine-tuning): a parameter of layer ``i`` (1-based; the
+  embeddings are layer 0, everything above the last layer is ``L + 1``) learns at ``lr · layer_decay^(L + 1 − i)``.
+- The chain has the same structure whatever the options (a disabled step is neutral, not absent), so a checkpoint's
+  optimizer state restores after a change of ``grad_clip``, ``weight_decay`` or ``layer_decay``.
+
+Gradient accumulation over micro-batches happens in the train step (``train/step.py``), not here: one optimizer
+update per step, whatever ``accum_steps`` is.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+
+EMBEDDING_MODULE = "embeddings"  # the attribute name of InputEmbeddings in the layer stack
+LAYERS_MODULE = "layers"
+
+
+def make_schedule(optim: Any, steps: int) -> optax.Schedule:
+    """Learning rate per step (step 0 is the first update)."""
+    peak, warmup = float(optim.lr), min(int(optim.warmup_steps), steps)
+    end = peak * float(optim.min_lr_ratio)
+    decay_steps = max(steps - warmup, 1)
+    if optim.schedule == "constant":
+        decay = optax.constant_schedule(peak)
+    elif optim.schedule == "linear":
+        decay = optax.linear_schedule(peak, end, decay_steps)
+    elif optim.schedule == "cosine":
+        decay = optax.cosine_decay_schedule(peak, decay_steps, alpha=end / peak if peak else 0.0)
+    else:
+        raise ValueError(f"optim.schedule={optim.schedule!r}: expected 'cosine', 'linear' or 'constant'")
+    if warmup == 0:
+        return decay
+    return optax.join_schedules([optax.linear_schedule(0.0, peak, warmup), decay], [warmup])
+
+
+def _keys(path) -> list[Any]:
+    return [getattr(p, "key", getattr(p, "name", getattr(p, "idx", None))) for p in path]
+
+
+NO_DECAY_NAMES = ("bias", "scale")  # biases (also the [heads, head_dim] ones of attention) and norm scales
+
+
+def decay_mask(params: Any, *, decay_embeddings: bool) -> Any:
+    """True where weight decay applies: weight matrices and tables (rank >= 2, not named ``bias`` / ``scale``),
+    minus the embedding tables unless ``decay_embeddings``."""
+    def decays(path, leaf) -> bool:
+        keys = _keys(path)
+        if leaf.ndim < 2 or keys[-1] in NO_DECAY_NAMES:
+            return False
+        return decay_embeddings or EMBEDDING_MODULE not in keys
+
+    return jax.tree_util.tree_map_with_path(decays, params)
+
+
+def layer_index(path, num_layers: int) -> int:
+    """0 for the embeddings, ``i + 1`` for ``layers.i``, ``num_layers + 1`` for anything above the stack."""
+    keys = _keys(path)
+    if LAYERS_MODULE in keys:
+        i = keys.index(LAYERS_MODULE)
+        if i + 1 < len(keys) and isinstance(keys[i + 1], (int, str)) and str(keys[i + 1]).isdigit():
+            return int(keys[i + 1]) + 1
+    if EMBEDDING_MODULE in keys:
+        return 0
+    return num_layers + 1
+
+
+def layer_scales(params: Any, num_layers: int, layer_decay: float) -> Any:
+    """The LR multiplier of each parameter: ``layer_decay ** (num_layers + 1 - layer_index)``."""
+    return jax.tree_util.tree_map_with_path(
+        lambda path, leaf: jnp.float32(layer_decay ** (num_layers + 1 - layer_index(path, num_layers))), params)
+
+
+def scale_by_tree(scales: Any) -> optax.GradientTransformation:
+    """Multiply each update by its entry of ``scales`` (a tree shaped like the parameters)."""
+    def init(params):
+        del params
+        return optax.EmptyState()
+
+    def update(updates, state, params=None):
+        del params
+        return jax.tree.map(lambda u, s: (u * s).astype(u.dtype), updates, scales), state
+
+    return optax.GradientTransformation(init, update)
+
+
+def make_optimizer(optim: Any, steps: int, params: Any, num_layers: int) -> tuple[optax.GradientTransformation,
+                                                                                    optax.Schedule]:
+    """``(tx, schedule)`` for the ``optim`` config section; ``params`` (arrays or shapes) give the tree structure."""
+    schedule = make_schedule(optim, steps)
+    clip = float(optim.grad_clip) if optim.grad_clip > 0 else math.inf
+    tx = optax.chain(
+        optax.clip_by_global_norm(clip),
+        optax.scale_by_adam(b1=float(optim.b1), b2=float(optim.b2), eps=float(optim.eps)),
+        optax.add_decayed_weights(float(optim.weight_decay),
+                                  mask=decay_mask(params, decay_embeddings=bool(optim.decay_embeddings))),
+        optax.scale_by_learning_rate(schedule),
+        scale_by_tree(layer_scales(params, num_layers, float(optim.layer_decay))),
+    )
+    return tx, schedule
