@@ -1,0 +1,93 @@
+"""The benchmark: its FLOP convention against XLA's own count, and its ``--json`` output. No test asserts a time."""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import pytest
+from flax import nnx
+
+from models.config import get_preset
+from models.gpt import GPTForCausalLM
+from models.modeling import abstract_model
+from train import flops as flopslib
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def _xla_flops(fn, *args) -> float:
+    """FLOPs XLA's cost analysis assigns to ``fn(*args)`` (the HLO before backend-specific rewrites)."""
+    cost = jax.jit(fn).lower(*args).cost_analysis()
+    if isinstance(cost, (list, tuple)):  # older jax: one dict per computation
+        cost = cost[0]
+    return float(cost["flops"])
+
+
+def test_flop_formula_matches_xla_cost_analysis():
+    """``train.flops.flops_per_token`` is the *training* count, ``6N + 12·L·T·d`` = 3 × the forward count
+    ``2N + 4·L·T·d`` (2 FLOPs per multiply-add; the backward pass does twice the forward's matmuls).
+
+    Forward, per token: every matmul parameter does one multiply-add (2N). ``N`` includes the tied token table, once,
+    because the output projection multiplies by it; the *lookups* (token gather, learned positions) do no FLOPs and
+    the position table is not in ``N``. Attention adds ``Q·Kᵀ`` and ``A·V``, ``2·T·d`` multiply-adds each per token
+    and layer (``d`` = heads × head_dim, causal mask not discounted: XLA's CPU attention computes the full square).
+
+    XLA counts the forward pass's HLO: 2 FLOPs per multiply-add of each dot, plus ~1 per element-wise op (norms,
+    GELU, softmax, bias adds), which the formula leaves out; with a 256-wide model those are ~1-2% of the total. The
+    formula counts biases and norm scales as 2 FLOPs per token each (tiny either way).
+    """
+    config = get_preset("gpt2", vocab_size=2048, hidden_size=256, num_layers=2, num_heads=4,
+                        intermediate_size=1024, max_position_embeddings=128, dropout=0.0, bos_token_id=None,
+                        eos_token_id=None)
+    batch, seq = 2, 128
+    graphdef, state = nnx.split(abstract_model(config, GPTForCausalLM))
+    ids = jax.ShapeDtypeStruct((batch, seq), jnp.int32)
+
+    xla_forward = _xla_flops(lambda state, ids: nnx.merge(graphdef, state)(ids), state, ids) / (batch * seq)
+    formula_forward = flopslib.flops_per_token(config, seq, GPTForCausalLM) / 3.0
+    n = flopslib.matmul_params(config, GPTForCausalLM)
+    assert formula_forward == pytest.approx(2 * n + 4 * config.num_layers * seq * config.hidden_size)
+    # The tied table counted once, the position table not at all.
+    d, v, f, L = config.hidden_size, config.vocab_size, config.intermediate_size, config.num_layers
+    per_layer = 4 * d * d + 4 * d + 2 * d * f + f + d + 4 * d
+    assert n == L * per_layer + v * d + 2 * d
+    assert xla_forward == pytest.approx(formula_forward, rel=0.03), (xla_forward, formula_forward)
+
+
+def test_mlm_head_counts_only_the_scored_fraction():
+    from train import bench
+
+    args = bench.parse_args(["--work", "bert_train"])
+    spec = bench.workload_spec("bert_train", args)
+    full = flopslib.flops_per_token(spec["config"], spec["seq"], spec["cls"])
+    head = bench.mlm_head_params(spec["config"])
+    assert spec["masked"] == 19  # 15% of 128
+    assert bench.train_flops_per_token(spec) == pytest.approx(full - 6 * head * (1 - 19 / 128))
+
+
+def test_bench_json_output_parses():
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "train.bench", "--work", "gpt_train,bert_train,gpt_generate", "--tiny", "--json",
+         "--steps", "2", "--warmup", "1", "--generate-repeats", "1", "--peak-size", "256"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    results = [json.loads(line) for line in lines]
+    assert [r["work"] for r in results] == ["gpt_train", "bert_train", "gpt_generate"]
+    for r in results:
+        for key in ("tokens_per_s", "step_ms", "mfu", "compile_s", "peak_memory_mb", "params", "peak_flops"):
+            assert isinstance(r[key], (int, float)) and r[key] > 0, (r["work"], key, r[key])
+    assert results[2]["first_call_s"] > 0 and len(results[2]["tokens"]) == 8
+
+
+def test_bench_imports_no_data_stack():
+    """The accelerator image has no Grain, tensorflow-datasets or ml_collections: the bench must not import them."""
+    code = ("import sys, train.bench; bad = [m for m in ('grain', 'tensorflow_datasets', 'ml_collections', 'torch', "
+            "'transformers', 'train.data') if m in sys.modules]; print(bad); sys.exit(1 if bad else 0)")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -1,0 +1,418 @@
+"""``python -m train.bench --work NAME [--json] [--compare transformers]``: the benchmark workloads.
+
+Workloads (random token ids, fixed seed, no dropout; fp32 on CPU, bf16 compute on accelerators for ``gpt2_small``):
+
+- ``gpt_train``: GPT-2 layout, vocab 8192, 256 positions, 6 layers × 384 wide, 6 heads, MLP 4× GELU-tanh, tied
+  embeddings; batch 8 × 256; one step = forward, cross-entropy, backward, AdamW (lr 3e-4, weight decay 0.1).
+- ``bert_train``: BERT layout, vocab 8192, 6 layers × 384, 6 heads, intermediate 1536, 256 positions; batch 16 × 128;
+  MLM loss on 15% of the positions (19 of 128 per row); otherwise as above.
+- ``gpt_generate``: the ``gpt_train`` model, batch 1, a 32-token prompt, 128 new tokens, greedy, KV cache.
+- ``gpt2_small``: the 124M ``gpt2`` preset, ``--batch`` × ``--seq``, bf16 compute on accelerators (fp32 on CPU).
+
+Training workloads time 3 warm-up steps then report the median of 10 (``--warmup`` / ``--steps``); generation reports
+the first call (compile + run) and the median of 3 calls after it. Every figure is a wall-clock time around a call
+that ends with ``block_until_ready``: the step itself never syncs with the host.
+
+**Why this module does not reuse ``train.step``.** ``train.step`` imports ``train.data`` (Grain,
+tensorflow-datasets), which the accelerator image lacks, and its step carries the training loop's extras (step
+counter, dropout keys, metrics, gradient norm). The step here is the minimal one the issue defines, built from
+``models`` and ``optax`` only: ``nnx.split`` once, a pure ``jax.jit`` function of ``(params, opt_state, batch)`` that
+calls ``nnx.merge`` inside the differentiated loss, ``optax.adamw`` (decay on every parameter, as
+``torch.optim.AdamW`` does), the parameters and optimizer state donated. Imports at module level: jax, numpy, optax,
+flax, ``models`` and ``train.flops``; PyTorch and transformers only with ``--compare transformers``.
+
+MFU uses ``train.flops`` (``6N + 12·L·T·d`` model FLOPs per training token) against the measured CPU matmul peak
+(2048³ float32, best of 5, measured in the same process) or the accelerator's table peak. Two workload-specific
+conventions:
+
+- ``bert_train`` scores 15% of the positions, and both sides' work that matters is the MLM head on those positions:
+  the head (transform, its norm, the tied vocabulary projection and its bias) is counted for the scored fraction
+  only. (Ours gathers the scored positions before the head; transformers computes the head everywhere and ignores
+  85% of it, which counts as wasted work, not as model FLOPs.)
+- ``gpt_generate`` reports forward-only FLOPs, ``2N + 4·L·T̄·d`` per new token with ``T̄`` the mean context length,
+  against the same peak (decoding at batch 1 is memory-bound: its MFU is low by nature).
+
+Peak memory: ``device.memory_stats()["peak_bytes_in_use"]`` where the backend has it (GPU, TPU); on CPU the process's
+maximum resident set size (``getrusage``), which includes Python, the libraries and, after a comparison, PyTorch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import statistics
+import sys
+import time
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from models.bert import BertForMaskedLM
+from models.config import TransformerConfig, get_preset
+from models.generate import generate
+from models.layers.feedforward import ACTIVATION_FUNCTIONS
+from models.gpt import GPTForCausalLM
+from models.modeling import create_model, param_count
+from train import flops as flopslib
+
+WORKLOADS = ("gpt_train", "bert_train", "gpt_generate", "gpt2_small")
+CPU_WORKLOADS = ("gpt_train", "bert_train", "gpt_generate")
+MLM_FRACTION = 0.15
+LR, WEIGHT_DECAY = 3e-4, 0.1
+
+
+# ======================================================================================================== configs
+def workload_spec(name: str, args: argparse.Namespace) -> dict[str, Any]:
+    """``{"config", "cls", "batch", "seq", ...}`` of a workload, with the command line's size overrides."""
+    on_cpu = jax.devices()[0].platform == "cpu"
+    sizes = dict(vocab_size=8192, hidden_size=384, num_layers=6, num_heads=6, intermediate_size=1536,
+                 max_position_embeddings=256, dropout=0.0)
+    if args.tiny:
+        sizes.update(vocab_size=512, hidden_size=64, num_layers=2, num_heads=4, intermediate_size=256)
+    for key, flag in (("num_layers", "layers"), ("hidden_size", "hidden"), ("num_heads", "heads"),
+                      ("vocab_size", "vocab")):
+        if getattr(args, flag) is not None:
+            sizes[key] = getattr(args, flag)
+    sizes["intermediate_size"] = 4 * sizes["hidden_size"]
+    extra = dict(remat=args.remat, scan_layers=args.scan_layers)
+    if name in ("gpt_train", "gpt_generate"):
+        config = get_preset("gpt2", **sizes, bos_token_id=None, eos_token_id=None, **extra)
+        spec = dict(config=config, cls=GPTForCausalLM, batch=8, seq=256)
+        if name == "gpt_generate":
+            spec.update(batch=1, prompt=32, new_tokens=128)
+    elif name == "bert_train":
+        config = get_preset("bert-base-uncased", **sizes, **extra)
+        spec = dict(config=config, cls=BertForMaskedLM, batch=16, seq=128)
+    elif name == "gpt2_small":
+        dtype = "float32" if on_cpu else "bfloat16"
+        config = get_preset("gpt2", dropout=0.0, dtype=dtype, **extra)
+        spec = dict(config=config, cls=GPTForCausalLM, batch=8, seq=1024)
+    else:
+        raise ValueError(f"unknown workload {name!r}; expected one of {WORKLOADS}")
+    if args.tiny:
+        spec.update(batch=2, seq=32)
+        if name == "gpt_generate":
+            spec.update(prompt=8, new_tokens=8)
+    if args.batch is not None:
+        spec["batch"] = args.batch
+    if args.seq is not None:
+        spec["seq"] = args.seq
+    if spec["config"].max_position_embeddings < spec["seq"]:
+        raise ValueError(f"--seq {spec['seq']} exceeds the model's {spec['config'].max_position_embeddings} positions")
+    if name == "gpt_generate" and args.new_tokens is not None:
+        spec["new_tokens"] = args.new_tokens
+    spec["masked"] = max(1, round(MLM_FRACTION * spec["seq"])) if name == "bert_train" else None
+    return spec
+
+
+def mlm_head_params(config: TransformerConfig) -> int:
+    """Matmul parameters of ``BertForMaskedLM``'s head: transform dense + norm, tied vocabulary table, its bias."""
+    d, v = config.hidden_size, config.vocab_size
+    return (d * d + d) + 2 * d + v * d + v
+
+
+def train_flops_per_token(spec: dict[str, Any]) -> float:
+    """Model FLOPs per training token (``train.flops`` convention; the MLM head only on the scored fraction)."""
+    config, seq = spec["config"], spec["seq"]
+    total = flopslib.flops_per_token(config, seq, spec["cls"])
+    if spec["masked"] is not None:
+        total -= 6.0 * mlm_head_params(config) * (1.0 - spec["masked"] / seq)
+    return total
+
+
+def forward_flops_per_token(config: TransformerConfig, context: float, cls: type) -> float:
+    """Forward model FLOPs per token: ``2N + 4·L·context·d`` (a third of the training count)."""
+    return 2.0 * flopslib.matmul_params(config, cls) + 4.0 * config.num_layers * context * (
+        config.num_heads * config.head_dim)
+
+
+# ========================================================================================================= batches
+def make_batch(spec: dict[str, Any], seed: int = 0) -> dict[str, np.ndarray]:
+    """Random token ids (fixed seed); GPT: ``input_ids``, ``targets`` (the ids shifted by one); BERT: ``input_ids``
+    and ``masked_positions`` / ``masked_labels`` ``[batch, masked]`` (distinct positions per row, sorted)."""
+    rng = np.random.default_rng(seed)
+    vocab, batch, seq = spec["config"].vocab_size, spec["batch"], spec["seq"]
+    ids = rng.integers(0, vocab, (batch, seq + 1), dtype=np.int32)
+    if spec["masked"] is None:
+        return {"input_ids": ids[:, :-1], "targets": ids[:, 1:]}
+    positions = np.sort(np.stack([rng.choice(seq, spec["masked"], replace=False) for _ in range(batch)]), axis=1)
+    labels = np.take_along_axis(ids[:, :-1], positions, axis=1)
+    inputs = ids[:, :-1].copy()
+    np.put_along_axis(inputs, positions, 4, axis=1)  # a [MASK]-like id
+    return {"input_ids": inputs, "masked_positions": positions.astype(np.int32), "masked_labels": labels}
+
+
+# ============================================================================================================ steps
+def causal_loss(model: GPTForCausalLM, batch: dict[str, jax.Array]) -> jax.Array:
+    logits = model(batch["input_ids"])
+    return optax.softmax_cross_entropy_with_integer_labels(logits, batch["targets"]).mean()
+
+
+def mlm_loss(model: BertForMaskedLM, batch: dict[str, jax.Array]) -> jax.Array:
+    """The MLM head on the scored positions only (what ``BertForMaskedLM.__call__`` computes there, same modules)."""
+    hidden = model.bert(batch["input_ids"]).last_hidden_state
+    picked = jnp.take_along_axis(hidden, batch["masked_positions"][..., None], axis=1)  # [batch, masked, hidden]
+    act = ACTIVATION_FUNCTIONS[model.config.activation]
+    picked = model.transform_norm(act(model.transform(picked)))
+    logits = model.decoder(picked, model.bert.encoder.embeddings.tokens)
+    return optax.softmax_cross_entropy_with_integer_labels(logits, batch["masked_labels"]).mean()
+
+
+def make_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, loss_of: Callable) -> Callable:
+    """``step(params, opt_state, rest, batch) -> (params, opt_state, loss)``: pure, to be jitted with the first two
+    donated."""
+    def loss(params, rest, batch):
+        return loss_of(nnx.merge(graphdef, params, rest), batch)
+
+    def step(params, opt_state, rest, batch):
+        value, grads = jax.value_and_grad(loss)(params, rest, batch)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, value
+
+    return step
+
+
+# ======================================================================================================== measures
+def peak_memory_bytes() -> tuple[int | None, str]:
+    stats = jax.devices()[0].memory_stats() if jax.devices()[0].platform != "cpu" else None
+    if stats and "peak_bytes_in_use" in stats:
+        return int(stats["peak_bytes_in_use"]), "device peak_bytes_in_use"
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "process max RSS"
+
+
+def timed(fn: Callable[[], Any], warmup: int, steps: int) -> list[float]:
+    """Wall-clock seconds of ``steps`` calls of ``fn`` (which blocks until its result is ready) after ``warmup``."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def run_train(name: str, spec: dict[str, Any], args: argparse.Namespace, peak: float) -> dict[str, Any]:
+    config, cls = spec["config"], spec["cls"]
+    model = create_model(config, cls, seed=args.seed)
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    del model
+    tx = optax.adamw(LR, weight_decay=WEIGHT_DECAY)
+    opt_state = jax.jit(tx.init)(params)
+    batch = jax.device_put(make_batch(spec, args.seed))
+    loss_of = mlm_loss if spec["masked"] is not None else causal_loss
+    start = time.perf_counter()
+    compiled = jax.jit(make_step(graphdef, tx, loss_of), donate_argnums=(0, 1)).lower(
+        params, opt_state, rest, batch).compile()
+    compile_s = time.perf_counter() - start
+    state = {"params": params, "opt_state": opt_state, "loss": None}
+
+    def one_step():
+        state["params"], state["opt_state"], state["loss"] = compiled(state["params"], state["opt_state"], rest,
+                                                                     batch)
+        state["loss"].block_until_ready()
+
+    times = timed(one_step, args.warmup, args.steps)
+    step_s = statistics.median(times)
+    tokens = spec["batch"] * spec["seq"]
+    fpt = train_flops_per_token(spec)
+    memory, memory_kind = peak_memory_bytes()
+    return dict(step_ms=1e3 * step_s, tokens_per_s=tokens / step_s, mfu=fpt * tokens / step_s / peak,
+                compile_s=compile_s, peak_memory_mb=memory / 2 ** 20, memory_kind=memory_kind,
+                params=param_count(config, cls), flops_per_token=fpt, loss=float(state["loss"]),
+                step_ms_all=[round(1e3 * t, 2) for t in times])
+
+
+def run_generate(spec: dict[str, Any], args: argparse.Namespace, peak: float) -> dict[str, Any]:
+    config = spec["config"]
+    model = create_model(config, GPTForCausalLM, seed=args.seed)
+    prompt = np.random.default_rng(args.seed).integers(0, config.vocab_size, (spec["batch"], spec["prompt"]),
+                                                       dtype=np.int32)
+    new = spec["new_tokens"]
+    start = time.perf_counter()
+    first = generate(model, prompt, new).block_until_ready()
+    first_s = time.perf_counter() - start
+    times = timed(lambda: generate(model, prompt, new).block_until_ready(), 0, args.generate_repeats)
+    call_s = statistics.median(times)
+    tokens_per_s = spec["batch"] * new / call_s
+    fpt = forward_flops_per_token(config, spec["prompt"] + new / 2, GPTForCausalLM)
+    memory, memory_kind = peak_memory_bytes()
+    return dict(step_ms=1e3 * call_s / new, tokens_per_s=tokens_per_s, mfu=fpt * tokens_per_s / peak,
+                compile_s=first_s - call_s, first_call_s=first_s, call_s=call_s, peak_memory_mb=memory / 2 ** 20,
+                memory_kind=memory_kind, params=param_count(config, GPTForCausalLM), flops_per_token=fpt,
+                tokens=np.asarray(first)[0, spec["prompt"]:spec["prompt"] + 8].tolist())
+
+
+# ==================================================================================================== transformers
+def torch_models(name: str, spec: dict[str, Any]):
+    """The same workload in transformers (PyTorch, fp32, eager, its default ``sdpa`` attention)."""
+    import torch
+    import transformers
+
+    config = spec["config"]
+    torch.manual_seed(0)
+    common = dict(vocab_size=config.vocab_size, max_position_embeddings=config.max_position_embeddings)
+    if name in ("gpt_train", "gpt_generate", "gpt2_small"):
+        hf = transformers.GPT2Config(
+            vocab_size=config.vocab_size, n_positions=config.max_position_embeddings, n_embd=config.hidden_size,
+            n_layer=config.num_layers, n_head=config.num_heads, n_inner=config.intermediate_size,
+            activation_function="gelu_new", resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+            layer_norm_epsilon=config.norm_eps, tie_word_embeddings=True, bos_token_id=0, eos_token_id=0)
+        return transformers.GPT2LMHeadModel(hf)
+    hf = transformers.BertConfig(
+        hidden_size=config.hidden_size, num_hidden_layers=config.num_layers, num_attention_heads=config.num_heads,
+        intermediate_size=config.intermediate_size, hidden_act="gelu", hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0, type_vocab_size=config.type_vocab_size, layer_norm_eps=config.norm_eps,
+        **common)
+    return transformers.BertForMaskedLM(hf)
+
+
+def run_transformers(name: str, spec: dict[str, Any], args: argparse.Namespace, peak: float) -> dict[str, Any]:
+    import torch
+
+    torch.set_num_threads(os.cpu_count() or 1)
+    model = torch_models(name, spec)
+    batch = make_batch(spec, args.seed)
+    ids = torch.from_numpy(batch["input_ids"].astype(np.int64))
+    params = sum(p.numel() for p in model.parameters())
+    if name == "gpt_generate":
+        model.eval()
+        prompt = ids[:, :spec["prompt"]]
+        new = spec["new_tokens"]
+
+        def call():
+            with torch.inference_mode():
+                return model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=new,
+                                      min_new_tokens=new, do_sample=False, pad_token_id=0)
+
+        start = time.perf_counter()
+        call()
+        first_s = time.perf_counter() - start
+        times = timed(call, 0, args.generate_repeats)
+        call_s = statistics.median(times)
+        tokens_per_s = spec["batch"] * new / call_s
+        fpt = forward_flops_per_token(spec["config"], spec["prompt"] + new / 2, GPTForCausalLM)
+        return dict(step_ms=1e3 * call_s / new, tokens_per_s=tokens_per_s, mfu=fpt * tokens_per_s / peak,
+                    first_call_s=first_s, call_s=call_s, params=params,
+                    peak_memory_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                    memory_kind="process max RSS (both frameworks)")
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
+    if spec["masked"] is not None:
+        labels = torch.full(ids.shape, -100, dtype=torch.int64)
+        labels.scatter_(1, torch.from_numpy(batch["masked_positions"].astype(np.int64)),
+                        torch.from_numpy(batch["masked_labels"].astype(np.int64)))
+    else:
+        labels = ids  # GPT2LMHeadModel shifts the labels itself
+    losses = []
+
+    def step():
+        loss = model(input_ids=ids, labels=labels).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(float(loss.detach()))
+
+    times = timed(step, args.warmup, args.steps)
+    step_s = statistics.median(times)
+    tokens = spec["batch"] * spec["seq"]
+    fpt = train_flops_per_token(spec)
+    return dict(step_ms=1e3 * step_s, tokens_per_s=tokens / step_s, mfu=fpt * tokens / step_s / peak,
+                params=params, loss=losses[-1],
+                peak_memory_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                memory_kind="process max RSS (both frameworks)", step_ms_all=[round(1e3 * t, 2) for t in times])
+
+
+# ============================================================================================================ main
+def machine() -> str:
+    device = jax.devices()[0]
+    if device.platform == "cpu":
+        return f"{platform.processor() or platform.machine()} CPU, {os.cpu_count()} cores"
+    return f"{len(jax.devices())} x {device.device_kind}"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m train.bench", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--work", default="gpt_train",
+                        help=f"a workload or a comma-separated list: {', '.join(WORKLOADS)}; 'cpu' = the three CPU ones")
+    parser.add_argument("--json", action="store_true", help="print one JSON line per workload")
+    parser.add_argument("--compare", choices=["transformers"], help="also run transformers (PyTorch) in this process")
+    parser.add_argument("--batch", type=int, help="batch size (default: the workload's)")
+    parser.add_argument("--seq", type=int, help="sequence length (default: the workload's)")
+    parser.add_argument("--steps", type=int, default=10, help="timed steps (median reported)")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed steps first")
+    parser.add_argument("--generate-repeats", type=int, default=3, help="timed generate calls (median reported)")
+    parser.add_argument("--new-tokens", type=int, help="gpt_generate: new tokens (default 128)")
+    parser.add_argument("--layers", type=int, help="override the number of layers")
+    parser.add_argument("--hidden", type=int, help="override the width (MLP = 4x)")
+    parser.add_argument("--heads", type=int, help="override the number of heads")
+    parser.add_argument("--vocab", type=int, help="override the vocabulary size")
+    parser.add_argument("--tiny", action="store_true", help="a tiny model and batch (tests, smoke runs)")
+    parser.add_argument("--remat", default="none", choices=["none", "full", "dots"], help="layer remat policy")
+    parser.add_argument("--scan-layers", action="store_true", help="run the layer stack as one lax.scan")
+    parser.add_argument("--peak-size", type=int, default=2048, help="CPU: matmul size of the peak measurement")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    names = CPU_WORKLOADS if args.work == "cpu" else tuple(w.strip() for w in args.work.split(","))
+    for name in names:
+        if name not in WORKLOADS:
+            parser.error(f"--work {name!r}: expected one of {', '.join(WORKLOADS)} or 'cpu'")
+    args.works = names
+    return args
+
+
+def report_line(name: str, r: dict[str, Any]) -> str:
+    extra = f", first call {r['first_call_s']:.2f} s" if "first_call_s" in r else ""
+    compile_s = f", compile {r['compile_s']:.2f} s" if "compile_s" in r else ""
+    unit = "new tokens/s" if name == "gpt_generate" else "tokens/s"
+    step = "ms/token" if name == "gpt_generate" else "ms/step"
+    return (f"{r['tokens_per_s']:,.0f} {unit}, {r['step_ms']:.2f} {step}, MFU {100 * r['mfu']:.1f}%{compile_s}"
+            f"{extra}, peak memory {r['peak_memory_mb']:,.0f} MiB ({r['memory_kind']}), {r['params']:,} params")
+
+
+def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
+    args = parse_args(argv)
+    devices = jax.devices()
+    if devices[0].platform == "cpu":
+        peak, peak_kind = flopslib.measure_cpu_peak(args.peak_size), f"measured fp32 matmul peak ({args.peak_size}^3)"
+    else:
+        peak, peak_kind = flopslib.device_peak(devices[:1])
+    results = []
+    for name in args.works:
+        spec = workload_spec(name, args)
+        run = run_generate if name == "gpt_generate" else None
+        ours = run(spec, args, peak) if run else run_train(name, spec, args, peak)
+        result = dict(work=name, framework="flaxzoo (jax)", machine=machine(), jax=jax.__version__,
+                      dtype=spec["config"].dtype, batch=spec["batch"], seq=spec["seq"], peak_flops=peak,
+                      peak_kind=peak_kind, **ours)
+        if not args.json:
+            print(f"{name} [{machine()}, batch {spec['batch']} x {spec['seq']}, {spec['config'].dtype}, peak "
+                  f"{peak / 1e9:,.0f} GFLOP/s {peak_kind}]", flush=True)
+            print(f"  flaxzoo:      {report_line(name, ours)}", flush=True)
+        if args.compare == "transformers":
+            import torch
+            import transformers
+
+            time.sleep(1.0)  # let the other framework's worker threads go idle
+            theirs = run_transformers(name, spec, args, peak)
+            theirs.update(framework=f"transformers {transformers.__version__} + torch {torch.__version__}")
+            result["transformers"] = theirs
+            result["ratio"] = ours["tokens_per_s"] / theirs["tokens_per_s"]
+            if not args.json:
+                print(f"  transformers: {report_line(name, theirs)}")
+                print(f"  ratio (flaxzoo / transformers): {result['ratio']:.2f}x", flush=True)
+        if args.json:
+            print(json.dumps(result), flush=True)
+        results.append(result)
+    return results
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
