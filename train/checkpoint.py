@@ -26,7 +26,8 @@ Layout (a contract: ``from_pretrained`` reads training checkpoints with it)::
 
 To read the parameters elsewhere: build the abstract model from ``meta["config"]`` and ``meta["model_class"]``,
 take ``nnx.state(abstract, nnx.Param).to_pure_dict()`` as the restore target of ``state.params`` (or restore without a
-target and turn the string layer keys back into ints), then ``nnx.merge``. :func:`load_params` does this.
+target and turn the string layer keys back into ints), then ``nnx.merge``: ``models.checkpoint.load_checkpoint``
+(behind ``from_pretrained`` and :func:`load_params`) does this.
 
 Saves are asynchronous: ``save`` returns once the arrays are copied off the devices, and the files are written in
 a background thread while training goes on; a step directory appears only when complete (orbax writes to a
@@ -267,30 +268,12 @@ def read_meta(workdir: str | pathlib.Path, step: int | None = None) -> tuple[int
     return step, meta
 
 
-def _default_sharding() -> jax.sharding.Sharding:
-    return jax.sharding.SingleDeviceSharding(jax.devices()[0])
-
-
 def load_params(workdir: str | pathlib.Path, step: int | None = None):
-    """``(model, step)``: the model of a training checkpoint (default: the latest), on the default device."""
-    from flax import nnx
+    """``(model, step)``: the model of a training checkpoint (default: the latest), on the default device.
 
-    from models.config import TransformerConfig
-    from models.modeling import MODEL_CLASSES, abstract_model
+    The reading itself is ``models.checkpoint.load_checkpoint`` (what ``from_pretrained`` uses), pointed at one step.
+    """
+    from models.checkpoint import load_checkpoint
 
-    step, meta = read_meta(workdir, step)
-    config = TransformerConfig.from_dict(meta["config"])
-    cls = MODEL_CLASSES[meta["model_class"]]
-    abstract = abstract_model(config, cls)
-    graphdef, abstract_params, rest = nnx.split(abstract, nnx.Param, ...)
-    target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), nnx.to_pure_dict(abstract_params))
-    directory = pathlib.Path(workdir).absolute() / "checkpoints"
-    with ocp.CheckpointManager(directory, item_handlers={"state": ocp.PyTreeCheckpointHandler()},
-                               options=ocp.CheckpointManagerOptions(create=False, read_only=True)) as manager:
-        restored = manager.restore(step, args=ocp.args.Composite(
-            state=ocp.args.PyTreeRestore(item={"params": target}, restore_args=jax.tree.map(
-                lambda x: ocp.ArrayRestoreArgs(dtype=x.dtype, sharding=_default_sharding()), {"params": target}),
-                partial_restore=True)))
-    params = restored.state["params"]
-    real_rest = jax.jit(lambda: nnx.state(cls(config, rngs=nnx.Rngs(0)), nnx.Not(nnx.Param)))()
-    return nnx.merge(graphdef, params, real_rest), step
+    step, _ = read_meta(workdir, step)
+    return load_checkpoint(pathlib.Path(workdir).absolute() / "checkpoints" / str(step)), step
