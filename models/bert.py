@@ -64,6 +64,11 @@ class BertForMaskedLM(nnx.Module):
                  token_type_ids: jax.Array | None = None, position_ids: jax.Array | None = None) -> jax.Array:
         """``[batch, seq]`` → logits ``[batch, seq, vocab]`` (float32)."""
         hidden = self.bert(input_ids, attention_mask, token_type_ids, position_ids).last_hidden_state
+        return self.predict_tokens(hidden)
+
+    def predict_tokens(self, hidden: jax.Array) -> jax.Array:
+        """The MLM head alone: ``[batch, n, hidden]`` encoder states → ``[batch, n, vocab]`` logits (float32), e.g. for
+        the scored positions only."""
         hidden = self.transform_norm(ACTIVATION_FUNCTIONS[self.config.activation](self.transform(hidden)))
         return self.decoder(hidden, self.bert.encoder.embeddings.tokens)
 

@@ -117,10 +117,6 @@ class TransformerConfig:
             if value is not None and not 0 <= value < self.vocab_size:
                 raise ValueError(f"{name}={value}: expected a token id in [0, {self.vocab_size})")
 
-    @property
-    def is_encoder(self) -> bool:
-        return not self.causal
-
     def replace(self, **changes: Any) -> "TransformerConfig":
         """A copy with ``changes`` applied (validated again).
 

@@ -61,7 +61,6 @@ from flax import nnx
 from models.bert import BertForMaskedLM
 from models.config import TransformerConfig, get_preset
 from models.generate import generate
-from models.layers.feedforward import ACTIVATION_FUNCTIONS
 from models.gpt import GPTForCausalLM
 from models.modeling import create_model, param_count
 from train import flops as flopslib
@@ -166,9 +165,7 @@ def mlm_loss(model: BertForMaskedLM, batch: dict[str, jax.Array]) -> jax.Array:
     """The MLM head on the scored positions only (what ``BertForMaskedLM.__call__`` computes there, same modules)."""
     hidden = model.bert(batch["input_ids"]).last_hidden_state
     picked = jnp.take_along_axis(hidden, batch["masked_positions"][..., None], axis=1)  # [batch, masked, hidden]
-    act = ACTIVATION_FUNCTIONS[model.config.activation]
-    picked = model.transform_norm(act(model.transform(picked)))
-    logits = model.decoder(picked, model.bert.encoder.embeddings.tokens)
+    logits = model.predict_tokens(picked)
     return optax.softmax_cross_entropy_with_integer_labels(logits, batch["masked_labels"]).mean()
 
 

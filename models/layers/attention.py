@@ -27,16 +27,15 @@ class KVCache(NamedTuple):
         return cls(jnp.zeros(shape, config.dtype), jnp.zeros(shape, config.dtype))
 
 
-def make_attention_mask(query_valid: jax.Array | None, key_valid: jax.Array | None, *, causal: bool,
+def make_attention_mask(key_valid: jax.Array | None, *, causal: bool,
                         query_slots: jax.Array | None = None, key_slots: jax.Array | None = None) -> jax.Array | None:
     """A boolean ``[batch, 1, q, k]`` mask (True = may attend), or None when nothing is masked.
 
     ``key_valid: [batch, k]`` marks real (non-pad) keys. ``causal`` lets query slot ``i`` see key slots ``<= i``;
     ``query_slots`` / ``key_slots`` (``[q]`` / ``[k]``) give the slots' places in the sequence when they are not
-    ``0..q-1`` (decoding against a KV cache). ``query_valid`` is accepted for symmetry but pad queries are left
-    attending (their outputs are ignored); masking whole rows would only produce NaNs.
+    ``0..q-1`` (decoding against a KV cache). Pad queries are left attending (their outputs are ignored); masking
+    whole rows would only produce NaNs.
     """
-    del query_valid
     if key_valid is None and not causal:
         return None
     mask = None

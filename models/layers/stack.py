@@ -120,7 +120,7 @@ class TransformerStack(nnx.Module):
                 position_ids = self.default_positions(attention_mask, batch, seq)
             query_slots = key_slots = jnp.arange(seq)
             key_positions = position_ids
-            mask = make_attention_mask(None, attention_mask, causal=config.causal and attention_mask is not None,
+            mask = make_attention_mask(attention_mask, causal=config.causal and attention_mask is not None,
                                        query_slots=query_slots, key_slots=key_slots)
         else:
             if position_ids is None or key_valid is None:
@@ -130,7 +130,7 @@ class TransformerStack(nnx.Module):
             key_slots = jnp.arange(max_len)
             # A cache slot's position: real tokens are counted, as in default_positions.
             key_positions = jnp.maximum(jnp.cumsum(key_valid.astype(jnp.int32), axis=-1) - 1, 0)
-            mask = make_attention_mask(None, key_valid, causal=config.causal, query_slots=query_slots,
+            mask = make_attention_mask(key_valid, causal=config.causal, query_slots=query_slots,
                                        key_slots=key_slots)
         bias = (alibi_bias(config.num_heads, position_ids, key_positions, causal=config.causal)
                 if config.position == "alibi" else None)
