@@ -18,6 +18,7 @@ ACTIVATIONS = ("gelu", "gelu_tanh", "relu", "silu")
 MODEL_TYPES = ("bert", "gpt2", "llama")
 DTYPES = ("float32", "bfloat16", "float16")
 REMAT_POLICIES = ("none", "full", "dots")
+ATTENTION_IMPLS = ("auto", "softmax", "fused")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,6 +33,9 @@ class TransformerConfig:
     weight matmuls and recomputes the rest, ``"none"`` keeps everything; ``scan_layers`` runs the layers as one
     ``lax.scan`` over their stacked parameters (one compiled layer body instead of ``num_layers`` copies). Both apply
     to full-sequence forward passes (training, evaluation); cached decoding always runs the plain loop.
+    ``attention_impl`` picks the attention core (same outputs): ``"fused"`` is ``jax.nn.dot_product_attention``
+    (cuDNN flash attention on GPU), ``"softmax"`` the kernel with a closed-form backward
+    (``models/layers/attention_core.py``), ``"auto"`` the first on GPU and the second elsewhere.
     """
 
     vocab_size: int
@@ -68,6 +72,7 @@ class TransformerConfig:
     param_dtype: str = "float32"
     remat: str = "none"
     scan_layers: bool = False
+    attention_impl: str = "auto"
 
     def __post_init__(self) -> None:
         if self.num_kv_heads is None:
@@ -96,6 +101,7 @@ class TransformerConfig:
             "position": POSITION_SCHEMES, "rope_layout": ROPE_LAYOUTS, "norm": NORMS,
             "norm_placement": NORM_PLACEMENTS, "activation": ACTIVATIONS, "model_type": MODEL_TYPES,
             "dtype": DTYPES, "param_dtype": DTYPES, "remat": REMAT_POLICIES,
+            "attention_impl": ATTENTION_IMPLS,
         }
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:

@@ -7,10 +7,10 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-from einops import repeat
 from flax import nnx
 
 from models.config import TransformerConfig
+from models.layers.attention_core import attend, attention_with_weights
 from models.layers.linear import Dense
 from models.layers.positions import apply_rope
 
@@ -53,8 +53,9 @@ class Attention(nnx.Module):
     """Multi-head / grouped-query / multi-query self-attention.
 
     ``num_kv_heads`` key/value heads are shared by groups of ``num_heads // num_kv_heads`` query heads. RoPE, when the
-    config uses it, rotates queries and keys here. The scores go through ``jax.nn.dot_product_attention`` (cuDNN
-    flash attention on GPU) unless the attention weights are asked for.
+    config uses it, rotates queries and keys here. The softmax core is ``attention_core.attend``:
+    ``jax.nn.dot_product_attention`` (cuDNN flash attention) on GPU, a closed-form-backward kernel elsewhere
+    (``config.attention_impl``).
     """
 
     def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
@@ -96,28 +97,10 @@ class Attention(nnx.Module):
             key, value = cache.key, cache.value
         is_causal = config.causal and mask is None and cache is None
         if return_weights:
-            context, weights = _attention_with_weights(query, key, value, mask, bias, is_causal)
+            context, weights = attention_with_weights(query, key, value, mask, bias, is_causal)
         else:
-            context = jax.nn.dot_product_attention(query, key, value, bias=bias, mask=mask, is_causal=is_causal)
+            context = attend(query, key, value, mask=mask, bias=bias, is_causal=is_causal,
+                             impl=config.attention_impl)
             weights = None
         return self.out(context), cache, weights
-
-
-def _attention_with_weights(query: jax.Array, key: jax.Array, value: jax.Array, mask: jax.Array | None,
-                            bias: jax.Array | None, is_causal: bool) -> tuple[jax.Array, jax.Array]:
-    """softmax(QKᵀ/√d + bias)V written out, for when the weights themselves are wanted."""
-    groups = query.shape[2] // key.shape[2]
-    key = repeat(key, "b k kv d -> b k (kv g) d", g=groups)
-    value = repeat(value, "b k kv d -> b k (kv g) d", g=groups)
-    scores = jnp.einsum("bqhd,bkhd->bhqk", query, key).astype(jnp.float32) / math.sqrt(query.shape[-1])
-    if bias is not None:
-        scores = scores + bias
-    if is_causal:
-        q_len, k_len = scores.shape[-2:]
-        mask = jnp.tril(jnp.ones((q_len, k_len), bool))[None, None]
-    if mask is not None:
-        scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
-    weights = jax.nn.softmax(scores, axis=-1)
-    context = jnp.einsum("bhqk,bkhd->bqhd", weights.astype(value.dtype), value)
-    return context, weights
 

@@ -19,7 +19,10 @@ from models.layers.positions import alibi_bias
 # The remat policies a config can name: what each layer keeps for the backward pass.
 REMAT_POLICIES = {
     "full": jax.checkpoint_policies.nothing_saveable,  # keep only the layer's input; recompute the rest
-    "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,  # keep the weight-matmul outputs
+    # Keep the weight-matmul outputs and the attention kernel's residuals (its softmax weights and output).
+    "dots": jax.checkpoint_policies.save_from_both_policies(
+        jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+        jax.checkpoint_policies.save_only_these_names("attention_probs", "attention_context")),
 }
 
 
