@@ -91,8 +91,11 @@ def _forward(query, key, value, mask, bias, is_causal):
     keys = key.transpose(0, 2, 1, 3)  # [batch, kv_heads, k, d]
     values = value.transpose(0, 2, 1, 3)
     scores = jnp.einsum("bhqd,bhkd->bhqk", rows, keys, preferred_element_type=jnp.float32)
-    probs = _scores_to_probs(scores, mask, bias, is_causal, groups, q_len)
-    context_rows = jnp.einsum("bhqk,bhkd->bhqd", probs.astype(value.dtype), values)
+    # Named so that a remat policy can keep them (models/layers/stack.py): recomputing them costs a forward pass.
+    # The output is built from the named value, so a remat backward pass that needs it reuses the kept one.
+    probs = checkpoint_name(_scores_to_probs(scores, mask, bias, is_causal, groups, q_len), "attention_probs")
+    context_rows = checkpoint_name(jnp.einsum("bhqk,bhkd->bhqd", probs.astype(value.dtype), values),
+                                   "attention_context")
     return _sequence_major(context_rows, q_len), (rows, keys, values, probs, context_rows)
 
 
@@ -135,9 +138,6 @@ def _softmax_attention(query, key, value, mask, bias, is_causal):
 
 def _softmax_attention_forward(query, key, value, mask, bias, is_causal):
     context, (rows, keys, values, probs, context_rows) = _forward(query, key, value, mask, bias, is_causal)
-    # Named so that a remat policy can keep them (models/layers/stack.py): recomputing them costs a forward pass.
-    probs = checkpoint_name(probs, "attention_probs")
-    context_rows = checkpoint_name(context_rows, "attention_context")
     return context, (rows, keys, values, probs, context_rows, mask, bias)
 
 
