@@ -26,17 +26,6 @@ REMAT_POLICIES = {
 }
 
 
-@jax.custom_vjp
-def gradient_barrier(x: jax.Array) -> jax.Array:
-    """Identity whose gradient goes through ``lax.optimization_barrier``: the gradient of the residual stream is
-    materialised at each layer boundary. Without it XLA:CPU fuses the layer-norm backward of every later layer into
-    each consumer of that gradient, recomputing the whole chain in each (quadratic in depth; README, Performance)."""
-    return x
-
-
-gradient_barrier.defvjp(lambda x: (x, None), lambda _, grad: (jax.lax.optimization_barrier(grad),))
-
-
 class StackOutput(NamedTuple):
     """``hidden: [batch, seq, hidden]``; ``cache``: one KVCache per layer (decoding only); ``attention_weights``:
     one ``[batch, heads, q, k]`` array per layer when asked for."""
@@ -155,7 +144,7 @@ class TransformerStack(nnx.Module):
         else:
             for i, layer in enumerate(self.layers):
                 x, layer_cache, layer_weights = layer(
-                    gradient_barrier(x), positions=position_ids, mask=mask, bias=bias, cache=None if cache is None else cache[i],
+                    x, positions=position_ids, mask=mask, bias=bias, cache=None if cache is None else cache[i],
                     cache_index=cache_index, return_weights=return_attention_weights)
                 new_cache.append(layer_cache)
                 weights.append(layer_weights)
@@ -178,7 +167,7 @@ class TransformerStack(nnx.Module):
 
         def apply(graphdef, params, rest, h):
             layer = nnx.merge(graphdef, params, rest)
-            h, _, _ = layer(gradient_barrier(h), positions=positions, mask=mask, bias=bias)
+            h, _, _ = layer(h, positions=positions, mask=mask, bias=bias)
             return h, nnx.state(layer, nnx.Not(nnx.Param))
 
         if config.remat != "none":
