@@ -91,3 +91,20 @@ def test_bench_imports_no_data_stack():
             "'transformers', 'train.data') if m in sys.modules]; print(bad); sys.exit(1 if bad else 0)")
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_bench_profile_lists_the_compiled_programs_operations(tmp_path):
+    """``--profile`` traces the step and sums per-operation times: the matmuls of the step must be among them,
+    labelled with their HLO shapes."""
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    env.pop("XLA_FLAGS", None)
+    proc = subprocess.run(
+        [sys.executable, "-m", "train.bench", "--work", "gpt_train", "--tiny", "--json", "--steps", "1",
+         "--warmup", "1", "--peak-size", "256", "--profile", str(tmp_path)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads([line for line in proc.stdout.splitlines() if line.startswith("{")][-1])
+    profile = result["profile"]
+    assert profile and all(row["ms_per_call"] >= 0 for row in profile)
+    assert any("dot" in row["op"] or "dot_general" in row["label"] for row in profile), profile
+    assert list(tmp_path.glob("gpt_train/**/*.trace.json.gz"))

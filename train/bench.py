@@ -33,8 +33,10 @@ conventions:
   against the same peak (decoding at batch 1 is memory-bound: its MFU is low by nature).
 
 Execution defaults: the layers run as one ``lax.scan`` and, on CPU, with ``remat="dots"`` (the fastest ``gpt_train``
-step measured on the 2-core CPU, −18% against the plain loop; see the README's Performance section); ``--remat`` and
-``--no-scan-layers`` change them. Neither changes the parameters or the outputs.
+step measured on the 2-core CPU; see the README's Performance section); attention goes through the config's
+``attention_impl="auto"`` (``jax.nn.dot_product_attention``, cuDNN flash attention, on GPU; the closed-form-backward
+kernel of ``models/layers/attention_core.py`` elsewhere). ``--remat``, ``--no-scan-layers`` and ``--attention``
+change them; none changes the parameters or the outputs.
 
 Peak memory: ``device.memory_stats()["peak_bytes_in_use"]`` where the backend has it (GPU, TPU); on CPU the process's
 maximum resident set size (``getrusage``), which includes Python, the libraries and, after a comparison, PyTorch.
@@ -61,6 +63,7 @@ from flax import nnx
 from models.bert import BertForMaskedLM
 from models.config import TransformerConfig, get_preset
 from models.generate import generate
+from models.layers.attention_core import resolve_attention_impl
 from models.gpt import GPTForCausalLM
 from models.modeling import create_model, param_count
 from train import flops as flopslib
@@ -87,7 +90,8 @@ def workload_spec(name: str, args: argparse.Namespace) -> dict[str, Any]:
     # Execution options (parameters and outputs unchanged): on CPU one lax.scan over the layers with the weight-matmul
     # outputs kept and the rest recomputed was the fastest gpt_train step measured (README, Performance).
     extra = dict(remat=args.remat if args.remat is not None else ("dots" if on_cpu else "none"),
-                 scan_layers=args.scan_layers if args.scan_layers is not None else True)
+                 scan_layers=args.scan_layers if args.scan_layers is not None else True,
+                 attention_impl=args.attention or "auto")
     if name in ("gpt_train", "gpt_generate"):
         config = get_preset("gpt2", **sizes, bos_token_id=None, eos_token_id=None, **extra)
         spec = dict(config=config, cls=GPTForCausalLM, batch=8, seq=256)
@@ -203,6 +207,53 @@ def timed(fn: Callable[[], Any], warmup: int, steps: int) -> list[float]:
     return times
 
 
+def hlo_annotations(hlo_text: str) -> dict[str, str]:
+    """``{instruction name: "shape  source op"}`` from a compiled program's HLO text, to label profiled operations."""
+    import re
+
+    labels = {}
+    for line in hlo_text.splitlines():
+        match = re.match(r"\s*(?:ROOT )?%([\w.\-]+) = (\S+) ", line)
+        if match:
+            source = re.search(r'op_name="([^"]*)"', line)
+            labels.setdefault(match.group(1), f"{match.group(2)}  {source.group(1)[-70:] if source else ''}")
+    return labels
+
+
+def profile_ops(fn: Callable[[], Any], directory: str, calls: int, top: int = 25,
+                labels: dict[str, str] | None = None) -> list[dict[str, Any]]:
+    """Run ``fn`` ``calls`` times under ``jax.profiler.trace(directory)`` and sum the trace's per-operation times.
+
+    On CPU the compiled program's operations (XLA fusions, library matmuls, copies) appear in the trace only with
+    ``--xla_cpu_enable_xprof_traceme=true`` in ``XLA_FLAGS`` (``main`` sets it for ``--profile``). Returns the ``top``
+    operations, each ``{"op", "ms_per_call", "count_per_call", "label"}`` (``label`` from ``labels``, see
+    ``hlo_annotations``); operations that run concurrently (the CPU runtime
+    overlaps independent ones) each count their own wall time. The trace itself stays in ``directory`` (Perfetto /
+    TensorBoard).
+    """
+    import glob
+    import gzip
+
+    with jax.profiler.trace(directory, create_perfetto_trace=True):
+        for _ in range(calls):
+            fn()
+    trace_file = max(glob.glob(os.path.join(directory, "**", "*.trace.json.gz"), recursive=True),
+                     key=os.path.getmtime)
+    with gzip.open(trace_file) as handle:
+        events = json.load(handle)
+    events = events["traceEvents"] if isinstance(events, dict) else events
+    runtime = ("ThunkExecutor", "$", "SlinkyThreadPool", "PjitFunction", "CommonPjRt", "end: ")
+    totals: dict[str, list[float]] = {}
+    for event in events:
+        if event.get("ph") == "X" and not event["name"].startswith(runtime):
+            entry = totals.setdefault(event["name"], [0.0, 0])
+            entry[0] += event.get("dur", 0) / 1e3
+            entry[1] += 1
+    ranked = sorted(totals.items(), key=lambda item: -item[1][0])[:top]
+    return [dict(op=op, ms_per_call=round(ms / calls, 2), count_per_call=count / calls,
+                 label=(labels or {}).get(op, "")) for op, (ms, count) in ranked]
+
+
 def run_train(name: str, spec: dict[str, Any], args: argparse.Namespace, peak: float) -> dict[str, Any]:
     config, cls = spec["config"], spec["cls"]
     model = create_model(config, cls, seed=args.seed)
@@ -228,7 +279,9 @@ def run_train(name: str, spec: dict[str, Any], args: argparse.Namespace, peak: f
     tokens = spec["batch"] * spec["seq"]
     fpt = train_flops_per_token(spec)
     memory, memory_kind = peak_memory_bytes()
-    return dict(step_ms=1e3 * step_s, tokens_per_s=tokens / step_s, mfu=fpt * tokens / step_s / peak,
+    profile = (profile_ops(one_step, os.path.join(args.profile, name), 3, labels=hlo_annotations(compiled.as_text()))
+               if args.profile else None)
+    return dict(profile=profile, step_ms=1e3 * step_s, tokens_per_s=tokens / step_s, mfu=fpt * tokens / step_s / peak,
                 compile_s=compile_s, peak_memory_mb=memory / 2 ** 20, memory_kind=memory_kind,
                 params=param_count(config, cls), flops_per_token=fpt, loss=float(state["loss"]),
                 step_ms_all=[round(1e3 * t, 2) for t in times])
@@ -248,7 +301,9 @@ def run_generate(spec: dict[str, Any], args: argparse.Namespace, peak: float) ->
     tokens_per_s = spec["batch"] * new / call_s
     fpt = forward_flops_per_token(config, spec["prompt"] + new / 2, GPTForCausalLM)
     memory, memory_kind = peak_memory_bytes()
-    return dict(step_ms=1e3 * call_s / new, tokens_per_s=tokens_per_s, mfu=fpt * tokens_per_s / peak,
+    profile = (profile_ops(lambda: generate(model, prompt, new).block_until_ready(),
+                           os.path.join(args.profile, "gpt_generate"), 1) if args.profile else None)
+    return dict(profile=profile, step_ms=1e3 * call_s / new, tokens_per_s=tokens_per_s, mfu=fpt * tokens_per_s / peak,
                 compile_s=first_s - call_s, first_call_s=first_s, call_s=call_s, peak_memory_mb=memory / 2 ** 20,
                 memory_kind=memory_kind, params=param_count(config, GPTForCausalLM), flops_per_token=fpt,
                 tokens=np.asarray(first)[0, spec["prompt"]:spec["prompt"] + 8].tolist())
@@ -361,8 +416,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--tiny", action="store_true", help="a tiny model and batch (tests, smoke runs)")
     parser.add_argument("--remat", choices=["none", "full", "dots"],
                         help="layer remat policy (default: dots on CPU, none on accelerators)")
+    parser.add_argument("--attention", choices=["auto", "softmax", "fused"],
+                        help="attention core (default auto: cuDNN-capable jax.nn.dot_product_attention on GPU, the "
+                             "closed-form-backward kernel elsewhere)")
     parser.add_argument("--scan-layers", action=argparse.BooleanOptionalAction,
                         help="run the layer stack as one lax.scan (default: on)")
+    parser.add_argument("--profile", metavar="DIR",
+                        help="after timing, trace 3 steps (1 generate call) into DIR and print the operations that "
+                             "took the most time")
     parser.add_argument("--peak-size", type=int, default=2048, help="CPU: matmul size of the peak measurement")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
@@ -385,6 +446,9 @@ def report_line(name: str, r: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     args = parse_args(argv)
+    if args.profile and "xla_cpu_enable_xprof_traceme" not in os.environ.get("XLA_FLAGS", ""):
+        # Must be set before the backend starts (the first jax.devices() below): CPU ops then show in the trace.
+        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_cpu_enable_xprof_traceme=true").strip()
     devices = jax.devices()
     if devices[0].platform == "cpu":
         peak, peak_kind = flopslib.measure_cpu_peak(args.peak_size), f"measured fp32 matmul peak ({args.peak_size}^3)"
@@ -396,13 +460,20 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         run = run_generate if name == "gpt_generate" else None
         ours = run(spec, args, peak) if run else run_train(name, spec, args, peak)
         result = dict(work=name, framework="flaxzoo (jax)", machine=machine(), jax=jax.__version__,
-                      dtype=spec["config"].dtype, remat=spec["config"].remat, scan_layers=spec["config"].scan_layers, batch=spec["batch"], seq=spec["seq"], peak_flops=peak,
+                      dtype=spec["config"].dtype, attention=resolve_attention_impl(spec["config"].attention_impl),
+                      remat=spec["config"].remat, scan_layers=spec["config"].scan_layers, batch=spec["batch"], seq=spec["seq"], peak_flops=peak,
                       peak_kind=peak_kind, **ours)
         if not args.json:
-            print(f"{name} [{machine()}, batch {spec['batch']} x {spec['seq']}, {spec['config'].dtype}, remat "
+            shape = (f"batch {spec['batch']}, prompt {spec['prompt']} + {spec['new_tokens']} new"
+                     if name == "gpt_generate" else f"batch {spec['batch']} x {spec['seq']}")
+            print(f"{name} [{machine()}, {shape}, {spec['config'].dtype}, attention {result['attention']}, remat "
                   f"{spec['config'].remat}, scan {spec['config'].scan_layers}, peak "
                   f"{peak / 1e9:,.0f} GFLOP/s {peak_kind}]", flush=True)
             print(f"  flaxzoo:      {report_line(name, ours)}", flush=True)
+            if ours["profile"]:
+                print(f"  profile ({os.path.join(args.profile, name)}), ms per {'call' if name == 'gpt_generate' else 'step'}:")
+                for row in ours["profile"]:
+                    print(f"    {row['ms_per_call']:9.2f} ms  x{row['count_per_call']:<6g} {row['op']}  {row['label']}")
         if args.compare == "transformers":
             import torch
             import transformers

@@ -170,6 +170,15 @@ def _softmax_attention_backward(is_causal, residuals, context_grad):
 _softmax_attention.defvjp(_softmax_attention_forward, _softmax_attention_backward)
 
 
+def resolve_attention_impl(impl: str) -> str:
+    """``"softmax"`` or ``"fused"``: what ``impl`` means on the default backend (``"auto"``: fused on GPU)."""
+    if impl not in ATTENTION_IMPLS:
+        raise ValueError(f"attention impl {impl!r}: expected one of {ATTENTION_IMPLS}")
+    if impl == "auto":
+        return "fused" if jax.default_backend() == "gpu" else "softmax"
+    return impl
+
+
 def attend(query: jax.Array, key: jax.Array, value: jax.Array, *, mask: jax.Array | None, bias: jax.Array | None,
            is_causal: bool, impl: str = "auto") -> jax.Array:
     """Attention context ``[batch, q, heads, d]`` through the chosen implementation.
@@ -178,10 +187,6 @@ def attend(query: jax.Array, key: jax.Array, value: jax.Array, *, mask: jax.Arra
     XLA otherwise); ``"softmax"``: ``softmax_attention`` above; ``"auto"``: fused on GPU, softmax elsewhere (the
     faster of the two measured on CPU).
     """
-    if impl not in ATTENTION_IMPLS:
-        raise ValueError(f"attention impl {impl!r}: expected one of {ATTENTION_IMPLS}")
-    if impl == "auto":
-        impl = "fused" if jax.default_backend() == "gpu" else "softmax"
-    if impl == "fused":
+    if resolve_attention_impl(impl) == "fused":
         return jax.nn.dot_product_attention(query, key, value, bias=bias, mask=mask, is_causal=is_causal)
     return softmax_attention(query, key, value, mask, bias, is_causal)
