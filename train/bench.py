@@ -406,6 +406,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--batch", type=int, help="batch size (default: the workload's)")
     parser.add_argument("--seq", type=int, help="sequence length (default: the workload's)")
     parser.add_argument("--steps", type=int, default=10, help="timed steps (median reported)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="repeat the workload (and the comparison) this many times; report each side's median "
+                             "round and the median per-round ratio")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps first")
     parser.add_argument("--generate-repeats", type=int, default=3, help="timed generate calls (median reported)")
     parser.add_argument("--new-tokens", type=int, help="gpt_generate: new tokens (default 128)")
@@ -457,40 +460,64 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     results = []
     for name in args.works:
         spec = workload_spec(name, args)
-        run = run_generate if name == "gpt_generate" else None
-        ours = run(spec, args, peak) if run else run_train(name, spec, args, peak)
         result = dict(work=name, framework="flaxzoo (jax)", machine=machine(), jax=jax.__version__,
                       dtype=spec["config"].dtype, attention=resolve_attention_impl(spec["config"].attention_impl),
-                      remat=spec["config"].remat, scan_layers=spec["config"].scan_layers, batch=spec["batch"], seq=spec["seq"], peak_flops=peak,
-                      peak_kind=peak_kind, **ours)
+                      remat=spec["config"].remat, scan_layers=spec["config"].scan_layers, batch=spec["batch"],
+                      seq=spec["seq"], peak_flops=peak, peak_kind=peak_kind)
         if not args.json:
             shape = (f"batch {spec['batch']}, prompt {spec['prompt']} + {spec['new_tokens']} new"
                      if name == "gpt_generate" else f"batch {spec['batch']} x {spec['seq']}")
             print(f"{name} [{machine()}, {shape}, {spec['config'].dtype}, attention {result['attention']}, remat "
                   f"{spec['config'].remat}, scan {spec['config'].scan_layers}, peak "
                   f"{peak / 1e9:,.0f} GFLOP/s {peak_kind}]", flush=True)
-            print(f"  flaxzoo:      {report_line(name, ours)}", flush=True)
-            if ours["profile"]:
-                print(f"  profile ({os.path.join(args.profile, name)}), ms per {'call' if name == 'gpt_generate' else 'step'}:")
-                for row in ours["profile"]:
-                    print(f"    {row['ms_per_call']:9.2f} ms  x{row['count_per_call']:<6g} {row['op']}  {row['label']}")
-        if args.compare == "transformers":
-            import torch
-            import transformers
-
-            time.sleep(1.0)  # let the other framework's worker threads go idle
-            theirs = run_transformers(name, spec, args, peak)
-            theirs.update(framework=f"transformers {transformers.__version__} + torch {torch.__version__}")
-            result["transformers"] = theirs
-            result["ratio"] = ours["tokens_per_s"] / theirs["tokens_per_s"]
+        ours_rounds, theirs_rounds = [], []
+        for round_index in range(args.rounds):
+            ours = run_generate(spec, args, peak) if name == "gpt_generate" else run_train(name, spec, args, peak)
+            ours_rounds.append(ours)
             if not args.json:
-                print(f"  transformers: {report_line(name, theirs)}")
-                print(f"  ratio (flaxzoo / transformers): {result['ratio']:.2f}x", flush=True)
+                label = f"round {round_index + 1}" if args.rounds > 1 else "flaxzoo"
+                print(f"  {label + ':':13s} flaxzoo      {report_line(name, ours)}", flush=True)
+                if ours["profile"]:
+                    unit = "call" if name == "gpt_generate" else "step"
+                    print(f"  profile ({os.path.join(args.profile, name)}), ms per {unit}:")
+                    for row in ours["profile"]:
+                        print(f"    {row['ms_per_call']:9.2f} ms  x{row['count_per_call']:<6g} {row['op']}  "
+                              f"{row['label']}")
+            if args.compare == "transformers":
+                import torch
+                import transformers
+
+                time.sleep(1.0)  # let the other framework's worker threads go idle
+                theirs = run_transformers(name, spec, args, peak)
+                theirs.update(framework=f"transformers {transformers.__version__} + torch {torch.__version__}")
+                theirs_rounds.append(theirs)
+                if not args.json:
+                    print(f"  {'':13s} transformers {report_line(name, theirs)}", flush=True)
+        # Each side's median round; the ratio is the median of the per-round ratios (a round's two runs are
+        # seconds apart, so a shared machine's slow phases cancel in its ratio).
+        result.update(median_round(ours_rounds), rounds=args.rounds)
+        if theirs_rounds:
+            ratios = [a["tokens_per_s"] / b["tokens_per_s"] for a, b in zip(ours_rounds, theirs_rounds)]
+            result["transformers"] = median_round(theirs_rounds)
+            result["ratio"] = statistics.median(ratios)
+            result["round_ratios"] = [round(r, 3) for r in ratios]
+            if not args.json:
+                print(f"  ratio (flaxzoo / transformers): {result['ratio']:.2f}x"
+                      + (f" (median of rounds: {', '.join(f'{r:.2f}' for r in ratios)})" if args.rounds > 1 else ""),
+                      flush=True)
         if args.json:
             print(json.dumps(result), flush=True)
         results.append(result)
     return results
 
+
+def median_round(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """The round with the median tokens/s (the lower middle one for an even count), with the first round's compile
+    and first-call times (later rounds reuse compiled programs)."""
+    ranked = sorted(rounds, key=lambda r: r["tokens_per_s"])
+    summary = dict(ranked[(len(ranked) - 1) // 2])
+    summary.update({key: rounds[0][key] for key in ("compile_s", "first_call_s") if key in rounds[0]})
+    return summary
 
 if __name__ == "__main__":
     main(sys.argv[1:])
