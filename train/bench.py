@@ -10,7 +10,9 @@ Workloads (random token ids, fixed seed, no dropout; fp32 on CPU, bf16 compute o
 - ``gpt2_small``: the 124M ``gpt2`` preset, ``--batch`` × ``--seq``, bf16 compute on accelerators (fp32 on CPU).
 
 Training workloads time 3 warm-up steps then report the median of 10 (``--warmup`` / ``--steps``); generation reports
-the first call (compile + run) and the median of 3 calls after it. Every figure is a wall-clock time around a call
+the first call (compile + run) and the median of 3 calls after it. ``--rounds N`` repeats a workload (and its
+comparison) N times and reports each side's median round and the median per-round ratio. ``--profile DIR`` traces
+3 more steps with ``jax.profiler`` and prints the most expensive operations of the compiled program. Every figure is a wall-clock time around a call
 that ends with ``block_until_ready``: the step itself never syncs with the host.
 
 **Why this module does not reuse ``train.step``.** ``train.step`` imports ``train.data`` (Grain,
