@@ -12,8 +12,8 @@ Workloads (random token ids, fixed seed, no dropout; fp32 on CPU, bf16 compute o
 Training workloads time 3 warm-up steps then report the median of 10 (``--warmup`` / ``--steps``); generation reports
 the first call (compile + run) and the median of 3 calls after it. ``--rounds N`` repeats a workload (and its
 comparison) N times and reports each side's median round and the median per-round ratio. ``--profile DIR`` traces
-3 more steps with ``jax.profiler`` and prints the most expensive operations of the compiled program. Every figure is a wall-clock time around a call
-that ends with ``block_until_ready``: the step itself never syncs with the host.
+3 more steps with ``jax.profiler`` and prints the most expensive operations of the compiled program. Every figure is
+a wall-clock time around a call that ends with ``block_until_ready``: the step itself never syncs with the host.
 
 **Why this module does not reuse ``train.step``.** ``train.step`` imports ``train.data`` (Grain,
 tensorflow-datasets), which the accelerator image lacks, and its step carries the training loop's extras (step
@@ -65,8 +65,8 @@ from flax import nnx
 from models.bert import BertForMaskedLM
 from models.config import TransformerConfig, get_preset
 from models.generate import generate
-from models.layers.attention_core import resolve_attention_impl
 from models.gpt import GPTForCausalLM
+from models.layers.attention_core import resolve_attention_impl
 from models.modeling import create_model, param_count
 from train import flops as flopslib
 
@@ -437,6 +437,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         if name not in WORKLOADS:
             parser.error(f"--work {name!r}: expected one of {', '.join(WORKLOADS)} or 'cpu'")
     args.works = names
+    if args.rounds < 1:
+        parser.error(f"--rounds {args.rounds}: expected a positive integer")
     return args
 
 
@@ -477,8 +479,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
             ours = run_generate(spec, args, peak) if name == "gpt_generate" else run_train(name, spec, args, peak)
             ours_rounds.append(ours)
             if not args.json:
-                label = f"round {round_index + 1}" if args.rounds > 1 else "flaxzoo"
-                print(f"  {label + ':':13s} flaxzoo      {report_line(name, ours)}", flush=True)
+                label = f"round {round_index + 1}, flaxzoo:" if args.rounds > 1 else "flaxzoo:"
+                print(f"  {label:<25s} {report_line(name, ours)}", flush=True)
                 if ours["profile"]:
                     unit = "call" if name == "gpt_generate" else "step"
                     print(f"  profile ({os.path.join(args.profile, name)}), ms per {unit}:")
@@ -494,7 +496,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
                 theirs.update(framework=f"transformers {transformers.__version__} + torch {torch.__version__}")
                 theirs_rounds.append(theirs)
                 if not args.json:
-                    print(f"  {'':13s} transformers {report_line(name, theirs)}", flush=True)
+                    label = f"round {round_index + 1}, transformers:" if args.rounds > 1 else "transformers:"
+                    print(f"  {label:<25s} {report_line(name, theirs)}", flush=True)
         # Each side's median round; the ratio is the median of the per-round ratios (a round's two runs are
         # seconds apart, so a shared machine's slow phases cancel in its ratio).
         result.update(median_round(ours_rounds), rounds=args.rounds)
@@ -520,6 +523,7 @@ def median_round(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     summary = dict(ranked[(len(ranked) - 1) // 2])
     summary.update({key: rounds[0][key] for key in ("compile_s", "first_call_s") if key in rounds[0]})
     return summary
+
 
 if __name__ == "__main__":
     main(sys.argv[1:])
