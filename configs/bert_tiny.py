@@ -20,7 +20,7 @@ def get_config():
     c.optim.b2 = 0.999
     c.optim.schedule = "linear"
     c.model = model_fields("bert-tiny", vocab_size=2048, hidden_size=128, num_layers=4, num_heads=4,
-                           intermediate_size=512, dropout=0.0)
+                           intermediate_size=512, dropout=0.0, attention_dropout=0.0)
     c.model.max_position_embeddings = c.get_ref("seq_len")
     c.data = data_fields(source="embedded", tokenizer="wordpiece", mask_prob=0.15)
     c.data.vocab_size = c.model.get_ref("vocab_size")

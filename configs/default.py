@@ -18,7 +18,7 @@ def get_config():
     c.optim.warmup_steps = 50
     c.optim.weight_decay = 0.1
     c.model = model_fields("gpt2-tiny", vocab_size=2048, hidden_size=128, num_layers=4, num_heads=4,
-                           intermediate_size=512, dropout=0.0)
+                           intermediate_size=512, dropout=0.0, attention_dropout=0.0)
     c.model.max_position_embeddings = c.get_ref("seq_len")
     c.data = data_fields(source="embedded", tokenizer="bpe")
     c.data.vocab_size = c.model.get_ref("vocab_size")

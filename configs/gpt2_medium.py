@@ -22,7 +22,7 @@ def get_config():
     c.optim.weight_decay = 0.1
     c.precision.remat = "dots"
     c.precision.scan_layers = True
-    c.model = model_fields("gpt2-medium", dropout=0.0)
+    c.model = model_fields("gpt2-medium", dropout=0.0, attention_dropout=0.0)
     c.data = data_fields(source="embedded", tokenizer="bpe", vocab_size=50257)
     c.sample.prompt = "The"
     return c

@@ -43,8 +43,8 @@ class BertModel(nnx.Module):
 
     def __call__(self, input_ids: jax.Array, attention_mask: jax.Array | None = None,
                  token_type_ids: jax.Array | None = None, position_ids: jax.Array | None = None, *,
-                 return_attention_weights: bool = False) -> EncoderOutput:
-        out = self.encoder(input_ids, attention_mask, token_type_ids, position_ids,
+                 segment_ids: jax.Array | None = None, return_attention_weights: bool = False) -> EncoderOutput:
+        out = self.encoder(input_ids, attention_mask, token_type_ids, position_ids, segment_ids=segment_ids,
                            return_attention_weights=return_attention_weights)
         pooled = jnp.tanh(self.pooler(out.hidden[:, 0])) if self.pooler is not None else None
         return EncoderOutput(out.hidden, pooled, out.attention_weights)
@@ -61,9 +61,11 @@ class BertForMaskedLM(nnx.Module):
         self.decoder = LMHead(config, use_bias=True, rngs=rngs)
 
     def __call__(self, input_ids: jax.Array, attention_mask: jax.Array | None = None,
-                 token_type_ids: jax.Array | None = None, position_ids: jax.Array | None = None) -> jax.Array:
+                 token_type_ids: jax.Array | None = None, position_ids: jax.Array | None = None, *,
+                 segment_ids: jax.Array | None = None) -> jax.Array:
         """``[batch, seq]`` → logits ``[batch, seq, vocab]`` (float32)."""
-        hidden = self.bert(input_ids, attention_mask, token_type_ids, position_ids).last_hidden_state
+        hidden = self.bert(input_ids, attention_mask, token_type_ids, position_ids,
+                           segment_ids=segment_ids).last_hidden_state
         return self.predict_tokens(hidden)
 
     def predict_tokens(self, hidden: jax.Array) -> jax.Array:
@@ -83,7 +85,9 @@ class BertForSequenceClassification(nnx.Module):
         self.classifier = _dense(config, config.num_labels, ("embed", None), rngs)
 
     def __call__(self, input_ids: jax.Array, attention_mask: jax.Array | None = None,
-                 token_type_ids: jax.Array | None = None, position_ids: jax.Array | None = None) -> jax.Array:
+                 token_type_ids: jax.Array | None = None, position_ids: jax.Array | None = None, *,
+                 segment_ids: jax.Array | None = None) -> jax.Array:
         """``[batch, seq]`` → logits ``[batch, num_labels]`` (float32)."""
-        pooled = self.bert(input_ids, attention_mask, token_type_ids, position_ids).pooler_output
+        pooled = self.bert(input_ids, attention_mask, token_type_ids, position_ids,
+                           segment_ids=segment_ids).pooler_output
         return self.classifier(self.dropout(pooled)).astype(jnp.float32)

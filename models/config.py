@@ -15,7 +15,7 @@ ROPE_LAYOUTS = ("half", "interleaved")
 NORMS = ("layernorm", "rmsnorm")
 NORM_PLACEMENTS = ("pre", "post")
 ACTIVATIONS = ("gelu", "gelu_tanh", "relu", "silu")
-MODEL_TYPES = ("bert", "gpt2", "llama")
+MODEL_TYPES = ("bert", "roberta", "gpt2", "llama")
 DTYPES = ("float32", "bfloat16", "float16")
 REMAT_POLICIES = ("none", "full", "dots")
 ATTENTION_IMPLS = ("auto", "softmax", "fused")
@@ -34,8 +34,14 @@ class TransformerConfig:
     ``lax.scan`` over their stacked parameters (one compiled layer body instead of ``num_layers`` copies). Both apply
     to full-sequence forward passes (training, evaluation); cached decoding always runs the plain loop.
     ``attention_impl`` picks the attention core (same outputs): ``"fused"`` is ``jax.nn.dot_product_attention``
-    (cuDNN flash attention on GPU), ``"softmax"`` the kernel with a closed-form backward
-    (``models/layers/attention_core.py``), ``"auto"`` the first on GPU and the second elsewhere.
+    (cuDNN flash attention on GPU where cuDNN takes the shapes, XLA otherwise), ``"softmax"`` the kernel with a
+    closed-form backward (``models/layers/attention_core.py``), ``"auto"`` the first on GPU and the second elsewhere
+    (``models.attention_backend`` says which one a call gets, and why).
+
+    ``dropout`` is the residual / embedding dropout rate, ``attention_dropout`` the rate on the attention
+    probabilities (Hugging Face's ``hidden_dropout_prob`` / ``attention_probs_dropout_prob``).
+    ``position_offset`` is added to every real token's position (RoBERTa: ``pad_token_id + 1``; its pad tokens take
+    position ``pad_token_id``). ``eos_token_id`` may be several ids (Llama-3-style chat models stop at any of them).
     """
 
     vocab_size: int
@@ -64,10 +70,12 @@ class TransformerConfig:
     type_vocab_size: int = 0
     num_labels: int = 2
     dropout: float = 0.0
+    attention_dropout: float = 0.0
+    position_offset: int = 0
     initializer_range: float = 0.02
     pad_token_id: int | None = None
     bos_token_id: int | None = None
-    eos_token_id: int | None = None
+    eos_token_id: int | tuple[int, ...] | None = None
     dtype: str = "float32"
     param_dtype: str = "float32"
     remat: str = "none"
@@ -112,16 +120,41 @@ class TransformerConfig:
             raise ValueError(f"hidden_size={self.hidden_size}: sinusoidal positions need an even width")
         if not isinstance(self.scan_layers, bool):
             raise ValueError(f"scan_layers={self.scan_layers!r}: expected True or False")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout={self.dropout}: expected a rate in [0, 1)")
+        for name in ("dropout", "attention_dropout"):
+            rate = getattr(self, name)
+            if not isinstance(rate, (int, float)) or isinstance(rate, bool) or not 0.0 <= rate < 1.0:
+                raise ValueError(f"{name}={rate!r}: expected a rate in [0, 1)")
+        if not isinstance(self.position_offset, int) or isinstance(self.position_offset, bool) or \
+                self.position_offset < 0:
+            raise ValueError(f"position_offset={self.position_offset!r}: expected an integer >= 0")
+        if self.position_offset and self.position not in ("learned", "sinusoidal"):
+            raise ValueError(f"position_offset={self.position_offset} needs absolute positions (learned or "
+                             f"sinusoidal); got position={self.position!r}")
+        if self.position_offset and self.position_offset >= self.max_position_embeddings:
+            raise ValueError(f"position_offset={self.position_offset}: expected less than "
+                             f"max_position_embeddings={self.max_position_embeddings}")
         if self.norm_eps <= 0:
             raise ValueError(f"norm_eps={self.norm_eps}: expected a positive number")
         if self.type_vocab_size < 0:
             raise ValueError(f"type_vocab_size={self.type_vocab_size}: expected >= 0")
+        if isinstance(self.eos_token_id, list):
+            object.__setattr__(self, "eos_token_id", tuple(self.eos_token_id))
+        if isinstance(self.eos_token_id, tuple) and not self.eos_token_id:
+            raise ValueError("eos_token_id=(): expected a token id, several, or None")
         for name in ("pad_token_id", "bos_token_id", "eos_token_id"):
             value = getattr(self, name)
-            if value is not None and not 0 <= value < self.vocab_size:
-                raise ValueError(f"{name}={value}: expected a token id in [0, {self.vocab_size})")
+            for token in (value if isinstance(value, tuple) else (value,)):
+                if token is None:
+                    continue
+                if not isinstance(token, int) or isinstance(token, bool) or not 0 <= token < self.vocab_size:
+                    raise ValueError(f"{name}={value!r}: expected a token id in [0, {self.vocab_size})")
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        """``eos_token_id`` as a tuple (empty when there is none)."""
+        if self.eos_token_id is None:
+            return ()
+        return self.eos_token_id if isinstance(self.eos_token_id, tuple) else (self.eos_token_id,)
 
     def replace(self, **changes: Any) -> "TransformerConfig":
         """A copy with ``changes`` applied (validated again).
@@ -154,7 +187,7 @@ def _bert(**kw: Any) -> TransformerConfig:
     base = dict(
         vocab_size=30522, max_position_embeddings=512, model_type="bert", causal=False, position="learned",
         norm="layernorm", norm_eps=1e-12, norm_placement="post", embedding_norm=True, final_norm=False,
-        activation="gelu", type_vocab_size=2, pad_token_id=0, dropout=0.1,
+        activation="gelu", type_vocab_size=2, pad_token_id=0, dropout=0.1, attention_dropout=0.1,
     )
     return TransformerConfig(**{**base, **kw})
 
@@ -163,7 +196,7 @@ def _gpt2(**kw: Any) -> TransformerConfig:
     base = dict(
         vocab_size=50257, max_position_embeddings=1024, model_type="gpt2", causal=True, position="learned",
         norm="layernorm", norm_eps=1e-5, norm_placement="pre", final_norm=True, activation="gelu_tanh",
-        bos_token_id=50256, eos_token_id=50256, dropout=0.1,
+        bos_token_id=50256, eos_token_id=50256, dropout=0.1, attention_dropout=0.1,
     )
     return TransformerConfig(**{**base, **kw})
 
@@ -192,9 +225,10 @@ PRESETS: dict[str, TransformerConfig] = {
     ),
     # Tiny configs for tests and smoke runs.
     "bert-tiny": _bert(vocab_size=1000, hidden_size=64, num_layers=2, num_heads=4, intermediate_size=128,
-                       max_position_embeddings=128, dropout=0.0),
+                       max_position_embeddings=128, dropout=0.0, attention_dropout=0.0),
     "gpt2-tiny": _gpt2(vocab_size=1000, hidden_size=64, num_layers=2, num_heads=4, intermediate_size=256,
-                       max_position_embeddings=128, bos_token_id=0, eos_token_id=0, dropout=0.0),
+                       max_position_embeddings=128, bos_token_id=0, eos_token_id=0, dropout=0.0,
+                       attention_dropout=0.0),
     "llama-tiny": _llama(vocab_size=1000, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
                          intermediate_size=128, max_position_embeddings=128, tie_word_embeddings=False,
                          bos_token_id=1, eos_token_id=2),

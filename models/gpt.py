@@ -36,9 +36,11 @@ class GPTForCausalLM(nnx.Module):
         self.lm_head = LMHead(config, use_bias=False, rngs=rngs)
 
     def __call__(self, input_ids: jax.Array, attention_mask: jax.Array | None = None,
-                 token_type_ids: jax.Array | None = None, position_ids: jax.Array | None = None) -> jax.Array:
+                 token_type_ids: jax.Array | None = None, position_ids: jax.Array | None = None, *,
+                 segment_ids: jax.Array | None = None) -> jax.Array:
         """``[batch, seq]`` → next-token logits ``[batch, seq, vocab]`` (float32)."""
-        hidden = self.transformer(input_ids, attention_mask, token_type_ids, position_ids).hidden
+        hidden = self.transformer(input_ids, attention_mask, token_type_ids, position_ids,
+                                  segment_ids=segment_ids).hidden
         return self.lm_head(hidden, self.transformer.decoder.embeddings.tokens)
 
     def decode(self, input_ids: jax.Array, *, cache: tuple[KVCache, ...], cache_index: jax.Array,

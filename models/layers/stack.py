@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -102,7 +102,8 @@ class TransformerStack(nnx.Module):
 
     def __call__(self, input_ids: jax.Array | None, attention_mask: jax.Array | None = None,
                  token_type_ids: jax.Array | None = None, position_ids: jax.Array | None = None, *,
-                 inputs_embeds: jax.Array | None = None, cache: tuple[KVCache, ...] | None = None,
+                 inputs_embeds: jax.Array | None = None, segment_ids: jax.Array | None = None,
+                 cache: tuple[KVCache, ...] | None = None,
                  cache_index: jax.Array | None = None, key_valid: jax.Array | None = None,
                  return_attention_weights: bool = False) -> StackOutput:
         """Run the stack on ``input_ids: [batch, seq]``.
@@ -199,3 +200,54 @@ class TransformerStack(nnx.Module):
     def init_cache(self, batch: int, max_len: int) -> tuple[KVCache, ...]:
         """Empty per-layer caches ``[batch, max_len, kv_heads, head_dim]``."""
         return tuple(KVCache.zeros(self.config, batch, max_len) for _ in range(self.config.num_layers))
+
+
+# ------------------------------------------------------------------------------------------ the two parameter layouts
+# With ``scan_layers`` the blocks' parameters live stacked: ``(..., "layers", <rest>)`` of shape ``[num_layers, ...]``.
+# Without it each block is its own entry: ``(..., "layers", i, <rest>)``. Checkpoint formats (Hugging Face, GGUF,
+# flaxzoo checkpoints) are read and written per layer and converted with these two functions at the boundary.
+LAYERS = "layers"
+LAYER_AXIS = "layers"  # the logical name of the stacked axis (replicated: every device runs every layer)
+
+
+def _layers_position(path: tuple) -> int | None:
+    return path.index(LAYERS) if LAYERS in path else None
+
+
+def stack_layer_values(values: dict[tuple, Any], num_layers: int) -> dict[tuple, Any]:
+    """Per-layer ``{(..., "layers", i, *rest): [...]}`` → stacked ``{(..., "layers", *rest): [num_layers, ...]}``.
+
+    Other entries pass through. Raises ``ValueError`` naming the first parameter some layer lacks."""
+    out: dict[tuple, Any] = {}
+    groups: dict[tuple, dict[int, Any]] = {}
+    for path, value in values.items():
+        at = _layers_position(path)
+        if at is None or at + 1 >= len(path) or not isinstance(path[at + 1], int):
+            out[path] = value
+            continue
+        groups.setdefault(path[:at + 1] + path[at + 2:], {})[path[at + 1]] = value
+    for path, per_layer in groups.items():
+        if sorted(per_layer) != list(range(num_layers)):
+            missing = sorted(set(range(num_layers)) - set(per_layer))
+            raise ValueError(f"{'.'.join(map(str, path))}: no value for layer(s) {missing} of {num_layers}")
+        out[path] = np.stack([np.asarray(per_layer[i]) for i in range(num_layers)]) if all(
+            isinstance(per_layer[i], np.ndarray) for i in range(num_layers)) else jnp.stack(
+            [per_layer[i] for i in range(num_layers)])
+    return out
+
+
+def unstack_layer_values(values: dict[tuple, Any], num_layers: int) -> dict[tuple, Any]:
+    """Inverse of ``stack_layer_values``: entries below ``layers`` that are not per-layer already are split along
+    their first axis (which must be ``num_layers`` long)."""
+    out: dict[tuple, Any] = {}
+    for path, value in values.items():
+        at = _layers_position(path)
+        if at is None or (at + 1 < len(path) and isinstance(path[at + 1], int)):
+            out[path] = value
+            continue
+        if value.shape[:1] != (num_layers,):
+            raise ValueError(f"{'.'.join(map(str, path))} has shape {tuple(value.shape)}: expected a leading "
+                             f"axis of num_layers={num_layers} (stacked layers)")
+        for i in range(num_layers):
+            out[path[:at + 1] + (i,) + path[at + 1:]] = value[i]
+    return out
