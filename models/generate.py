@@ -1,36 +1,23 @@
-"""Autoregressive generation: one compiled program (prefill + ``lax.while_loop`` over cached decode steps)."""
+"""Autoregressive generation: one compiled program (prefill + ``lax.while_loop`` over cached decode steps).
+
+The program is compiled once per model, batch shape, ``max_new_tokens`` and kind of decoding (greedy, sampling,
+with or without top-k / top-p): the values of ``temperature``, ``top_k``, ``top_p``, the stop ids and the key are
+arguments, so changing them does not recompile.
+"""
 
 from __future__ import annotations
 
+import secrets
 from functools import partial
+from typing import Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from models.layers.embeddings import check_index_range
-
-
-def sample_logits(logits: jax.Array, rng: jax.Array, *, temperature: float, top_k: int | None,
-                  top_p: float | None) -> jax.Array:
-    """Pick next tokens from ``logits: [batch, vocab]``: argmax when ``temperature == 0``, else sample from the
-    temperature-scaled distribution restricted to the ``top_k`` largest and/or the smallest set of mass ``top_p``."""
-    if temperature == 0.0:
-        return jnp.argmax(logits, axis=-1).astype(jnp.int32)
-    logits = logits.astype(jnp.float32) / temperature
-    neg_inf = jnp.finfo(jnp.float32).min
-    if top_k is not None:
-        kth_largest = jax.lax.top_k(logits, top_k)[0][:, -1:]
-        logits = jnp.where(logits < kth_largest, neg_inf, logits)
-    if top_p is not None:
-        sorted_logits = jnp.sort(logits, axis=-1)[:, ::-1]
-        cumulative = jnp.cumsum(jax.nn.softmax(sorted_logits, axis=-1), axis=-1)
-        # Keep a token while the mass before it is below top_p: the first token always stays.
-        keep_sorted = (cumulative - jax.nn.softmax(sorted_logits, axis=-1)) < top_p
-        threshold = jnp.min(jnp.where(keep_sorted, sorted_logits, jnp.inf), axis=-1, keepdims=True)
-        logits = jnp.where(logits < threshold, neg_inf, logits)
-    return jax.random.categorical(rng, logits, axis=-1).astype(jnp.int32)
+from models.layers.embeddings import as_index_array, check_token_ids
+from models.sampling import check_sampling_args, sample_logits
 
 
 def left_align(input_ids: np.ndarray, attention_mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -52,87 +39,111 @@ def left_align(input_ids: np.ndarray, attention_mask: np.ndarray) -> tuple[np.nd
     return aligned.astype(np.int32), valid.astype(np.int32)
 
 
-@partial(jax.jit, static_argnames=("graphdef", "max_new_tokens", "temperature", "top_k", "top_p", "eos_token_id"))
-def _generate(graphdef, state, input_ids, prompt_mask, rng, *, max_new_tokens, temperature, top_k, top_p,
-              eos_token_id):
+@partial(jax.jit, static_argnames=("graphdef", "max_new_tokens", "greedy"))
+def _generate(graphdef, state, input_ids, prompt_mask, rng, temperature, top_k, top_p, stop_ids, fill, *,
+              max_new_tokens, greedy):
+    """``[batch, max_new_tokens]`` new tokens. ``stop_ids: [n]`` (n may be 0); ``fill``: the id written after a stop."""
     model = nnx.merge(graphdef, state)
     model.eval()
     batch, prompt_len = input_ids.shape
-    total = prompt_len + max_new_tokens
-    key_valid = jnp.concatenate([prompt_mask, jnp.zeros((batch, max_new_tokens), jnp.int32)], axis=1)
-    positions = jnp.maximum(jnp.cumsum(prompt_mask, axis=1) - 1, 0)
-    lengths = prompt_mask.sum(axis=1)
-    logits, cache = model.decode(input_ids, cache=model.init_cache(batch, total), cache_index=0,
-                                 key_valid=key_valid, position_ids=positions)
-    fill = 0 if eos_token_id is None else eos_token_id
-    tokens = jnp.full((batch, max_new_tokens), fill, jnp.int32)
-    done = jnp.zeros((batch,), bool)
+    # The last new token is never fed back, so the cache needs one slot less than prompt + new tokens.
+    decode_state = model.init_state(batch, prompt_len + max_new_tokens - 1)
+    logits, decode_state = model.decode(input_ids, decode_state, prompt_mask, last_only=True)
+
+    def pick(logits, step, done):
+        if greedy:
+            token = jnp.argmax(logits[:, -1], axis=-1).astype(jnp.int32)
+        else:
+            token = sample_logits(logits[:, -1], jax.random.fold_in(rng, step), temperature, top_k, top_p)
+        token = jnp.where(done, fill, token)
+        return token, done | (token[:, None] == stop_ids[None, :]).any(axis=-1)
+
+    first, done = pick(logits, 0, jnp.zeros((batch,), bool))
+    tokens = jnp.full((batch, max_new_tokens), fill, jnp.int32).at[:, 0].set(first)
 
     def keep_going(carry):
-        step, _, _, _, _, done = carry
+        step, _, _, _, done = carry
         return (step < max_new_tokens) & ~done.all()
 
     def step_fn(carry):
-        step, tokens, last_logits, cache, key_valid, done = carry
-        next_token = sample_logits(last_logits, jax.random.fold_in(rng, step), temperature=temperature,
-                                   top_k=top_k, top_p=top_p)
-        next_token = jnp.where(done, fill, next_token)
-        tokens = tokens.at[:, step].set(next_token)
-        if eos_token_id is not None:
-            done = done | (next_token == eos_token_id)
-        key_valid = key_valid.at[:, prompt_len + step].set(1)
-        logits, cache = model.decode(next_token[:, None], cache=cache, cache_index=prompt_len + step,
-                                     key_valid=key_valid, position_ids=(lengths + step)[:, None])
-        return step + 1, tokens, logits[:, -1], cache, key_valid, done
+        step, tokens, last, decode_state, done = carry
+        logits, decode_state = model.decode(last[:, None], decode_state)
+        token, done = pick(logits, step, done)
+        return step + 1, tokens.at[:, step].set(token), token, decode_state, done
 
-    carry = (jnp.int32(0), tokens, logits[:, -1], cache, key_valid, done)
-    return jax.lax.while_loop(keep_going, step_fn, carry)[1]
+    return jax.lax.while_loop(keep_going, step_fn, (jnp.int32(1), tokens, first, decode_state, done))[1]
+
+
+def _stop_ids(eos_token_id, vocab_size: int) -> tuple[int, ...]:
+    if eos_token_id is None:
+        return ()
+    ids = (eos_token_id,) if isinstance(eos_token_id, (int, np.integer)) else tuple(eos_token_id)
+    for token in ids:
+        if not isinstance(token, (int, np.integer)) or isinstance(token, bool) or not 0 <= token < vocab_size:
+            raise ValueError(f"eos_token_id={eos_token_id!r}: expected a token id in [0, {vocab_size}) or a list "
+                             "of them")
+    if not ids:
+        raise ValueError("eos_token_id=[]: expected a token id, a non-empty list of them, or None")
+    return tuple(int(t) for t in ids)
 
 
 def generate(model: nnx.Module, input_ids, max_new_tokens: int, *, attention_mask=None, temperature: float = 0.0,
-             top_k: int | None = None, top_p: float | None = None, eos_token_id: int | None = None,
-             rng: jax.Array | None = None) -> jax.Array:
+             top_k: int | None = None, top_p: float | None = None, eos_token_id: int | Sequence[int] | None = None,
+             rng: jax.Array | None = None, seed: int | None = None) -> jax.Array:
     """Continue each prompt by ``max_new_tokens`` tokens with a KV cache, the whole loop compiled on device.
 
     Args:
       model: a causal LM (``GPTForCausalLM``).
-      input_ids: ``[batch, prompt]`` int; rows may be padded (left or right) as ``attention_mask`` says.
+      input_ids: ``[batch, prompt]`` ints (an array or lists); rows may be padded (left or right) as
+        ``attention_mask`` says. Only real tokens are checked against the vocabulary and count against the
+        positions a learned / sinusoidal table has.
       attention_mask: ``[batch, prompt]`` 1 for real tokens, 0 for padding; None means no padding.
-      temperature: 0 is greedy; otherwise sampling, optionally with ``top_k`` and/or nucleus ``top_p``.
-      eos_token_id: a row stops at this token and is filled with it afterwards; the loop ends when all rows stop.
-      rng: a ``jax.random`` key for sampling (default key 0).
+      temperature: 0 is greedy; otherwise sampling, optionally restricted to the ``top_k`` most likely tokens and/or
+        the nucleus of mass ``top_p`` (applied in that order, as transformers does).
+      eos_token_id: an id or a list of ids; a row that emits any of them keeps that token and is padded from there
+        on (``config.pad_token_id``, or the first stop id when the config has none); the loop ends when all rows
+        have stopped. None: never stop early.
+      rng / seed: the ``jax.random`` key, or an int seed, for sampling (at most one of them). With neither, sampling
+        draws a fresh seed from the operating system each call (two calls give different samples); pass one to
+        reproduce a sample. Greedy decoding uses no randomness.
 
     Returns ``[batch, prompt + max_new_tokens]``: ``input_ids`` unchanged, then each row's new tokens.
     """
-    if not hasattr(model, "decode"):
+    if not hasattr(model, "decode") or not hasattr(model, "init_state"):
         raise ValueError(f"generate needs a causal LM with a KV cache (GPTForCausalLM); got {type(model).__name__}")
     config = model.config
-    input_ids = np.asarray(input_ids)
-    if input_ids.ndim != 2 or input_ids.shape[1] == 0:
+    input_ids = np.asarray(as_index_array(input_ids, "input_ids", expected="[batch, prompt]"))
+    if input_ids.shape[1] == 0:
         raise ValueError(f"input_ids has shape {input_ids.shape}: expected [batch, prompt] with prompt >= 1")
-    if not np.issubdtype(input_ids.dtype, np.integer):
-        raise ValueError(f"input_ids has dtype {input_ids.dtype}: expected integer token ids")
-    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+    if not isinstance(max_new_tokens, (int, np.integer)) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens={max_new_tokens!r}: expected a positive integer")
-    if temperature < 0:
-        raise ValueError(f"temperature={temperature}: expected >= 0")
-    if top_k is not None and not 1 <= top_k <= config.vocab_size:
-        raise ValueError(f"top_k={top_k}: expected an integer in [1, {config.vocab_size}]")
-    if top_p is not None and not 0.0 < top_p <= 1.0:
-        raise ValueError(f"top_p={top_p}: expected a probability in (0, 1]")
-    if eos_token_id is not None:
-        check_index_range(np.asarray([eos_token_id]), config.vocab_size, "eos_token_id")
-    mask = np.ones_like(input_ids) if attention_mask is None else np.asarray(attention_mask)
+    temperature, top_k, top_p = check_sampling_args(temperature, top_k, top_p, config.vocab_size)
+    stop_ids = _stop_ids(eos_token_id, config.vocab_size)
+    mask = np.ones_like(input_ids) if attention_mask is None else np.asarray(
+        as_index_array(attention_mask, "attention_mask", expected="[batch, prompt]"))
     if mask.shape != input_ids.shape:
         raise ValueError(f"attention_mask has shape {mask.shape}: expected {input_ids.shape}")
-    model.transformer.decoder.check_inputs(input_ids, mask)
-    total = input_ids.shape[1] + max_new_tokens
-    if config.position in ("learned", "sinusoidal") and total > config.max_position_embeddings:
-        raise ValueError(f"prompt + max_new_tokens = {total} exceeds max_position_embeddings="
-                         f"{config.max_position_embeddings}")
+    if not np.isin(mask, [0, 1]).all():
+        raise ValueError(f"attention_mask holds values {np.unique(mask).tolist()}: expected only 0 and 1")
+    check_token_ids(input_ids[mask == 1], config)
+    longest = int(mask.sum(axis=1).max())
+    if config.position in ("learned", "sinusoidal") and \
+            longest + max_new_tokens + config.position_offset > config.max_position_embeddings:
+        raise ValueError(f"prompt + max_new_tokens = {longest} + {max_new_tokens} = {longest + max_new_tokens} "
+                         f"tokens exceeds max_position_embeddings={config.max_position_embeddings} of this model's "
+                         f"{config.position} positions (the longest prompt's real tokens are counted)")
+    if rng is not None and seed is not None:
+        raise ValueError("pass at most one of rng (a jax.random key) and seed (an int)")
+    if seed is not None and (not isinstance(seed, (int, np.integer)) or isinstance(seed, bool)):
+        raise ValueError(f"seed={seed!r}: expected an integer")
+    greedy = temperature == 0.0
+    if rng is None:
+        rng = jax.random.key(0 if greedy else (secrets.randbits(63) if seed is None else int(seed)))
+    fill = config.pad_token_id if config.pad_token_id is not None else (stop_ids[0] if stop_ids else 0)
     aligned_ids, aligned_mask = left_align(input_ids, mask.astype(np.int32))
     graphdef, state = nnx.split(model)
-    new_tokens = _generate(graphdef, state, jnp.asarray(aligned_ids), jnp.asarray(aligned_mask),
-                           jax.random.key(0) if rng is None else rng, max_new_tokens=max_new_tokens,
-                           temperature=float(temperature), top_k=top_k, top_p=top_p, eos_token_id=eos_token_id)
+    new_tokens = _generate(graphdef, state, jnp.asarray(aligned_ids), jnp.asarray(aligned_mask), rng,
+                           jnp.float32(temperature), jnp.int32(top_k), jnp.float32(top_p),
+                           jnp.asarray(stop_ids, jnp.int32).reshape(-1), jnp.int32(fill),
+                           max_new_tokens=int(max_new_tokens), greedy=greedy)
     return jnp.concatenate([jnp.asarray(input_ids, jnp.int32), new_tokens], axis=1)

@@ -7,7 +7,7 @@ import jax
 from flax import nnx
 
 from models.config import TransformerConfig
-from models.layers.attention import KVCache
+from models.layers.decode_state import DecodeState
 from models.layers.embeddings import LMHead
 from models.layers.stack import StackOutput, TransformerStack
 
@@ -22,9 +22,11 @@ class GPTModel(nnx.Module):
         self.decoder = TransformerStack(config, rngs=rngs)
 
     def __call__(self, input_ids: jax.Array, attention_mask: jax.Array | None = None,
-                 token_type_ids: jax.Array | None = None, position_ids: jax.Array | None = None, **kwargs
-                 ) -> StackOutput:
-        return self.decoder(input_ids, attention_mask, token_type_ids, position_ids, **kwargs)
+                 token_type_ids: jax.Array | None = None, position_ids: jax.Array | None = None, *,
+                 segment_ids: jax.Array | None = None, inputs_embeds: jax.Array | None = None,
+                 return_attention_weights: bool = False) -> StackOutput:
+        return self.decoder(input_ids, attention_mask, token_type_ids, position_ids, segment_ids=segment_ids,
+                            inputs_embeds=inputs_embeds, return_attention_weights=return_attention_weights)
 
 
 class GPTForCausalLM(nnx.Module):
@@ -43,13 +45,16 @@ class GPTForCausalLM(nnx.Module):
                                   segment_ids=segment_ids).hidden
         return self.lm_head(hidden, self.transformer.decoder.embeddings.tokens)
 
-    def decode(self, input_ids: jax.Array, *, cache: tuple[KVCache, ...], cache_index: jax.Array,
-               key_valid: jax.Array, position_ids: jax.Array) -> tuple[jax.Array, tuple[KVCache, ...]]:
-        """One cached step: ``[batch, q]`` new ids written at cache slots ``cache_index ...`` → (logits
-        ``[batch, q, vocab]``, updated cache). ``key_valid: [batch, max_len]`` marks the slots holding real tokens."""
-        out = self.transformer(input_ids, position_ids=position_ids, cache=cache, cache_index=cache_index,
-                               key_valid=key_valid)
-        return self.lm_head(out.hidden, self.transformer.decoder.embeddings.tokens), out.cache
+    def decode(self, input_ids: jax.Array, state: DecodeState, new_valid: jax.Array | None = None, *,
+               last_only: bool = False) -> tuple[jax.Array, DecodeState]:
+        """One cached step: ``[batch, q]`` new ids written at the state's next slots → (logits ``[batch, q, vocab]``,
+        or ``[batch, 1, vocab]`` for the last position only with ``last_only``; the updated state).
+        ``new_valid: [batch, q]`` marks real tokens (a left-padded prompt's mask); default all."""
+        hidden, state = self.transformer.decoder.decode(input_ids, state, new_valid)
+        if last_only:
+            hidden = hidden[:, -1:]
+        return self.lm_head(hidden, self.transformer.decoder.embeddings.tokens), state
 
-    def init_cache(self, batch: int, max_len: int) -> tuple[KVCache, ...]:
-        return self.transformer.decoder.init_cache(batch, max_len)
+    def init_state(self, batch: int, max_len: int) -> DecodeState:
+        """An empty ``DecodeState`` for ``batch`` rows of up to ``max_len`` tokens (prompt included)."""
+        return self.transformer.decoder.init_state(batch, max_len)

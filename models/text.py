@@ -104,15 +104,16 @@ def embed(model: nnx.Module, tokenizer: tokenizers.Tokenizer, texts: str | Seque
 # ------------------------------------------------------------------------------------------------ generate_text
 def generate_text(model: nnx.Module, tokenizer: tokenizers.Tokenizer, prompt: str | Sequence[str], *,
                   max_new_tokens: int = 32, temperature: float = 0.0, top_k: int | None = None,
-                  top_p: float | None = None, eos_token_id: int | None = None, stop_at_eos: bool = True,
-                  add_bos: bool | None = None, rng: jax.Array | None = None,
-                  skip_special_tokens: bool = True) -> str | list[str]:
+                  top_p: float | None = None, eos_token_id: int | Sequence[int] | None = None,
+                  stop_at_eos: bool = True, add_bos: bool | None = None, rng: jax.Array | None = None,
+                  seed: int | None = None, skip_special_tokens: bool = True) -> str | list[str]:
     """Continue ``prompt`` (one string or a list, batched with left padding) and return only the new text.
 
     Args:
-      max_new_tokens, temperature, top_k, top_p, rng: as ``models.generate`` (temperature 0 = greedy).
-      eos_token_id: stop a row at this token; default ``model.config.eos_token_id``. ``stop_at_eos=False`` never
-        stops early. The text ends before the EOS token.
+      max_new_tokens, temperature, top_k, top_p, rng, seed: as ``models.generate`` (temperature 0 = greedy; sampling
+        without rng / seed draws a fresh seed each call).
+      eos_token_id: stop a row at this token (or any of a list); default ``model.config.eos_token_id``.
+        ``stop_at_eos=False`` never stops early. The text ends before the stop token.
       add_bos: None (default): the tokenizer's own special tokens decide (a GGUF's ``add_bos_token``; SmolLM2 adds
         none); True: make sure each prompt starts with ``config.bos_token_id``; False: encode without special
         tokens.
@@ -136,12 +137,14 @@ def generate_text(model: nnx.Module, tokenizer: tokenizers.Tokenizer, prompt: st
     if empty:
         raise ValueError(f"prompt(s) {empty} encode to no tokens; pass add_bos=True to start from the BOS token")
     eos = (config.eos_token_id if eos_token_id is None else eos_token_id) if stop_at_eos else None
+    stops = set() if eos is None else ({int(eos)} if isinstance(eos, (int, np.integer)) else set(map(int, eos)))
     ids, mask = _pad(rows, pad_id=config.pad_token_id or 0, left=True)
     tokens = np.asarray(generate(model, ids, max_new_tokens, attention_mask=mask, temperature=temperature,
-                                 top_k=top_k, top_p=top_p, eos_token_id=eos, rng=rng))
+                                 top_k=top_k, top_p=top_p, eos_token_id=eos, rng=rng, seed=seed))
     texts = []
     for row in tokens[:, ids.shape[1]:].tolist():
-        if eos is not None and eos in row:
-            row = row[:row.index(eos)]
+        ends = [i for i, token in enumerate(row) if token in stops]
+        if ends:
+            row = row[:ends[0]]
         texts.append(tokenizer.decode(row, skip_special_tokens=skip_special_tokens))
     return texts[0] if single else texts

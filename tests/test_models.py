@@ -15,6 +15,7 @@ import models
 from models import (BertForMaskedLM, BertForSequenceClassification, BertModel, GPTForCausalLM, GPTModel,
                     TransformerConfig, get_preset)
 from models.layers.attention import Attention
+from models.layers.masking import AttentionLayout
 
 DECODERS = {
     "gpt2": dict(name="gpt2-tiny"),
@@ -309,7 +310,7 @@ def test_grouped_query_attention_matches_numpy(kind, kv_heads):
     attention = model.transformer.decoder.layers[1].attention
     assert attention.key.kernel.shape == (config.hidden_size, kv_heads, config.head_dim)
     x = np.random.default_rng(0).standard_normal((2, 6, config.hidden_size)).astype(np.float32)
-    run = jitted(attention, lambda m, x, positions: m(x, positions=positions)[0])
+    run = jitted(attention, lambda m, x, positions: m(x, AttentionLayout(positions, positions))[0])
     got = np_(run(jnp.asarray(x), jnp.broadcast_to(jnp.arange(6), (2, 6))))
     for b in range(2):
         np.testing.assert_allclose(got[b], numpy_attention(attention, np_(x[b]), config, causal=True), atol=1e-5,
@@ -393,12 +394,12 @@ def bert_tiny():
 
 def test_token_id_equal_to_vocab_size(gpt2_tiny, bert_tiny):
     for model in (gpt2_tiny, bert_tiny):
-        with pytest.raises(ValueError, match=r"input_ids contains 1000: expected values in \[0, 1000\)"):
+        with pytest.raises(ValueError, match=r"input_ids contains 1000: expected token ids in \[0, 1000\) \(vocab_size=1000\)"):
             model(jnp.asarray([[1, 2, 1000]]))
 
 
 def test_negative_token_id(gpt2_tiny):
-    with pytest.raises(ValueError, match=r"input_ids contains -1: expected values in \[0, 1000\)"):
+    with pytest.raises(ValueError, match=r"input_ids contains -1: expected token ids in \[0, 1000\) \(vocab_size=1000\)"):
         gpt2_tiny(jnp.asarray([[1, -1, 2]]))
 
 

@@ -1,4 +1,4 @@
-"""Multi-head attention with grouped-query heads, combined masks, an additive bias path and a KV cache."""
+"""Multi-head attention with grouped-query heads, the call's attention layout, ALiBi biases and a KV cache."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from flax import nnx
 from models.config import TransformerConfig
 from models.layers.attention_core import attend, attention_with_weights
 from models.layers.linear import Dense
-from models.layers.positions import apply_rope
+from models.layers.masking import AttentionLayout
+from models.layers.positions import alibi_bias, apply_rope
 
 
 class KVCache(NamedTuple):
@@ -21,41 +22,15 @@ class KVCache(NamedTuple):
     key: jax.Array
     value: jax.Array
 
-    @classmethod
-    def zeros(cls, config: TransformerConfig, batch: int, max_len: int) -> "KVCache":
-        shape = (batch, max_len, config.num_kv_heads, config.head_dim)
-        return cls(jnp.zeros(shape, config.dtype), jnp.zeros(shape, config.dtype))
-
-
-def make_attention_mask(key_valid: jax.Array | None, *, causal: bool,
-                        query_slots: jax.Array | None = None, key_slots: jax.Array | None = None) -> jax.Array | None:
-    """A boolean ``[batch, 1, q, k]`` mask (True = may attend), or None when nothing is masked.
-
-    ``key_valid: [batch, k]`` marks real (non-pad) keys. ``causal`` lets query slot ``i`` see key slots ``<= i``;
-    ``query_slots`` / ``key_slots`` (``[q]`` / ``[k]``) give the slots' places in the sequence when they are not
-    ``0..q-1`` (decoding against a KV cache). Pad queries are left attending (their outputs are ignored); masking
-    whole rows would only produce NaNs.
-    """
-    if key_valid is None and not causal:
-        return None
-    mask = None
-    if key_valid is not None:
-        mask = key_valid.astype(bool)[:, None, None, :]
-    if causal:
-        if query_slots is None or key_slots is None:
-            raise ValueError("a causal mask needs query_slots and key_slots")
-        causal_mask = (key_slots[None, :] <= query_slots[:, None])[None, None]
-        mask = causal_mask if mask is None else mask & causal_mask
-    return mask
-
 
 class Attention(nnx.Module):
     """Multi-head / grouped-query / multi-query self-attention.
 
     ``num_kv_heads`` key/value heads are shared by groups of ``num_heads // num_kv_heads`` query heads. RoPE, when the
-    config uses it, rotates queries and keys here. The softmax core is ``attention_core.attend``:
-    ``jax.nn.dot_product_attention`` (cuDNN flash attention) on GPU, a closed-form-backward kernel elsewhere
-    (``config.attention_impl``).
+    config uses it, rotates queries and keys here. Which query sees which key comes from the call's
+    ``AttentionLayout`` (``models/layers/masking.py``); the softmax core is ``attention_core.attend`` (cuDNN, XLA or
+    the closed-form-backward kernel: ``attention_core.choose_backend``). ``attention_dropout`` drops attention
+    probabilities in training mode.
     """
 
     def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
@@ -69,38 +44,46 @@ class Attention(nnx.Module):
         self.value = Dense((d,), (kv, hd), axes=("embed", "kv_heads", "head_dim"), init_std=std, **common)
         out_std = std / (math.sqrt(2 * config.num_layers) if config.causal else 1.0)
         self.out = Dense((h, hd), (d,), axes=("heads", "head_dim", "embed"), init_std=out_std, **common)
+        self.probs_dropout = nnx.Dropout(config.attention_dropout, rngs=rngs)
 
-    def __call__(self, x: jax.Array, *, positions: jax.Array, mask: jax.Array | None = None,
-                 bias: jax.Array | None = None, cache: KVCache | None = None, cache_index: jax.Array | None = None,
+    def _dropout_multiplier(self, batch: int, q_len: int, k_len: int) -> jax.Array | None:
+        """``[batch, heads, q, k]``: 0 for a dropped probability, ``1 / (1 - rate)`` for a kept one; None in eval mode
+        or at rate 0."""
+        if self.probs_dropout.deterministic or not self.config.attention_dropout:
+            return None
+        return self.probs_dropout(jnp.ones((batch, self.config.num_heads, q_len, k_len), jnp.float32))
+
+    def __call__(self, x: jax.Array, layout: AttentionLayout, *, cache: KVCache | None = None,
                  return_weights: bool = False) -> tuple[jax.Array, KVCache | None, jax.Array | None]:
         """Attend ``x: [batch, seq, hidden]``.
 
         Args:
-          positions: ``[batch, seq]`` token positions (for RoPE).
-          mask: boolean ``[batch, 1, q, k]``; None means causal-only (decoders) or nothing masked (encoders).
-          bias: additive ``[batch, heads, q, k]`` (ALiBi).
-          cache: when given, this step's keys/values are written at ``cache_index`` and the queries attend over the
-            whole cache (``k = max_len``); ``mask`` must then cover the cache slots.
-          return_weights: also return the softmax weights ``[batch, heads, q, k]`` (slower path).
+          layout: segments, positions and causal alignment of the queries and keys (``masking.AttentionLayout``).
+          cache: when given, this step's keys/values are written at slot ``layout.query_offset`` and the queries
+            attend over the whole cache (``k = max_len``; the layout covers the cache slots).
+          return_weights: also return the softmax weights ``[batch, heads, q, k]`` (autodiff path).
 
         Returns ``(output [batch, seq, hidden], updated cache or None, weights or None)``.
         """
         config = self.config
         query, key, value = self.query(x), self.key(x), self.value(x)  # [batch, seq, heads, head_dim]
         if config.position == "rope":
-            query = apply_rope(query, positions, theta=config.rope_theta, layout=config.rope_layout)
-            key = apply_rope(key, positions, theta=config.rope_theta, layout=config.rope_layout)
+            query = apply_rope(query, layout.query_positions, theta=config.rope_theta, layout=config.rope_layout)
+            key = apply_rope(key, layout.query_positions, theta=config.rope_theta, layout=config.rope_layout)
         if cache is not None:
-            start = (0, cache_index, 0, 0)
+            start = (0, layout.query_offset, 0, 0)
             cache = KVCache(jax.lax.dynamic_update_slice(cache.key, key.astype(cache.key.dtype), start),
                             jax.lax.dynamic_update_slice(cache.value, value.astype(cache.value.dtype), start))
             key, value = cache.key, cache.value
-        is_causal = config.causal and mask is None and cache is None
+        mask = layout.mask(config.causal)
+        is_causal = config.causal and mask is None
+        bias = (alibi_bias(config.num_heads, layout.query_positions, layout.key_positions, causal=config.causal)
+                if config.position == "alibi" else None)
+        dropout = self._dropout_multiplier(x.shape[0], x.shape[1], key.shape[1])
         if return_weights:
-            context, weights = attention_with_weights(query, key, value, mask, bias, is_causal)
+            context, weights = attention_with_weights(query, key, value, mask, bias, is_causal, dropout)
         else:
             context = attend(query, key, value, mask=mask, bias=bias, is_causal=is_causal,
-                             impl=config.attention_impl)
+                             impl=config.attention_impl, dropout=dropout)
             weights = None
         return self.out(context), cache, weights
-

@@ -20,6 +20,7 @@ out. Fully masked rows (pad queries) attend uniformly, as in ``jax.nn.dot_produc
 from __future__ import annotations
 
 import functools
+import logging
 import math
 
 import jax
@@ -82,8 +83,11 @@ def _scores_to_probs(scores: jax.Array, mask: jax.Array | None, bias: jax.Array 
     return shifted / jnp.sum(shifted, axis=-1, keepdims=True)
 
 
-def _forward(query, key, value, mask, bias, is_causal):
-    """Context ``[batch, q, heads, d]`` and what the backward pass needs, all in the heads-major layout."""
+def _forward(query, key, value, mask, bias, dropout, is_causal):
+    """Context ``[batch, q, heads, d]`` and what the backward pass needs, all in the heads-major layout.
+
+    ``dropout``: None, or the ``[batch|1, heads|1, q, k]`` multiplier of the attention probabilities (0 for a dropped
+    weight, ``1 / (1 - rate)`` for a kept one)."""
     q_len, heads, head_dim = query.shape[1:]
     kv_heads = key.shape[2]
     groups = heads // kv_heads
@@ -94,30 +98,39 @@ def _forward(query, key, value, mask, bias, is_causal):
     # Named so that a remat policy can keep them (models/layers/stack.py): recomputing them costs a forward pass.
     # The output is built from the named value, so a remat backward pass that needs it reuses the kept one.
     probs = checkpoint_name(_scores_to_probs(scores, mask, bias, is_causal, groups, q_len), "attention_probs")
-    context_rows = checkpoint_name(jnp.einsum("bhqk,bhkd->bhqd", probs.astype(value.dtype), values),
+    kept = probs if dropout is None else probs * _dropout_rows(dropout, kv_heads, groups, q_len, scores.shape[-1])
+    context_rows = checkpoint_name(jnp.einsum("bhqk,bhkd->bhqd", kept.astype(value.dtype), values),
                                    "attention_context")
     return _sequence_major(context_rows, q_len), (rows, keys, values, probs, context_rows)
 
 
+def _dropout_rows(dropout: jax.Array, kv_heads: int, groups: int, q_len: int, k_len: int) -> jax.Array:
+    dropout = jnp.broadcast_to(dropout.astype(jnp.float32), (*dropout.shape[:2], q_len, k_len))
+    return _to_rows(dropout, kv_heads, groups)
+
+
 def attention_with_weights(query: jax.Array, key: jax.Array, value: jax.Array, mask: jax.Array | None,
-                           bias: jax.Array | None, is_causal: bool) -> tuple[jax.Array, jax.Array]:
+                           bias: jax.Array | None, is_causal: bool, dropout: jax.Array | None = None
+                           ) -> tuple[jax.Array, jax.Array]:
     """``(context [batch, q, heads, d], weights [batch, heads, q, k])``, differentiated by autodiff.
 
     ``query: [batch, q, heads, d]``, ``key`` / ``value: [batch, k, kv_heads, d]``, ``mask``: boolean broadcastable to
     ``[batch, heads, q, k]`` (True = may attend) or None, ``bias``: additive, same broadcast, or None. ``is_causal``
-    lets query ``i`` see keys ``<= i + (k - q)``.
+    lets query ``i`` see keys ``<= i + (k - q)`` (bottom-right alignment). ``dropout``: None or the multiplier of the
+    weights, same broadcast (the returned weights are before dropout).
     """
-    context, (_, _, _, probs, _) = _forward(query, key, value, _as_4d(mask), _as_4d(bias), is_causal)
+    context, (_, _, _, probs, _) = _forward(query, key, value, _as_4d(mask), _as_4d(bias), _as_4d(dropout),
+                                            is_causal)
     batch, kv_heads, grouped_len, k_len = probs.shape
     q_len = query.shape[1]
     return context, probs.reshape(batch, kv_heads * (grouped_len // q_len), q_len, k_len)
 
 
 def softmax_attention(query: jax.Array, key: jax.Array, value: jax.Array, mask: jax.Array | None,
-                      bias: jax.Array | None, is_causal: bool) -> jax.Array:
-    """``softmax(q·kᵀ/√d + bias) · v`` with the closed-form backward pass; arguments as in
+                      bias: jax.Array | None, is_causal: bool, dropout: jax.Array | None = None) -> jax.Array:
+    """``dropout(softmax(q·kᵀ/√d + bias)) · v`` with the closed-form backward pass; arguments as in
     ``attention_with_weights``. Returns ``[batch, q, heads, d]``."""
-    return _softmax_attention(query, key, value, _as_4d(mask), _as_4d(bias), is_causal)
+    return _softmax_attention(query, key, value, _as_4d(mask), _as_4d(bias), _as_4d(dropout), is_causal)
 
 
 def _as_4d(array: jax.Array | None) -> jax.Array | None:
@@ -131,24 +144,29 @@ def _as_4d(array: jax.Array | None) -> jax.Array | None:
     return array.reshape((1,) * (4 - array.ndim) + tuple(array.shape))
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
-def _softmax_attention(query, key, value, mask, bias, is_causal):
-    return _forward(query, key, value, mask, bias, is_causal)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6,))
+def _softmax_attention(query, key, value, mask, bias, dropout, is_causal):
+    return _forward(query, key, value, mask, bias, dropout, is_causal)[0]
 
 
-def _softmax_attention_forward(query, key, value, mask, bias, is_causal):
-    context, (rows, keys, values, probs, context_rows) = _forward(query, key, value, mask, bias, is_causal)
-    return context, (rows, keys, values, probs, context_rows, mask, bias)
+def _softmax_attention_forward(query, key, value, mask, bias, dropout, is_causal):
+    context, (rows, keys, values, probs, context_rows) = _forward(query, key, value, mask, bias, dropout, is_causal)
+    return context, (rows, keys, values, probs, context_rows, mask, bias, dropout)
 
 
 def _softmax_attention_backward(is_causal, residuals, context_grad):
-    rows, keys, values, probs, context_rows, mask, bias = residuals  # rows/keys/values: the inputs' dtypes
+    rows, keys, values, probs, context_rows, mask, bias, dropout = residuals  # rows/keys/values: the inputs' dtypes
     batch, q_len, heads, head_dim = context_grad.shape
     kv_heads = keys.shape[1]
     groups = heads // kv_heads
     grad_rows = _heads_major(context_grad, kv_heads)  # [batch, kv_heads, groups · q, d]
-    value_grad = jnp.einsum("bhqk,bhqd->bhkd", probs.astype(grad_rows.dtype), grad_rows)
+    # With dropout D the output is (P ⊙ D)·V: dV and dP take D, and rowsum(dO ⊙ O) = rowsum(dP ⊙ P) still holds.
+    multiplier = None if dropout is None else _dropout_rows(dropout, kv_heads, groups, q_len, keys.shape[2])
+    kept = probs if multiplier is None else probs * multiplier
+    value_grad = jnp.einsum("bhqk,bhqd->bhkd", kept.astype(grad_rows.dtype), grad_rows)
     probs_grad = jnp.einsum("bhqd,bhkd->bhqk", grad_rows, values, preferred_element_type=jnp.float32)
+    if multiplier is not None:
+        probs_grad = probs_grad * multiplier
     row_dot = jnp.sum(grad_rows.astype(jnp.float32) * context_rows.astype(jnp.float32), axis=-1, keepdims=True)
     scores_grad = probs * (probs_grad - row_dot)  # d(loss)/d(scaled scores + bias), float32
     allowed = _allowed(mask, is_causal, kv_heads, groups, q_len, keys.shape[2])
@@ -163,8 +181,9 @@ def _softmax_attention_backward(is_causal, residuals, context_grad):
         full = scores_grad.reshape(batch, kv_heads, groups, q_len, -1).reshape(batch, heads, q_len, -1)
         reduce_axes = tuple(axis for axis, size in enumerate(bias.shape) if size == 1 and full.shape[axis] != 1)
         bias_grad = jnp.sum(full, axis=reduce_axes, keepdims=True).reshape(bias.shape).astype(bias.dtype)
+    dropout_grad = None if dropout is None else jnp.zeros_like(dropout)
     return (query_grad.astype(rows.dtype), key_grad.transpose(0, 2, 1, 3).astype(keys.dtype),
-            value_grad.transpose(0, 2, 1, 3).astype(values.dtype), None, bias_grad)
+            value_grad.transpose(0, 2, 1, 3).astype(values.dtype), None, bias_grad, dropout_grad)
 
 
 _softmax_attention.defvjp(_softmax_attention_forward, _softmax_attention_backward)
@@ -179,14 +198,75 @@ def resolve_attention_impl(impl: str) -> str:
     return impl
 
 
-def attend(query: jax.Array, key: jax.Array, value: jax.Array, *, mask: jax.Array | None, bias: jax.Array | None,
-           is_causal: bool, impl: str = "auto") -> jax.Array:
-    """Attention context ``[batch, q, heads, d]`` through the chosen implementation.
+def _cudnn_head_dim_limit() -> int:
+    """cuDNN flash attention takes head dims up to 256 on Hopper and later (compute capability 9.0), 128 before."""
+    capability = getattr(jax.devices()[0], "compute_capability", "0")
+    try:
+        return 256 if float(capability) >= 9.0 else 128
+    except ValueError:
+        return 128
 
-    ``impl="fused"``: ``jax.nn.dot_product_attention`` (cuDNN flash attention on GPU when shapes and dtypes allow,
-    XLA otherwise); ``"softmax"``: ``softmax_attention`` above; ``"auto"``: fused on GPU, softmax elsewhere (the
-    faster of the two measured on CPU).
+
+def choose_backend(impl: str, *, dtype, head_dim: int, q_len: int, k_len: int, masked: bool, biased: bool,
+                   is_causal: bool, dropout: bool, platform: str | None = None) -> tuple[str, str]:
+    """Which attention core a call runs: ``("cudnn" | "xla" | "softmax", reason)``.
+
+    ``"cudnn"`` is ``jax.nn.dot_product_attention(implementation="cudnn")`` (cuDNN flash attention), ``"xla"`` the
+    same function's XLA path, ``"softmax"`` this module's closed-form-backward kernel. ``impl`` is the config's
+    ``attention_impl``; ``"fused"`` / ``"auto"`` on a GPU take cuDNN when it supports the call: a GPU, bfloat16 or
+    float16, a head dim that is a multiple of 8 within cuDNN's limit, no additive bias (ALiBi), no mask beyond plain
+    causality (padding and packed documents are masks), query and key lengths equal when causal, and no attention
+    dropout (jax.nn's cuDNN entry point has none). Otherwise XLA, or the kernel where dropout is on.
     """
-    if resolve_attention_impl(impl) == "fused":
-        return jax.nn.dot_product_attention(query, key, value, bias=bias, mask=mask, is_causal=is_causal)
-    return softmax_attention(query, key, value, mask, bias, is_causal)
+    platform = platform or jax.default_backend()
+    if impl not in ATTENTION_IMPLS:
+        raise ValueError(f"attention impl {impl!r}: expected one of {ATTENTION_IMPLS}")
+    if impl == "softmax" or (impl == "auto" and platform != "gpu"):
+        return "softmax", f"attention_impl={impl!r} on {platform}: the closed-form-backward kernel"
+    if dropout:
+        return "softmax", "attention dropout is on, which jax.nn.dot_product_attention does not take"
+    if platform != "gpu":
+        return "xla", f"cuDNN needs a GPU (backend {platform!r})"
+    limit = _cudnn_head_dim_limit()
+    why_not = None
+    if jnp.dtype(dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
+        why_not = f"dtype {jnp.dtype(dtype).name} (cuDNN takes bfloat16 / float16)"
+    elif head_dim % 8 or head_dim > limit:
+        why_not = f"head_dim={head_dim} (cuDNN takes multiples of 8 up to {limit})"
+    elif biased:
+        why_not = "an additive bias (ALiBi)"
+    elif masked:
+        why_not = "a padding / document mask"
+    elif is_causal and q_len != k_len:
+        why_not = f"causal with query length {q_len} != key length {k_len}"
+    if why_not is not None:
+        return "xla", f"cuDNN does not take {why_not}: XLA"
+    return "cudnn", "cuDNN flash attention"
+
+
+def attend(query: jax.Array, key: jax.Array, value: jax.Array, *, mask: jax.Array | None, bias: jax.Array | None,
+           is_causal: bool, impl: str = "auto", dropout: jax.Array | None = None) -> jax.Array:
+    """Attention context ``[batch, q, heads, d]`` through the backend ``choose_backend`` picks.
+
+    ``query: [batch, q, heads, d]``, ``key`` / ``value: [batch, k, kv_heads, d]``; ``mask`` (True = may attend) and
+    ``bias`` broadcastable to ``[batch, heads, q, k]``; ``is_causal``: query ``i`` sees keys ``<= i + (k - q)``
+    (bottom-right, on every backend); ``dropout``: None or the probabilities' multiplier (``[batch, heads, q, k]``).
+    """
+    q_len, k_len = query.shape[1], key.shape[1]
+    backend, _ = choose_backend(impl, dtype=query.dtype, head_dim=query.shape[-1], q_len=q_len, k_len=k_len,
+                                masked=mask is not None, biased=bias is not None, is_causal=is_causal,
+                                dropout=dropout is not None)
+    if backend == "softmax":
+        return softmax_attention(query, key, value, mask, bias, is_causal, dropout)
+    if is_causal and q_len != k_len:  # jax.nn aligns its causal mask top-left: give it the bottom-right one
+        causal = jnp.tril(jnp.ones((q_len, k_len), bool), k_len - q_len)
+        mask = causal if mask is None else jnp.logical_and(mask, causal)
+        is_causal = False
+    mask, bias = _as_4d(mask), _as_4d(bias)
+    if backend == "cudnn":
+        try:
+            return jax.nn.dot_product_attention(query, key, value, is_causal=is_causal, implementation="cudnn")
+        except (NotImplementedError, ValueError) as exc:  # a cuDNN version / device limit found while tracing
+            logging.getLogger(__name__).warning("cuDNN attention unavailable (%s); using XLA", exc)
+    return jax.nn.dot_product_attention(query, key, value, bias=bias, mask=mask, is_causal=is_causal,
+                                        implementation="xla")

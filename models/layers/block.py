@@ -8,6 +8,7 @@ from flax import nnx
 from models.config import TransformerConfig
 from models.layers.attention import Attention, KVCache
 from models.layers.feedforward import FeedForward
+from models.layers.masking import AttentionLayout
 from models.layers.norms import make_norm, residual
 
 
@@ -22,17 +23,13 @@ class TransformerBlock(nnx.Module):
         self.mlp_norm = make_norm(config, rngs)
         self.dropout = nnx.Dropout(config.dropout, rngs=rngs)
 
-    def __call__(self, x: jax.Array, *, positions: jax.Array, mask: jax.Array | None = None,
-                 bias: jax.Array | None = None, cache: KVCache | None = None, cache_index: jax.Array | None = None,
+    def __call__(self, x: jax.Array, layout: AttentionLayout, *, cache: KVCache | None = None,
                  return_weights: bool = False) -> tuple[jax.Array, KVCache | None, jax.Array | None]:
-        extras = {}
-
-        def attend(h: jax.Array) -> jax.Array:
-            out, extras["cache"], extras["weights"] = self.attention(
-                h, positions=positions, mask=mask, bias=bias, cache=cache, cache_index=cache_index,
-                return_weights=return_weights)
-            return self.dropout(out)
-
-        x = residual(x, attend, self.attention_norm, self.placement)
+        """Returns ``(x [batch, seq, hidden], this layer's updated cache or None, attention weights or None)``."""
+        normed = self.attention_norm(x) if self.placement == "pre" else x
+        attended, cache, weights = self.attention(normed, layout, cache=cache, return_weights=return_weights)
+        x = x + self.dropout(attended)
+        if self.placement == "post":
+            x = self.attention_norm(x)
         x = residual(x, lambda h: self.dropout(self.mlp(h)), self.mlp_norm, self.placement)
-        return x, extras["cache"], extras["weights"]
+        return x, cache, weights

@@ -8,7 +8,7 @@ import numpy as np
 from flax import nnx
 
 from models.config import TransformerConfig
-from models.layers.linear import logical_param
+from models.layers.linear import logical_param, take_rows
 from models.layers.norms import make_norm
 from models.layers.positions import LearnedPositions, sinusoidal_table
 
@@ -18,11 +18,12 @@ def is_concrete(x) -> bool:
     return not isinstance(x, jax.core.Tracer)
 
 
-def check_index_range(ids, upper: int, name: str) -> None:
+def check_index_range(ids, upper: int, name: str, what: str = "values", note: str = "") -> None:
     """Raise ``ValueError`` if concrete ``ids`` fall outside ``[0, upper)``.
 
-    JAX gathers clamp out-of-range indices silently, so ids are checked at the model boundary. Inside ``jit`` the
-    values are unknown and the check is skipped: validate data before it reaches a compiled step.
+    Ids are checked at the model boundary. Inside ``jit`` the values are unknown and the check is skipped; there an
+    out-of-range id looks up a row of NaNs (``take_rows``), so it shows in the output instead of silently reading
+    another row: validate data before it reaches a compiled step (``models.check_token_ids``).
     """
     if ids is None or not is_concrete(ids):
         return
@@ -32,7 +33,37 @@ def check_index_range(ids, upper: int, name: str) -> None:
     low, high = int(ids.min()), int(ids.max())
     if low < 0 or high >= upper:
         bad = low if low < 0 else high
-        raise ValueError(f"{name} contains {bad}: expected values in [0, {upper})")
+        raise ValueError(f"{name} contains {bad}: expected {what} in [0, {upper}){note}")
+
+
+def check_token_ids(ids, config: TransformerConfig, name: str = "input_ids") -> None:
+    """Raise ``ValueError`` naming the first offending id when concrete ``ids`` fall outside ``[0, vocab_size)``.
+
+    Call it on data before it reaches your own ``jax.jit``-compiled code: inside ``jit`` an out-of-range id gives
+    NaN hidden states and logits for its row (never a silently different token)."""
+    check_index_range(ids, config.vocab_size, name, "token ids", f" (vocab_size={config.vocab_size})")
+
+
+def as_index_array(values, name: str, *, expected: str = "[batch, seq]", ndim: int = 2):
+    """``values`` (an array or nested lists of ints) as an integer array of rank ``ndim``, else ``ValueError``."""
+    if values is None:
+        return None
+    if isinstance(values, (list, tuple)):
+        try:
+            values = np.asarray(values)
+        except ValueError as exc:  # ragged lists
+            raise ValueError(f"{name} is a ragged list: expected {expected} integers (pad the rows to one "
+                             "length and pass attention_mask)") from exc
+        if values.size == 0:
+            values = values.astype(np.int32)
+    if not hasattr(values, "ndim") or not hasattr(values, "dtype"):
+        raise ValueError(f"{name} is a {type(values).__name__}: expected an integer array {expected}")
+    if values.ndim != ndim:
+        hint = " (for one sequence pass [ids])" if values.ndim == ndim - 1 else ""
+        raise ValueError(f"{name} has shape {tuple(values.shape)}: expected {expected}{hint}")
+    if not (jnp.issubdtype(values.dtype, jnp.integer) or jnp.issubdtype(values.dtype, jnp.bool_)):
+        raise ValueError(f"{name} has dtype {values.dtype}: expected integers {expected}")
+    return values
 
 
 class TokenEmbedding(nnx.Module):
@@ -46,7 +77,7 @@ class TokenEmbedding(nnx.Module):
 
     def __call__(self, ids: jax.Array) -> jax.Array:
         """``[batch, seq]`` int → ``[batch, seq, hidden]``."""
-        return jnp.take(self.embedding[...], ids, axis=0).astype(self.dtype)
+        return take_rows(self.embedding[...], ids).astype(self.dtype)
 
     def attend(self, hidden: jax.Array) -> jax.Array:
         """Tied output logits ``hidden · tableᵀ``: ``[batch, seq, hidden]`` → ``[batch, seq, vocab]``."""
@@ -82,10 +113,10 @@ class InputEmbeddings(nnx.Module):
         if self.positions is not None:
             x = x + self.positions(positions).astype(x.dtype)
         if self.sinusoids is not None:
-            x = x + jnp.take(self.sinusoids[...], positions, axis=0).astype(x.dtype)
+            x = x + take_rows(self.sinusoids[...], positions).astype(x.dtype)
         if self.token_types is not None:
             types = jnp.zeros(positions.shape, jnp.int32) if token_type_ids is None else token_type_ids
-            x = x + jnp.take(self.token_types[...], types, axis=0).astype(x.dtype)
+            x = x + take_rows(self.token_types[...], types).astype(x.dtype)
         if self.norm is not None:
             x = self.norm(x)
         return self.dropout(x)

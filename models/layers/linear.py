@@ -23,6 +23,13 @@ def logical_param(rngs: nnx.Rngs, init: jax.nn.initializers.Initializer, shape: 
     return nnx.Param(init(rngs.params(), tuple(shape), dtype), out_sharding=tuple(axes), eager_sharding=False)
 
 
+def take_rows(table: jax.Array, ids: jax.Array) -> jax.Array:
+    """``table[ids]`` along the first axis; ids outside ``[0, rows)`` (negative included) give rows of NaNs."""
+    rows = table.shape[0]
+    outside = (ids < 0) | (ids >= rows)
+    return jnp.take(table, jnp.where(outside, rows, ids), axis=0, mode="fill", fill_value=jnp.nan)
+
+
 class Dense(nnx.Module):
     """``y = x · kernel + bias``, contracting the last ``len(in_shape)`` axes of ``x``.
 

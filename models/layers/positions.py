@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from models.layers.linear import logical_param
+from models.layers.linear import logical_param, take_rows
 
 
 def sinusoidal_table(num_positions: int, dim: int) -> np.ndarray:
@@ -35,7 +35,7 @@ class LearnedPositions(nnx.Module):
 
     def __call__(self, positions: jax.Array) -> jax.Array:
         """``[batch, seq]`` int → ``[batch, seq, hidden]``."""
-        return jnp.take(self.embedding[...], positions, axis=0)
+        return take_rows(self.embedding[...], positions)  # outside the table: NaNs, not a clamped row
 
 
 def rope_angles(positions: jax.Array, head_dim: int, theta: float) -> jax.Array:

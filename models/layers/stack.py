@@ -1,4 +1,11 @@
-"""The layer stack both families share: input checks, embeddings, masks, positions, blocks, final norm."""
+"""The layer stack both families share: input checks, embeddings, the attention layout, blocks, final norm.
+
+The blocks are stored one of two ways. ``config.scan_layers=False``: ``layers`` is an ``nnx.List`` of blocks (paths
+``layers.0 ...``), run by a Python loop. ``scan_layers=True``: ``layers`` is ONE block whose parameters are stacked
+``[num_layers, ...]`` (created with ``nnx.vmap``, logical axis ``"layers"``), run by ``lax.scan`` as MaxText does: one
+compiled layer body and no per-step stacking copy. Checkpoint formats are converted at the boundary
+(``stack_layer_values`` / ``unstack_layer_values`` below).
+"""
 
 from __future__ import annotations
 
@@ -10,11 +17,12 @@ import numpy as np
 from flax import nnx
 
 from models.config import TransformerConfig
-from models.layers.attention import KVCache, make_attention_mask
+from models.layers.attention import KVCache
 from models.layers.block import TransformerBlock
-from models.layers.embeddings import InputEmbeddings, check_index_range, is_concrete
+from models.layers.decode_state import DecodeState
+from models.layers.embeddings import InputEmbeddings, as_index_array, check_index_range, check_token_ids, is_concrete
+from models.layers.masking import AttentionLayout, full_sequence_layout, input_positions
 from models.layers.norms import make_norm
-from models.layers.positions import alibi_bias
 
 # The remat policies a config can name: what each layer keeps for the backward pass.
 REMAT_POLICIES = {
@@ -27,15 +35,14 @@ REMAT_POLICIES = {
 
 
 class StackOutput(NamedTuple):
-    """``hidden: [batch, seq, hidden]``; ``cache``: one KVCache per layer (decoding only); ``attention_weights``:
-    one ``[batch, heads, q, k]`` array per layer when asked for."""
+    """``hidden: [batch, seq, hidden]``; ``attention_weights``: one ``[batch, heads, q, k]`` array per layer when
+    asked for."""
 
     hidden: jax.Array
-    cache: tuple[KVCache, ...] | None = None
     attention_weights: tuple[jax.Array, ...] | None = None
 
 
-def _check_mask(mask, expected_shape: tuple[int, ...], name: str) -> None:
+def _check_binary(mask, expected_shape: tuple[int, ...], name: str) -> None:
     if mask is None:
         return
     if tuple(mask.shape) != tuple(expected_shape):
@@ -47,26 +54,52 @@ def _check_mask(mask, expected_shape: tuple[int, ...], name: str) -> None:
             raise ValueError(f"{name} holds values {values.tolist()}: expected only 0 and 1")
 
 
+def _check_segments(segment_ids, expected_shape: tuple[int, ...]) -> None:
+    if segment_ids is None:
+        return
+    if tuple(segment_ids.shape) != tuple(expected_shape):
+        raise ValueError(f"segment_ids has shape {tuple(segment_ids.shape)}: expected {tuple(expected_shape)}")
+    if is_concrete(segment_ids):
+        ids = np.asarray(segment_ids)
+        if ids.size and ids.min() < 0:
+            raise ValueError(f"segment_ids contains {int(ids.min())}: expected document numbers >= 1 (0 = padding)")
+        real = np.where(ids > 0, ids, 0)
+        running = np.maximum.accumulate(real, axis=-1)
+        bad = np.argwhere((ids > 0) & (ids < running))
+        if bad.size:
+            row, col = map(int, bad[0])
+            raise ValueError(f"segment_ids row {row} goes back to document {int(ids[row, col])} at position {col} "
+                             f"after document {int(running[row, col])}: expected documents numbered in order along "
+                             "each row (1, 1, 2, 2, 2, 3, ...; 0 = padding)")
+
+
+def stacked_blocks(config: TransformerConfig, rngs: nnx.Rngs) -> TransformerBlock:
+    """``num_layers`` blocks as one module with ``[num_layers, ...]`` parameters (and RNG streams)."""
+
+    @nnx.split_rngs(splits=config.num_layers)
+    @nnx.vmap(in_axes=(0,), out_axes=0, transform_metadata={nnx.PARTITION_NAME: LAYER_AXIS})
+    def create(layer_rngs: nnx.Rngs) -> TransformerBlock:
+        return TransformerBlock(config, rngs=layer_rngs)
+
+    return create(rngs)
+
+
 class TransformerStack(nnx.Module):
     """Embeddings → ``num_layers`` blocks → final norm (pre-LN models). Causal or bidirectional per the config."""
 
     def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
         self.config = config
         self.embeddings = InputEmbeddings(config, rngs=rngs)
-        self.layers = nnx.List([TransformerBlock(config, rngs=rngs) for _ in range(config.num_layers)])
+        if config.scan_layers:
+            self.layers = stacked_blocks(config, rngs)
+        else:
+            self.layers = nnx.List([TransformerBlock(config, rngs=rngs) for _ in range(config.num_layers)])
         self.final_norm = make_norm(config, rngs) if config.final_norm else None
 
-    def default_positions(self, attention_mask: jax.Array | None, batch: int, seq: int,
-                          offset: jax.Array | int = 0) -> jax.Array:
-        """``[batch, seq]`` positions. Decoders count real tokens only (``cumsum(mask) - 1``) so left padding does
-        not shift them; encoders use ``0..seq-1`` as BERT does."""
-        if attention_mask is not None and self.config.causal:
-            return jnp.maximum(jnp.cumsum(attention_mask.astype(jnp.int32), axis=-1) - 1, 0)
-        return jnp.broadcast_to(jnp.arange(seq, dtype=jnp.int32) + offset, (batch, seq))
-
-    def check_inputs(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None,
-                     total_length: int | None = None, *, inputs_embeds=None) -> None:
-        """Raise ``ValueError`` for inputs the compiled model would silently mishandle."""
+    def check_inputs(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None, *,
+                     segment_ids=None, inputs_embeds=None) -> None:
+        """Raise ``ValueError`` for inputs the compiled model would silently mishandle (values are checked when
+        known, i.e. outside ``jit``)."""
         config = self.config
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("pass exactly one of input_ids [batch, seq] and inputs_embeds [batch, seq, hidden]")
@@ -76,17 +109,16 @@ class TransformerStack(nnx.Module):
                                  f"[batch, seq, {config.hidden_size}]")
             shape = tuple(inputs_embeds.shape[:2])
         else:
-            if input_ids.ndim != 2:
-                raise ValueError(f"input_ids has shape {tuple(input_ids.shape)}: expected [batch, seq]")
-            if not jnp.issubdtype(input_ids.dtype, jnp.integer):
-                raise ValueError(f"input_ids has dtype {input_ids.dtype}: expected integer token ids")
-            check_index_range(input_ids, config.vocab_size, "input_ids")
             shape = tuple(input_ids.shape)
-        length = total_length if total_length is not None else shape[1]
-        if config.position in ("learned", "sinusoidal") and length > config.max_position_embeddings:
-            raise ValueError(f"sequence length {length} exceeds max_position_embeddings="
-                             f"{config.max_position_embeddings} of this model's {config.position} positions")
-        _check_mask(attention_mask, shape, "attention_mask")
+            check_token_ids(input_ids, config)
+        if config.position in ("learned", "sinusoidal") and position_ids is None and \
+                shape[1] + config.position_offset > config.max_position_embeddings:
+            raise ValueError(f"sequence length {shape[1]} exceeds max_position_embeddings="
+                             f"{config.max_position_embeddings} of this model's {config.position} positions"
+                             + (f" (minus position_offset={config.position_offset})" if config.position_offset
+                                else ""))
+        _check_binary(attention_mask, shape, "attention_mask")
+        _check_segments(segment_ids, shape)
         if token_type_ids is not None:
             if tuple(token_type_ids.shape) != shape:
                 raise ValueError(f"token_type_ids has shape {tuple(token_type_ids.shape)}: expected {shape}")
@@ -102,104 +134,113 @@ class TransformerStack(nnx.Module):
 
     def __call__(self, input_ids: jax.Array | None, attention_mask: jax.Array | None = None,
                  token_type_ids: jax.Array | None = None, position_ids: jax.Array | None = None, *,
-                 inputs_embeds: jax.Array | None = None, segment_ids: jax.Array | None = None,
-                 cache: tuple[KVCache, ...] | None = None,
-                 cache_index: jax.Array | None = None, key_valid: jax.Array | None = None,
+                 segment_ids: jax.Array | None = None, inputs_embeds: jax.Array | None = None,
                  return_attention_weights: bool = False) -> StackOutput:
-        """Run the stack on ``input_ids: [batch, seq]``.
+        """Run the stack over whole sequences: ``input_ids: [batch, seq]`` int (arrays or lists of ints).
 
-        ``attention_mask: [batch, seq]`` (1 = token, 0 = padding). For decoding against a cache, pass ``cache``,
-        ``cache_index`` (the slot of the first new token) and ``key_valid: [batch, max_len]`` (which cache slots hold
-        real tokens, including the new ones) instead of ``attention_mask``, and explicit ``position_ids``.
+        ``attention_mask: [batch, seq]`` (1 = token, 0 = padding). ``segment_ids: [batch, seq]`` int: packed
+        documents numbered from 1 within a row (0 = padding); a token attends only to its own document, and
+        positions restart at each document. ``position_ids`` override the positions (``masking.py`` gives the
+        defaults). ``inputs_embeds: [batch, seq, hidden]``, given instead of ``input_ids`` (which must then be None),
+        replaces the token-embedding lookup; positions, token types and the embedding norm are still added.
 
-        ``inputs_embeds: [batch, seq, hidden]``, given instead of ``input_ids`` (which must then be None), replaces the
-        token-embedding lookup; positions, token types and the embedding norm are still added. It lets a caller
-        differentiate with respect to the inputs (e.g. to check causality) or feed soft prompts.
+        Inside ``jit`` the values are not checked: an id outside the vocabulary gives NaNs in its row's outputs.
         """
         config = self.config
+        input_ids = as_index_array(input_ids, "input_ids")
+        attention_mask = as_index_array(attention_mask, "attention_mask")
+        segment_ids = as_index_array(segment_ids, "segment_ids")
+        token_type_ids = as_index_array(token_type_ids, "token_type_ids")
+        position_ids = as_index_array(position_ids, "position_ids")
+        self.check_inputs(input_ids, attention_mask, token_type_ids, position_ids, segment_ids=segment_ids,
+                          inputs_embeds=inputs_embeds)
         batch, seq = (input_ids if inputs_embeds is None else inputs_embeds).shape[:2]
-        if cache is None:
-            self.check_inputs(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds=inputs_embeds)
-            if position_ids is None:
-                position_ids = self.default_positions(attention_mask, batch, seq)
-            query_slots = key_slots = jnp.arange(seq)
-            key_positions = position_ids
-            mask = make_attention_mask(attention_mask, causal=config.causal and attention_mask is not None,
-                                       query_slots=query_slots, key_slots=key_slots)
-        else:
-            if position_ids is None or key_valid is None:
-                raise ValueError("decoding with a cache needs position_ids and key_valid")
-            max_len = cache[0].key.shape[1]
-            query_slots = cache_index + jnp.arange(seq)
-            key_slots = jnp.arange(max_len)
-            # A cache slot's position: real tokens are counted, as in default_positions.
-            key_positions = jnp.maximum(jnp.cumsum(key_valid.astype(jnp.int32), axis=-1) - 1, 0)
-            mask = make_attention_mask(key_valid, causal=config.causal, query_slots=query_slots,
-                                       key_slots=key_slots)
-        bias = (alibi_bias(config.num_heads, position_ids, key_positions, causal=config.causal)
-                if config.position == "alibi" else None)
+        if position_ids is None:
+            position_ids = input_positions(config, seq, batch, attention_mask=attention_mask,
+                                           segment_ids=segment_ids, input_ids=input_ids)
+        layout = full_sequence_layout(config, position_ids, attention_mask=attention_mask, segment_ids=segment_ids)
         x = self.embeddings(input_ids, position_ids, token_type_ids, inputs_embeds=inputs_embeds)
-        new_cache, weights = [], []
-        if cache is None and not return_attention_weights and (config.remat != "none" or config.scan_layers):
-            x = self._run_layers_functional(x, positions=position_ids, mask=mask, bias=bias)
-        else:
-            for i, layer in enumerate(self.layers):
-                x, layer_cache, layer_weights = layer(
-                    x, positions=position_ids, mask=mask, bias=bias, cache=None if cache is None else cache[i],
-                    cache_index=cache_index, return_weights=return_attention_weights)
-                new_cache.append(layer_cache)
-                weights.append(layer_weights)
+        x, _, weights = self._run_layers(x, layout, None, return_attention_weights)
         if self.final_norm is not None:
             x = self.final_norm(x)
-        return StackOutput(x, tuple(new_cache) if cache is not None else None,
-                           tuple(weights) if return_attention_weights else None)
+        return StackOutput(x, weights)
 
-    def _run_layers_functional(self, x: jax.Array, *, positions: jax.Array, mask: jax.Array | None,
-                               bias: jax.Array | None) -> jax.Array:
-        """The layers as pure functions of their state, so that ``jax.checkpoint`` (``config.remat``) and
-        ``lax.scan`` (``config.scan_layers``) can wrap them. ``[batch, seq, hidden]`` in and out.
+    def decode(self, input_ids: jax.Array, state: DecodeState, new_valid: jax.Array | None = None
+               ) -> tuple[jax.Array, DecodeState]:
+        """Run ``q`` new tokens ``input_ids: [batch, q]`` against the cache: returns ``(hidden [batch, q, hidden],
+        the state with their keys and values written)``. ``new_valid: [batch, q]`` marks real tokens (default all;
+        a left-padded prompt passes its mask). Positions continue each row's count of real tokens."""
+        config = self.config
+        input_ids = as_index_array(input_ids, "input_ids", expected="[batch, q]")
+        if tuple(input_ids.shape[:1]) != (state.batch,):
+            raise ValueError(f"input_ids has shape {tuple(input_ids.shape)}: the decode state holds {state.batch} "
+                             "rows")
+        check_token_ids(input_ids, config)
+        new_valid = jnp.ones(input_ids.shape, jnp.int32) if new_valid is None else new_valid
+        _check_binary(new_valid, tuple(input_ids.shape), "new_valid")
+        layout, next_state = state.advance(new_valid, config.position_offset)
+        if config.position in ("learned", "sinusoidal") and is_concrete(layout.query_positions):
+            check_index_range(layout.query_positions, config.max_position_embeddings, "decode positions",
+                              f"positions of this model's {config.position} table")
+        x = self.embeddings(input_ids, layout.query_positions)
+        x, (keys, values), _ = self._run_layers(x, layout, (state.keys, state.values), False)
+        if self.final_norm is not None:
+            x = self.final_norm(x)
+        x = jnp.where(next_state.overflowed, jnp.nan, x)  # written past the cache (inside jit): never a clamp
+        return x, next_state.replace(keys=keys, values=values)
 
-        Parameters stay where they are (``layers.0 ... layers.{L-1}``): a scan stacks them into ``[L, ...]`` arrays
-        inside the computation only, so checkpoints and the Hugging Face mapping see the same layout with either
-        option. Non-parameter state the layers change (dropout RNG counters, in training mode with ``dropout`` > 0)
-        is written back afterwards.
+    def _run_layers(self, x: jax.Array, layout: AttentionLayout, cache: tuple[jax.Array, jax.Array] | None,
+                    return_weights: bool) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None,
+                                                   tuple[jax.Array, ...] | None]:
+        """The blocks over ``x: [batch, seq, hidden]``; ``cache``: stacked ``(keys, values)`` ``[layers, batch,
+        max_len, kv_heads, head_dim]`` when decoding. Returns ``(x, updated cache, per-layer weights)``.
+
+        Each block runs as a pure function of its state, so that ``jax.checkpoint`` (``config.remat``, full-sequence
+        calls only) and ``lax.scan`` (stacked layers) can wrap it. Non-parameter state the blocks change (dropout RNG
+        counters, in training mode) is written back afterwards.
         """
         config = self.config
 
-        def apply(graphdef, params, rest, h):
+        def apply(graphdef, params, rest, h, layer_cache):
             layer = nnx.merge(graphdef, params, rest)
-            h, _, _ = layer(h, positions=positions, mask=mask, bias=bias)
-            return h, nnx.state(layer, nnx.Not(nnx.Param))
+            h, layer_cache, weights = layer(h, layout, cache=layer_cache, return_weights=return_weights)
+            return (h, layer_cache, weights), nnx.state(layer, nnx.Not(nnx.Param))
 
-        if config.remat != "none":
+        if config.remat != "none" and cache is None and not return_weights:
             apply = jax.checkpoint(apply, policy=REMAT_POLICIES[config.remat], static_argnums=(0,),
                                    prevent_cse=not config.scan_layers)
-        # Dropout in training mode advances its RNG counters; nothing else changes (and eval mode writes nothing).
-        mutates = config.dropout > 0 and any(not m.deterministic for _, m in nnx.iter_graph(self.layers[0])
-                                             if isinstance(m, nnx.Dropout))
-        splits = [nnx.split(layer, nnx.Param, ...) for layer in self.layers]
-        graphdef = splits[0][0]
-        if not config.scan_layers or any(g != graphdef for g, _, _ in splits):
-            for layer, (graphdef, params, rest) in zip(self.layers, splits):
-                x, new_rest = apply(graphdef, params, rest, x)
-                if mutates:
-                    nnx.update(layer, new_rest)
-            return x
-        stacked_params, stacked_rest = jax.tree.map(lambda *leaves: jnp.stack(leaves),
-                                                    *[(params, rest) for _, params, rest in splits])
+        mutates = any(isinstance(m, nnx.Dropout) and not m.deterministic and m.rate > 0
+                      for _, m in nnx.iter_graph(self.layers))
+        if config.scan_layers:
+            graphdef, params, rest = nnx.split(self.layers, nnx.Param, ...)
 
-        def body(h, layer_state):
-            return apply(graphdef, *layer_state, h)
+            def body(h, layer_state):
+                layer_params, layer_rest, layer_cache = layer_state
+                (h, layer_cache, weights), new_rest = apply(
+                    graphdef, layer_params, layer_rest, h, None if layer_cache is None else KVCache(*layer_cache))
+                return h, (layer_cache, weights, new_rest)
 
-        x, new_rests = jax.lax.scan(body, x, (stacked_params, stacked_rest))
-        if mutates:
-            for i, layer in enumerate(self.layers):
-                nnx.update(layer, jax.tree.map(lambda leaf: leaf[i], new_rests))
-        return x
+            x, (new_cache, weights, new_rest) = jax.lax.scan(body, x, (params, rest, cache))
+            if mutates:
+                nnx.update(self.layers, new_rest)
+            weights = tuple(weights[i] for i in range(config.num_layers)) if return_weights else None
+            return x, (None if new_cache is None else (new_cache.key, new_cache.value)), weights
+        keys, values = cache if cache is not None else (None, None)
+        all_weights = []
+        for i, layer in enumerate(self.layers):
+            graphdef, params, rest = nnx.split(layer, nnx.Param, ...)
+            layer_cache = None if cache is None else KVCache(keys[i], values[i])
+            (x, layer_cache, weights), new_rest = apply(graphdef, params, rest, x, layer_cache)
+            if mutates:
+                nnx.update(layer, new_rest)
+            if cache is not None:
+                keys, values = keys.at[i].set(layer_cache.key), values.at[i].set(layer_cache.value)
+            all_weights.append(weights)
+        return x, (None if cache is None else (keys, values)), tuple(all_weights) if return_weights else None
 
-    def init_cache(self, batch: int, max_len: int) -> tuple[KVCache, ...]:
-        """Empty per-layer caches ``[batch, max_len, kv_heads, head_dim]``."""
-        return tuple(KVCache.zeros(self.config, batch, max_len) for _ in range(self.config.num_layers))
+    def init_state(self, batch: int, max_len: int) -> DecodeState:
+        """An empty decode state for ``batch`` rows of up to ``max_len`` tokens."""
+        return DecodeState.create(self.config, batch, max_len)
 
 
 # ------------------------------------------------------------------------------------------ the two parameter layouts

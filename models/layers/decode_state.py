@@ -1,0 +1,80 @@
+"""The state of cached decoding: keys and values of every layer, and the bookkeeping that goes with them."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from models.config import TransformerConfig
+from models.layers.masking import AttentionLayout, document_positions
+
+
+def _concrete_int(x) -> int | None:
+    return None if isinstance(x, jax.core.Tracer) else int(np.asarray(x))
+
+
+@struct.dataclass
+class DecodeState:
+    """KV caches and where they stand, for ``batch`` rows of up to ``max_len`` tokens.
+
+    ``keys`` / ``values``: ``[num_layers, batch, max_len, kv_heads, head_dim]``; ``valid: [batch, max_len]`` int32, 1
+    where a slot holds a real token (left padding and slots not yet written are 0); ``lengths: [batch]`` the real
+    tokens of each row so far (the next token's position); ``index``: the slot the next token is written to (the
+    same for every row: prompts are left-aligned so that their last tokens share a slot).
+    """
+
+    keys: jax.Array
+    values: jax.Array
+    valid: jax.Array
+    lengths: jax.Array
+    index: jax.Array
+
+    @classmethod
+    def create(cls, config: TransformerConfig, batch: int, max_len: int) -> "DecodeState":
+        """An empty state (nothing written yet)."""
+        for name, value in (("batch", batch), ("max_len", max_len)):
+            if not isinstance(value, (int, np.integer)) or value < 1:
+                raise ValueError(f"{name}={value!r}: expected a positive integer")
+        shape = (config.num_layers, batch, max_len, config.num_kv_heads, config.head_dim)
+        return cls(keys=jnp.zeros(shape, config.dtype), values=jnp.zeros(shape, config.dtype),
+                   valid=jnp.zeros((batch, max_len), jnp.int32), lengths=jnp.zeros((batch,), jnp.int32),
+                   index=jnp.zeros((), jnp.int32))
+
+    @property
+    def batch(self) -> int:
+        return self.valid.shape[0]
+
+    @property
+    def max_len(self) -> int:
+        return self.valid.shape[1]
+
+    def advance(self, new_valid: jax.Array, position_offset: int = 0) -> tuple[AttentionLayout, "DecodeState"]:
+        """The layout of ``q`` new tokens written at slots ``index .. index + q - 1``, and the state after them
+        (``valid``, ``lengths`` and ``index`` moved on; the layers write ``keys`` / ``values``).
+
+        ``new_valid: [batch, q]``: 1 for real tokens, 0 for (left) padding. Raises ``ValueError`` when the write would
+        pass ``max_len`` and the index is known (outside ``jit``); inside ``jit`` see ``overflowed``.
+        """
+        if new_valid.ndim != 2 or new_valid.shape[0] != self.batch:
+            raise ValueError(f"new tokens' mask has shape {tuple(new_valid.shape)}: expected [{self.batch}, q]")
+        q_len = new_valid.shape[1]
+        index = _concrete_int(self.index)
+        if index is not None and index + q_len > self.max_len:
+            raise ValueError(f"the decode state holds {self.max_len} tokens per row and {index} are written: "
+                             f"{q_len} more do not fit (create it with max_len >= {index + q_len})")
+        new_valid = new_valid.astype(jnp.int32)
+        valid = jax.lax.dynamic_update_slice(self.valid, new_valid, (0, self.index))
+        query_positions = self.lengths[:, None] + document_positions(new_valid)
+        layout = AttentionLayout(query_positions=query_positions + position_offset,
+                                 key_positions=document_positions(valid) + position_offset,
+                                 query_offset=self.index, query_segments=new_valid, key_segments=valid)
+        return layout, self.replace(valid=valid, lengths=self.lengths + new_valid.sum(axis=1),
+                                    index=self.index + q_len)
+
+    @property
+    def overflowed(self) -> jax.Array:
+        """True once more tokens were written than the state holds (possible only inside ``jit``, where the write
+        index is not known): the decode step then returns NaN hidden states instead of clamping silently."""
+        return self.index > self.max_len

@@ -1,0 +1,97 @@
+"""Which token attends to which, and at which position: one object built once per call, read by every layer.
+
+Every attention layer of a call sees the same ``AttentionLayout``:
+
+* ``query_segments: [batch, q]`` / ``key_segments: [batch, k]``: the document each token belongs to (int; 0 =
+  padding). A query attends only to keys of its own segment, so packed documents never see each other; padding
+  queries attend only to padding (their outputs are ignored, and no row is ever fully masked). ``None`` for both
+  means one document per row, nothing masked but causality.
+* ``query_positions: [batch, q]`` / ``key_positions: [batch, k]``: token positions (learned / sinusoidal tables,
+  RoPE angles, ALiBi distances).
+* ``query_offset``: the key slot of the first query. Causal models let query ``i`` see key slots
+  ``<= query_offset + i``. It is ``k - q`` for a plain call (bottom-right alignment, as transformers aligns a causal
+  mask against a cache) and the cache write index when decoding.
+
+Positions restart at 0 at each document start and count real tokens only (a left-padded prompt starts at 0), except
+for BERT-style encoders without ``segment_ids``, which number slots ``0 .. seq-1`` as BERT does.
+``config.position_offset`` (RoBERTa: ``pad_token_id + 1``) is added to real tokens; their padding then takes position
+``position_offset - 1``, exactly Hugging Face's ``create_position_ids_from_input_ids``.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from models.config import TransformerConfig
+
+
+@struct.dataclass
+class AttentionLayout:
+    """Segments and positions of the queries and keys of one call (see the module docstring)."""
+
+    query_positions: jax.Array
+    key_positions: jax.Array
+    query_offset: jax.Array | int = 0
+    query_segments: jax.Array | None = None
+    key_segments: jax.Array | None = None
+
+    def mask(self, causal: bool) -> jax.Array | None:
+        """Boolean ``[batch, 1, q, k]`` (True = may attend), or None when only plain causality (or nothing)
+        applies: the attention core then uses its own causal path (``is_causal``)."""
+        if self.query_segments is None:
+            return None
+        allowed = self.query_segments[:, :, None] == self.key_segments[:, None, :]
+        if causal:
+            allowed = allowed & causal_mask(self.query_positions.shape[1], self.key_positions.shape[1],
+                                            self.query_offset)[None]
+        return allowed[:, None]
+
+
+def causal_mask(q_len: int, k_len: int, query_offset: jax.Array | int) -> jax.Array:
+    """``[q, k]`` booleans: query ``i`` sees key slots ``<= query_offset + i``."""
+    return jnp.arange(k_len)[None, :] <= jnp.arange(q_len)[:, None] + query_offset
+
+
+def document_positions(real: jax.Array, segments: jax.Array | None = None) -> jax.Array:
+    """``[batch, seq]`` positions counting the real tokens of each document: 0 at its first token.
+
+    ``real``: ``[batch, seq]`` 1 / True for tokens, 0 for padding. ``segments``: document ids (numbered from 1, in
+    order along the row; 0 = padding), or None for one document per row. Padding gets 0.
+    """
+    real = real.astype(jnp.int32)
+    counted = jnp.cumsum(real, axis=-1) - 1  # index of each real token among the row's real tokens
+    if segments is None:
+        return jnp.maximum(counted, 0) * real
+    segments = segments.astype(jnp.int32)
+    previous = jax.lax.cummax(segments, axis=segments.ndim - 1)
+    previous = jnp.concatenate([jnp.zeros_like(previous[:, :1]), previous[:, :-1]], axis=-1)
+    starts = (segments > previous) & (real > 0)
+    start_count = jax.lax.cummax(jnp.where(starts, counted, -1), axis=segments.ndim - 1)
+    return jnp.where(real > 0, counted - start_count, 0)
+
+
+def input_positions(config: TransformerConfig, seq: int, batch: int, *, attention_mask: jax.Array | None,
+                    segment_ids: jax.Array | None, input_ids: jax.Array | None) -> jax.Array:
+    """The default ``[batch, seq]`` positions of a full-sequence call (see the module docstring)."""
+    offset = config.position_offset
+    real = segment_ids if segment_ids is not None else attention_mask
+    if real is None and offset and config.pad_token_id is not None and input_ids is not None:
+        real = input_ids != config.pad_token_id  # RoBERTa without a mask: Hugging Face tells pads by their id
+    if real is not None and (segment_ids is not None or config.causal or offset):
+        real = real != 0
+        positions = document_positions(real, segment_ids)
+        return jnp.where(real, positions + offset, max(offset - 1, 0))
+    return jnp.broadcast_to(jnp.arange(seq, dtype=jnp.int32) + offset, (batch, seq))
+
+
+def full_sequence_layout(config: TransformerConfig, positions: jax.Array, *, attention_mask: jax.Array | None,
+                         segment_ids: jax.Array | None) -> AttentionLayout:
+    """The layout of a call over whole sequences (training, evaluation, encoding): queries are the keys."""
+    segments = segment_ids
+    if attention_mask is not None:
+        mask = attention_mask.astype(jnp.int32)
+        segments = mask if segments is None else segments.astype(jnp.int32) * mask
+    return AttentionLayout(query_positions=positions, key_positions=positions, query_offset=0,
+                           query_segments=segments, key_segments=segments)
