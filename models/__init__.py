@@ -1,13 +1,15 @@
 """flaxzoo models: shared layers assembled into BERT-style encoders and GPT-style decoders."""
 
-from models.bert import BertForMaskedLM, BertForSequenceClassification, BertModel, EncoderOutput
+from models.bert import (BertForMaskedLM, BertForSequenceClassification, BertForTokenClassification, BertModel,
+                         EncoderOutput)
 from models.config import PRESETS, TransformerConfig, get_preset
 from models.generate import generate
 from models.gpt import GPTForCausalLM, GPTModel
 from models.modeling import abstract_model, create_model, default_model_class, param_count
 
 __all__ = [
-    "BertForMaskedLM", "BertForSequenceClassification", "BertModel", "EncoderOutput", "GPTForCausalLM", "GPTModel",
+    "BertForMaskedLM", "BertForSequenceClassification", "BertForTokenClassification", "BertModel", "EncoderOutput",
+    "GPTForCausalLM", "GPTModel",
     "PRESETS", "TransformerConfig", "abstract_model", "create_model", "default_model_class", "from_pretrained",
     "generate", "get_preset", "param_count", "save_pretrained", "load_tokenizer", "embed", "generate_text",
 ]

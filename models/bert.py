@@ -91,3 +91,21 @@ class BertForSequenceClassification(nnx.Module):
         pooled = self.bert(input_ids, attention_mask, token_type_ids, position_ids,
                            segment_ids=segment_ids).pooler_output
         return self.classifier(self.dropout(pooled)).astype(jnp.float32)
+
+
+class BertForTokenClassification(nnx.Module):
+    """Encoder (no pooler) + dropout + a linear classifier over ``num_labels`` applied to every token (tagging, NER)."""
+
+    def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
+        self.config = config
+        self.bert = BertModel(config, rngs=rngs, add_pooler=False)
+        self.dropout = nnx.Dropout(config.dropout, rngs=rngs)
+        self.classifier = _dense(config, config.num_labels, ("embed", None), rngs)
+
+    def __call__(self, input_ids: jax.Array, attention_mask: jax.Array | None = None,
+                 token_type_ids: jax.Array | None = None, position_ids: jax.Array | None = None, *,
+                 segment_ids: jax.Array | None = None) -> jax.Array:
+        """``[batch, seq]`` → per-token logits ``[batch, seq, num_labels]`` (float32)."""
+        hidden = self.bert(input_ids, attention_mask, token_type_ids, position_ids,
+                           segment_ids=segment_ids).last_hidden_state
+        return self.classifier(self.dropout(hidden)).astype(jnp.float32)

@@ -10,7 +10,8 @@ the items
 * ``data``: the Grain iterator state (training only).
 
 Loading a model reads ``meta`` and only ``params`` out of ``state`` (a partial restore: the optimizer state and the
-data item are never opened), onto the local devices whatever mesh wrote them. ``save_checkpoint`` writes the same
+data item are never opened), onto the local devices whatever mesh wrote them, and in either layer layout (blocks
+per layer, or stacked ``[num_layers, ...]`` when the config has ``scan_layers``) whichever layout wrote them. ``save_checkpoint`` writes the same
 layout with ``state`` holding ``params`` only, at step 0: what ``python -m models.convert ... --to flaxzoo`` produces.
 """
 
@@ -24,8 +25,11 @@ import jax
 import numpy as np
 from flax import nnx
 
+from models.bert import BertModel
 from models.config import TransformerConfig
-from models.modeling import MODEL_CLASSES
+from models.layers.stack import unstack_layer_values
+from models.modeling import (DECODER_CLASSES, MODEL_CLASSES, abstract_params, assemble_model, bert_without_pooler,
+                             dotted, format_names, override_config, per_layer_shapes, warn_initialised)
 
 __all__ = ["FORMAT", "VERSION", "checkpoint_meta", "find_step_dir", "load_checkpoint", "read_meta", "save_checkpoint"]
 
@@ -121,36 +125,66 @@ def _key(entry: Any) -> Any:
     return int(key) if isinstance(key, str) and key.isdigit() else key
 
 
-def load_checkpoint(path: str | pathlib.Path, *, cls: type | str | None = None, dtype: Any = None) -> nnx.Module:
+def _stack_prefix(paths: Any) -> ParamPath:
+    """Where the layer stack sits in a model's parameter tree: the path above its ``embeddings``
+    (``("bert", "encoder")`` in a ``BertForMaskedLM``, ``("decoder",)`` in a ``GPTModel``)."""
+    return next(p[:p.index("embeddings")] for p in paths if p[-3:] == ("embeddings", "tokens", "embedding"))
+
+
+def _rebased(paths: Any, stored_base: ParamPath, base: ParamPath) -> dict[ParamPath, ParamPath]:
+    """``{stored path: path in the model}``: the stored base model's parameters moved from ``stored_base`` to
+    ``base`` (``("bert",)`` in the head classes, ``()`` in ``BertModel``); head parameters keep their paths."""
+    return {p: base + p[len(stored_base):] if p[:len(stored_base)] == stored_base else p for p in paths}
+
+
+def _compare(expected: dict[ParamPath, tuple], stored: dict[ParamPath, tuple], stack: ParamPath, same_class: bool
+             ) -> tuple[list[str], list[ParamPath]]:
+    """(problems, parameters to initialise). Another class may lack the stored head's parameters (skipped) and
+    lack its own head's (initialised); inside the layer stack, and for the stored class itself, all must match."""
+    inside = lambda p: p[:len(stack)] == stack  # noqa: E731
+    missing = set(expected) - set(stored)
+    fresh = [] if same_class else sorted((p for p in missing if not inside(p)), key=str)
+    unexpected = {p for p in set(stored) - set(expected) if same_class or inside(p)}
+    names = lambda paths: format_names([dotted(p) for p in paths])  # noqa: E731
+    problems = ([f"missing parameters: {names(missing - set(fresh))}"] if missing - set(fresh) else []) + \
+               ([f"unexpected parameters: {names(unexpected)}"] if unexpected else [])
+    problems += [f"{dotted(p)}: expected shape {expected[p]}, found {stored[p]}"
+                 for p in sorted(set(expected) & set(stored), key=str) if stored[p] != expected[p]]
+    return problems, fresh
+
+
+def load_checkpoint(path: str | pathlib.Path, *, cls: type | str | None = None, dtype: Any = None,
+                    scan_layers: bool | None = None, num_labels: int | None = None, seed: int = 0) -> nnx.Module:
     """The model of a flaxzoo training checkpoint (latest step), in eval mode; only its parameters are read.
 
-    ``cls`` may name the stored class (a check); ``dtype`` overrides the stored config's dtypes.
+    ``cls``: the stored class (default) or another one of the same kind (encoder / decoder): a base class takes the
+    stored base model (``BertModel`` gets a pooler only if there is one); a head class started from another class's
+    checkpoint (``BertForSequenceClassification`` from a ``BertForMaskedLM`` or ``BertModel`` one) initialises what
+    the checkpoint lacks outside the layer stack (classifier, pooler) at ``seed``, listed in one warning, and skips
+    the stored head. ``dtype`` overrides the stored config's dtypes, ``num_labels`` its number of labels;
+    ``scan_layers`` the layer layout (None: the stored config's), whatever the layout the checkpoint was written in.
     """
-    from models.hub import _names, _with_dtype, assemble_model, bert_without_pooler
-
     ocp = _ocp()
     step_dir = find_step_dir(path)
     if step_dir is None:
         raise ValueError(f"{path} holds no flaxzoo checkpoint step (expected checkpoints/<step>/{{state,meta}})")
     meta = read_meta(step_dir)
-    model_cls = MODEL_CLASSES[meta["model_class"]]
-    if cls is not None and (cls if isinstance(cls, str) else getattr(cls, "__name__", cls)) != model_cls.__name__:
-        raise ValueError(f"{step_dir} holds a {model_cls.__name__}; cls={cls!r} does not match (flaxzoo checkpoints "
-                         "load as the class that was trained)")
-    config = _with_dtype(TransformerConfig.from_dict(meta["config"]), dtype)
+    stored_cls = MODEL_CLASSES[meta["model_class"]]
+    stored_config = TransformerConfig.from_dict(meta["config"])
+    config = override_config(stored_config, dtype=dtype, scan_layers=scan_layers, num_labels=num_labels)
+    model_cls = _target_class(cls, stored_cls, config, step_dir)
     stored = _stored_params(step_dir)
+    layers = config.num_layers
+    stored_shapes = per_layer_shapes(stored, layers)
+    abstract = abstract_params(config, model_cls)
+    moved = _rebased(stored_shapes, _stack_prefix(stored_shapes)[:-1], _stack_prefix(abstract[2])[:-1])
     factory = model_cls
-    if model_cls.__name__ == "BertModel" and not any(p[0] == "pooler" for p in stored):
+    if model_cls is BertModel and ("pooler", "kernel") not in moved.values():
         factory = bert_without_pooler
-    expected = {path: var.get_value() for path, var in
-                nnx.to_flat_state(nnx.state(nnx.eval_shape(lambda: factory(config, rngs=nnx.Rngs(0))), nnx.Param))}
-    dotted = lambda paths: _names([".".join(map(str, p)) for p in paths])  # noqa: E731
-    missing, unexpected = set(expected) - set(stored), set(stored) - set(expected)
-    problems = ([f"missing parameters: {dotted(missing)}"] if missing else []) + \
-               ([f"unexpected parameters: {dotted(unexpected)}"] if unexpected else [])
-    problems += [f"{'.'.join(map(str, p))}: expected shape {tuple(expected[p].shape)}, found {tuple(stored[p].shape)}"
-                 for p in sorted(set(expected) & set(stored), key=str)
-                 if tuple(stored[p].shape) != tuple(expected[p].shape)]
+        abstract = abstract_params(config, factory)
+    expected = per_layer_shapes(abstract[2], layers)
+    problems, fresh = _compare(expected, {moved[p]: s for p, s in stored_shapes.items()}, _stack_prefix(expected),
+                               model_cls is stored_cls)
     if problems:
         raise ValueError(f"{step_dir}: the checkpoint does not match its {model_cls.__name__} config; "
                          + "; ".join(problems))
@@ -167,9 +201,27 @@ def load_checkpoint(path: str | pathlib.Path, *, cls: type | str | None = None, 
     with _quiet(), ocp.Checkpointer(ocp.PyTreeCheckpointHandler()) as checkpointer:
         restored = checkpointer.restore(step_dir / STATE, args=ocp.args.PyTreeRestore(
             item=item, restore_args=ocp.checkpoint_utils.construct_restore_args(item), partial_restore=True))
-    values = {tuple(_key(k) for k in path): leaf
-              for path, leaf in jax.tree_util.tree_flatten_with_path(restored["params"])[0]}
-    return assemble_model(config, factory, values)
+    values = unstack_layer_values({tuple(_key(k) for k in p): leaf for p, leaf in
+                                   jax.tree_util.tree_flatten_with_path(restored["params"])[0]}, layers)
+    values = {moved[p]: v for p, v in values.items() if moved[p] in expected}
+    if fresh:
+        warn_initialised(f"{step_dir} ({stored_cls.__name__} loaded as {model_cls.__name__})",
+                         [dotted(p) for p in fresh], seed)
+    return assemble_model(config, factory, values, abstract=abstract, fresh=fresh, seed=seed)
+
+
+def _target_class(cls: type | str | None, stored_cls: type, config: TransformerConfig, step_dir: pathlib.Path
+                  ) -> type:
+    """The class to build: ``cls`` (a class or its name) when it is of the stored config's kind, else ValueError."""
+    if cls is None:
+        return stored_cls
+    kind = "decoder" if config.causal else "encoder"
+    allowed = {name: c for name, c in MODEL_CLASSES.items() if (c in DECODER_CLASSES) == config.causal}
+    name = cls if isinstance(cls, str) else getattr(cls, "__name__", repr(cls))
+    if name not in allowed or (not isinstance(cls, str) and allowed[name] is not cls):
+        raise ValueError(f"{step_dir} holds a {stored_cls.__name__} ({kind}); cls={name!r} does not match: it loads "
+                         f"as one of {sorted(allowed)}")
+    return allowed[name]
 
 
 def save_checkpoint(model: nnx.Module, workdir: str | pathlib.Path, *, step: int = 0,

@@ -1,19 +1,28 @@
-"""Building models: the class for a config, initialisation under jit, and parameter counts without allocation."""
+"""Building models: the class for a config, initialisation under jit, parameter counts without allocation, and
+models assembled from given parameter values (what every checkpoint reader ends with)."""
 
 from __future__ import annotations
 
-from typing import Type
+import warnings
+from typing import Any, Callable, Collection, Mapping, Type, Union
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from models.bert import BertForMaskedLM, BertForSequenceClassification, BertModel
+from models.bert import BertForMaskedLM, BertForSequenceClassification, BertForTokenClassification, BertModel
 from models.config import TransformerConfig
 from models.gpt import GPTForCausalLM, GPTModel
+from models.layers.stack import stack_layer_values, unstack_layer_values
 
-MODEL_CLASSES = {cls.__name__: cls for cls in (BertModel, BertForMaskedLM, BertForSequenceClassification, GPTModel,
-                                               GPTForCausalLM)}
+MODEL_CLASSES = {cls.__name__: cls for cls in (BertModel, BertForMaskedLM, BertForSequenceClassification,
+                                               BertForTokenClassification, GPTModel, GPTForCausalLM)}
+DECODER_CLASSES = (GPTModel, GPTForCausalLM)  # causal configs; the other classes are encoders
+
+ParamPath = tuple[Union[str, int], ...]
+# A model's graph, its abstract parameters and their shapes: what ``abstract_params`` returns.
+AbstractParams = tuple[nnx.GraphDef, nnx.State, dict[ParamPath, jax.ShapeDtypeStruct]]
 
 
 def default_model_class(config: TransformerConfig) -> Type[nnx.Module]:
@@ -39,3 +48,108 @@ def param_count(config: TransformerConfig, cls: Type[nnx.Module] | None = None) 
     """Number of trainable parameters (tied tables counted once), computed with ``eval_shape``."""
     params = nnx.state(abstract_model(config, cls), nnx.Param)
     return int(sum(np.prod(leaf.shape) for leaf in jax.tree.leaves(params)))
+
+
+# ------------------------------------------------------------------------------------- models from given values
+
+def bert_without_pooler(config: TransformerConfig, rngs: nnx.Rngs) -> BertModel:
+    """A ``BertModel`` factory without the pooler (checkpoints such as all-MiniLM-L6-v2 have none)."""
+    return BertModel(config, rngs=rngs, add_pooler=False)
+
+
+def format_names(names: Collection[str], limit: int = 20) -> str:
+    """``names`` sorted and comma-separated, the first ``limit`` of them (then how many more)."""
+    names = sorted(names)
+    shown = ", ".join(names[:limit])
+    return shown + (f", ... ({len(names) - limit} more)" if len(names) > limit else "")
+
+
+def dotted(path: ParamPath) -> str:
+    """``("decoder", "layers", 0, "mlp")`` → ``"decoder.layers.0.mlp"``."""
+    return ".".join(map(str, path))
+
+
+def override_config(config: TransformerConfig, *, dtype: Any = None, scan_layers: bool | None = None,
+                    num_labels: int | None = None) -> TransformerConfig:
+    """``config`` with what a loader's caller asks for instead of what the checkpoint says (None keeps it):
+    parameter and compute ``dtype``, the layer layout ``scan_layers``, the number of labels of a classifier head."""
+    changes: dict[str, Any] = {}
+    if dtype is not None:
+        changes["dtype"] = changes["param_dtype"] = jnp.dtype(dtype).name
+    if scan_layers is not None:
+        if not isinstance(scan_layers, bool):
+            raise ValueError(f"scan_layers={scan_layers!r}: expected True, False or None (None: the checkpoint's "
+                             "layout for a flaxzoo checkpoint, per layer otherwise)")
+        changes["scan_layers"] = scan_layers
+    if num_labels is not None:
+        changes["num_labels"] = num_labels  # validated by the config
+    return config.replace(**changes) if changes else config
+
+
+def abstract_params(config: TransformerConfig, factory: Callable[..., nnx.Module]) -> AbstractParams:
+    """The model's graph, its abstract parameters and their shapes (``eval_shape``: nothing is allocated)."""
+    abstract = abstract_model(config, factory)
+    graphdef, params, _ = nnx.split(abstract, nnx.Param, ...)
+    shapes = {path: var.get_value() for path, var in nnx.to_flat_state(params)}
+    return graphdef, params, shapes
+
+
+def per_layer_shapes(shapes: Mapping[ParamPath, Any], num_layers: int) -> dict[ParamPath, tuple[int, ...]]:
+    """Parameter shapes (anything with ``.shape``) in the per-layer layout: a stacked ``(..., "layers", *rest)``
+    of shape ``[num_layers, ...]`` becomes ``num_layers`` entries ``(..., "layers", i, *rest)``. Allocates nothing."""
+    views = {p: np.broadcast_to(np.zeros((), np.int8), tuple(s.shape)) for p, s in shapes.items()}
+    return {p: tuple(v.shape) for p, v in unstack_layer_values(views, num_layers).items()}
+
+
+def to_layer_layout(values: Mapping[ParamPath, Any], paths: Collection[ParamPath], num_layers: int
+                    ) -> dict[ParamPath, Any]:
+    """``values`` (per-layer or stacked) in the layout of the parameter ``paths`` of a model: stacked when some path
+    is ``(..., "layers", <name>, ...)``, per layer otherwise."""
+    values = unstack_layer_values(dict(values), num_layers)
+    stacked = any("layers" in p and p.index("layers") + 1 < len(p) and not isinstance(p[p.index("layers") + 1], int)
+                  for p in paths)
+    return stack_layer_values(values, num_layers) if stacked else values
+
+
+def warn_initialised(what: str, names: Collection[str], seed: int) -> None:
+    """The one warning for parameters a checkpoint lacks and the model initialised (``names``, sorted)."""
+    warnings.warn(f"{what}: the checkpoint lacks {len(names)} tensor(s), initialised with the model's initialisers "
+                  f"(seed={seed}): {format_names(names, limit=50)}; train them before use", stacklevel=3)
+
+
+def assemble_model(config: TransformerConfig, factory: Callable[..., nnx.Module], values: Mapping[ParamPath, Any],
+                   *, abstract: AbstractParams | None = None, fresh: Collection[ParamPath] = (),
+                   seed: int = 0) -> nnx.Module:
+    """A model (in eval mode) whose parameters are ``values`` (flaxzoo path → array), built without random init.
+
+    ``values`` may hold the blocks per layer or stacked (``config.scan_layers``' layout): they are converted to the
+    layout of ``factory(config)``'s parameters. Every parameter must be in ``values`` with its shape, except those in
+    ``fresh`` (paths in the model's layout), which get the model's own initialisers at ``seed`` (the values
+    ``create_model(config, factory, seed=seed)`` would hold). Values are cast to ``config.param_dtype``.
+    ``abstract``: ``abstract_params(config, factory)`` when the caller already has it (tracing a 30-layer model's
+    construction takes about a second).
+    """
+    graphdef, params, shapes = abstract or abstract_params(config, factory)
+    values = to_layer_layout(values, shapes, config.num_layers)
+    fresh = set(fresh)
+    missing = sorted(dotted(p) for p in set(shapes) - set(values) - fresh)
+    if missing:
+        raise ValueError(f"no value for the parameters {format_names(missing)}")
+    for path, value in values.items():
+        if path in shapes and tuple(value.shape) != tuple(shapes[path].shape):
+            raise ValueError(f"parameter {dotted(path)}: expected shape {tuple(shapes[path].shape)}, got "
+                             f"{tuple(value.shape)}")
+
+    def initial() -> tuple[nnx.State, dict[ParamPath, jax.Array]]:
+        # Under jit the random initialisation of every parameter not asked for is compiled away.
+        _, new_params, rest = nnx.split(factory(config, rngs=nnx.Rngs(seed)), nnx.Param, ...)
+        return rest, {p: v.get_value() for p, v in nnx.to_flat_state(new_params) if p in fresh}
+
+    rest, initialised = jax.jit(initial)()
+    param_dtype = jnp.dtype(config.param_dtype)
+    flat = [(path, var.replace(jnp.asarray(initialised[path] if path in fresh else values[path], dtype=param_dtype)))
+            for path, var in nnx.to_flat_state(params)]
+    model = nnx.merge(graphdef, nnx.from_flat_state(flat), rest)
+    model.eval()
+    return model
+

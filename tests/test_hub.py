@@ -415,12 +415,52 @@ def test_missing_and_unexpected_tensors_are_listed(hf_checkpoint, tmp_path):
         from_pretrained(target)
 
 
-def test_head_missing_from_checkpoint_is_an_error(hf_checkpoint):
-    """A BertForMaskedLM checkpoint has no pooler / classifier for BertForSequenceClassification: strict."""
-    _, directory, _ = hf_checkpoint("bert_mlm")
-    with pytest.raises(ValueError, match=r"missing tensors: bert\.pooler\.dense\.bias, bert\.pooler\.dense\.weight, "
-                                         r"classifier\.bias, classifier\.weight.*unexpected tensors: cls\.predictions"):
-        from_pretrained(directory, cls=BertForSequenceClassification)
+def new_head(model, cls, seed):
+    """The head parameters ``create_model`` gives ``cls`` at ``seed`` (what a missing head must be initialised to)."""
+    fresh = models.create_model(model.config, cls, seed=seed)
+    return {name: np.asarray(getattr(fresh.bert.pooler if name == "pooler" else fresh.classifier, "kernel")[...])
+            for name in ("pooler", "classifier")}
+
+
+def test_encoder_checkpoint_loads_as_classifier(hf_checkpoint, tmp_path):
+    """The fine-tuning start: an MLM checkpoint (no pooler, no classifier) as BertForSequenceClassification. The
+    missing head is initialised as create_model would (seeded), listed in one warning; the MLM head is skipped; the
+    encoder is the checkpoint's."""
+    hf, directory, _ = hf_checkpoint("bert_mlm")
+    with pytest.warns(UserWarning, match=r"lacks 4 tensor\(s\), initialised with the model's initialisers \(seed=3\): "
+                                         r"bert\.pooler\.dense\.bias, bert\.pooler\.dense\.weight, classifier\.bias, "
+                                         r"classifier\.weight") as caught:
+        model = from_pretrained(directory, cls=BertForSequenceClassification, num_labels=5, seed=3)
+    assert len([w for w in caught if "lacks" in str(w.message)]) == 1
+    assert isinstance(model, BertForSequenceClassification) and model.config.num_labels == 5
+    expected = new_head(model, BertForSequenceClassification, seed=3)
+    np.testing.assert_array_equal(np.asarray(model.classifier.kernel[...]), expected["classifier"])
+    np.testing.assert_array_equal(np.asarray(model.bert.pooler.kernel[...]), expected["pooler"])
+    assert model.classifier.kernel[...].shape == (64, 5)
+    ids, mask, _ = inputs(True)
+    assert_logits_close(run_flax(model.bert, ids, mask, None).last_hidden_state,
+                        run_hf(hf.bert, ids, mask, None).last_hidden_state, mask)
+
+    # A bare BertModel checkpoint has the pooler: only the classifier is new, and the pooler is the checkpoint's.
+    bare = hf_model("bert_base")
+    bare.save_pretrained(tmp_path / "bare")
+    with pytest.warns(UserWarning, match=r"lacks 2 tensor\(s\).*: classifier\.bias, classifier\.weight;"):
+        model = from_pretrained(tmp_path / "bare", cls="BertForSequenceClassification")
+    assert_logits_close(run_flax(model.bert, ids, mask, None).pooler_output,
+                        run_hf(bare, ids, mask, None).pooler_output, None)
+
+    # Everything else stays strict: an unknown tensor, a mis-shaped one, a class of another family.
+    target, tensors = copy_checkpoint(directory, tmp_path / "extra")
+    tensors["bert.encoder.layer.0.attention.extra.weight"] = np.zeros((4,), np.float32)
+    tensors["bert.embeddings.word_embeddings.weight"] = tensors["bert.embeddings.word_embeddings.weight"][:, :32]
+    save_file(tensors, target / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=r"unexpected tensors: bert\.encoder\.layer\.0\.attention\.extra\.weight"):
+        from_pretrained(target, cls=BertForSequenceClassification)
+    del tensors["bert.encoder.layer.0.attention.extra.weight"]
+    save_file(tensors, target / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=r"bert\.embeddings\.word_embeddings\.weight: expected shape \(1000, 64\), "
+                                         r"found \(1000, 32\)"):
+        from_pretrained(target, cls=BertForSequenceClassification)
     with pytest.raises(ValueError, match="cls=GPTForCausalLM cannot hold a bert checkpoint"):
         from_pretrained(directory, cls=GPTForCausalLM)
 
@@ -439,10 +479,9 @@ def test_unsupported_architecture(tmp_path):
     with pytest.raises(ValueError, match=r"unsupported model_type 't5'.*T5ForConditionalGeneration.*"
                                          r"bert: BertModel.*gpt2: GPT2Model, GPT2LMHeadModel.*LlamaForCausalLM"):
         from_pretrained(directory)
-    directory = write_config(tmp_path / "tok", {"architectures": ["BertForTokenClassification"],
-                                                "model_type": "bert"})
-    with pytest.raises(ValueError, match=r"unsupported architecture 'BertForTokenClassification'.*"
-                                         r"BertForSequenceClassification"):
+    directory = write_config(tmp_path / "qa", {"architectures": ["BertForQuestionAnswering"], "model_type": "bert"})
+    with pytest.raises(ValueError, match=r"unsupported architecture 'BertForQuestionAnswering'.*"
+                                         r"BertForSequenceClassification, BertForTokenClassification"):
         from_pretrained(directory)
 
 

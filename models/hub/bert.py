@@ -1,0 +1,159 @@
+"""BERT: Hugging Face ``bert`` names and config ↔ flaxzoo ``BertModel`` / ``BertForMaskedLM`` /
+``BertForSequenceClassification`` / ``BertForTokenClassification``.
+
+The encoder part of the table, the MLM decoder and the config translation are shared with RoBERTa
+(``models/hub/roberta.py``), whose layers carry the same names under another prefix.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Callable, Collection, Mapping
+
+from flax import nnx
+
+from models.bert import BertForMaskedLM, BertForSequenceClassification, BertForTokenClassification, BertModel
+from models.config import TransformerConfig
+from models.hub.fields import ACTIVATIONS_TO_HF, activation, common_from_hf, full_width_heads, refuse
+from models.hub.mapping import Entry, Family, WeightMap, entry, layout, linear, norm, outside
+from models.modeling import bert_without_pooler
+
+ENCODER_LAYOUT = dict(causal=False, position="learned", norm="layernorm", norm_placement="post", embedding_norm=True,
+                      final_norm=False, mlp_gated=False, attention_bias=True, mlp_bias=True)
+CLASSIFIERS = (BertForSequenceClassification, BertForTokenClassification)
+
+
+def flax_root(cls: type) -> str:
+    """The flaxzoo prefix of the encoder: ``""`` in a ``BertModel``, ``"bert."`` in the head classes."""
+    return "" if cls is BertModel else "bert."
+
+
+def encoder_entries(config: TransformerConfig, base: str, enc: str) -> list[Entry]:
+    """Embeddings and layers: Hugging Face ``{base}embeddings`` / ``{base}encoder.layer.{i}`` ↔ flaxzoo ``{enc}``."""
+    h = config.num_heads
+    entries = [
+        entry(f"{base}embeddings.word_embeddings.weight", f"{enc}.embeddings.tokens.embedding"),
+        entry(f"{base}embeddings.position_embeddings.weight", f"{enc}.embeddings.positions.embedding"),
+        entry(f"{base}embeddings.token_type_embeddings.weight", f"{enc}.embeddings.token_types"),
+        *norm(f"{base}embeddings.LayerNorm", f"{enc}.embeddings.norm"),
+    ]
+    for i in range(config.num_layers):
+        hf, fz = f"{base}encoder.layer.{i}", f"{enc}.layers.{i}"
+        for name in ("query", "key", "value"):
+            entries += linear(f"{hf}.attention.self.{name}", f"{fz}.attention.{name}", True,
+                              layout("(h k) d", "d h k", h=h), layout("(h k)", "h k", h=h))
+        entries += [
+            *linear(f"{hf}.attention.output.dense", f"{fz}.attention.out", True, layout("d (h k)", "h k d", h=h)),
+            *norm(f"{hf}.attention.output.LayerNorm", f"{fz}.attention_norm"),
+            *linear(f"{hf}.intermediate.dense", f"{fz}.mlp.up", True),
+            *linear(f"{hf}.output.dense", f"{fz}.mlp.down", True),
+            *norm(f"{hf}.output.LayerNorm", f"{fz}.mlp_norm"),
+        ]
+    return entries
+
+
+def mlm_decoder(config: TransformerConfig, decoder: str, bias: str, embedding: str
+                ) -> tuple[list[Entry], dict[str, str], dict[str, str]]:
+    """The MLM output layer: (entries, tied, unused). Hugging Face's decoder reads ``{decoder}.{weight,bias}``. Tied,
+    they are the word embeddings ``embedding`` and ``bias``, and only those are stored; untied, ``bias`` is a dead
+    copy of ``{decoder}.bias``."""
+    if config.tie_word_embeddings:
+        return ([entry(bias, "decoder.bias")],
+                {f"{decoder}.weight": embedding, f"{decoder}.bias": bias}, {})
+    return linear(decoder, "decoder", True), {}, {bias: f"{decoder}.bias"}
+
+
+def weight_map(entries: list[Entry], enc: str, ignored: list[str], tied: dict[str, str] | None = None,
+               unused: dict[str, str] | None = None) -> WeightMap:
+    """A ``WeightMap`` whose optional tensors are those outside the encoder ``enc`` (the pooler and the heads)."""
+    return WeightMap(entries, tied or {}, unused or {}, tuple(ignored), outside(entries, enc))
+
+
+def bert_weights(config: TransformerConfig, cls: type, base: str) -> WeightMap:
+    """The table for ``cls``. ``base`` is the Hugging Face prefix of the encoder (``"bert."``, or ``""`` for a bare
+    ``BertModel`` checkpoint). Tensors of the other BERT heads (and of pre-training's next-sentence head) are
+    skipped on load, as transformers skips them."""
+    root = flax_root(cls)
+    enc = f"{root}encoder"
+    entries = encoder_entries(config, base, enc)
+    ignored = [rf"{re.escape(base)}embeddings\.position_ids", r"cls\.seq_relationship\.(weight|bias)"]
+    tied: dict[str, str] = {}
+    unused: dict[str, str] = {}
+    if cls in (BertModel, BertForSequenceClassification):
+        entries += linear(f"{base}pooler.dense", f"{root}pooler", True)
+    else:
+        ignored.append(rf"{re.escape(base)}pooler\.dense\.(weight|bias)")
+    if cls in CLASSIFIERS:
+        entries += linear("classifier", "classifier", True)
+    else:
+        ignored.append(r"classifier\.(weight|bias)")
+    if cls is BertForMaskedLM:
+        entries += [*linear("cls.predictions.transform.dense", "transform", True),
+                    *norm("cls.predictions.transform.LayerNorm", "transform_norm")]
+        head, tied, unused = mlm_decoder(config, "cls.predictions.decoder", "cls.predictions.bias",
+                                         f"{base}embeddings.word_embeddings.weight")
+        entries += head
+    else:
+        ignored.append(r"cls\.predictions\..*")
+    return weight_map(entries, enc, ignored, tied, unused)
+
+
+def encoder_config_from_hf(hf: Mapping[str, Any], model_type: str, **fields: Any) -> TransformerConfig:
+    """The encoder config both BERT and RoBERTa read; ``fields`` adds or overrides (RoBERTa's ``position_offset``)."""
+    refuse(hf, "position_embedding_type", ["absolute"], "absolute")
+    refuse(hf, "is_decoder", [False], False)
+    refuse(hf, "add_cross_attention", [False], False)
+    values = dict(
+        vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"], num_layers=hf["num_hidden_layers"],
+        num_heads=hf["num_attention_heads"], intermediate_size=hf["intermediate_size"],
+        max_position_embeddings=hf.get("max_position_embeddings", 512), model_type=model_type,
+        norm_eps=hf.get("layer_norm_eps", 1e-12), activation=activation(hf, "hidden_act", "gelu"),
+        tie_word_embeddings=hf.get("tie_word_embeddings", True), type_vocab_size=hf.get("type_vocab_size", 2),
+        dropout=hf.get("hidden_dropout_prob", 0.1), attention_dropout=hf.get("attention_probs_dropout_prob", 0.1),
+        **ENCODER_LAYOUT, **common_from_hf(hf))
+    return TransformerConfig(**(values | fields))
+
+
+def encoder_config_to_hf(config: TransformerConfig) -> dict[str, Any]:
+    """The encoder fields of ``config.json`` (BERT and RoBERTa). The classifier's dropout is the residual one, as
+    flaxzoo's classifiers apply ``dropout``."""
+    return {
+        "vocab_size": config.vocab_size, "hidden_size": config.hidden_size, "num_hidden_layers": config.num_layers,
+        "num_attention_heads": config.num_heads, "intermediate_size": config.intermediate_size,
+        "hidden_act": ACTIVATIONS_TO_HF[config.activation], "hidden_dropout_prob": config.dropout,
+        "attention_probs_dropout_prob": config.attention_dropout, "classifier_dropout": None,
+        "max_position_embeddings": config.max_position_embeddings, "type_vocab_size": config.type_vocab_size,
+        "layer_norm_eps": config.norm_eps, "position_embedding_type": "absolute", "is_decoder": False,
+        "add_cross_attention": False,
+    }
+
+
+def encoder_save_problems(config: TransformerConfig, model_type: str) -> list[str]:
+    """Full-width heads and token-type embeddings, which Hugging Face's encoders always have."""
+    problems = full_width_heads(config, model_type)
+    if config.type_vocab_size < 1:
+        problems.append(f"type_vocab_size=0 (Hugging Face {model_type} always has token-type embeddings: needs >= 1)")
+    return problems
+
+
+def encoder_factory(cls: type, names: Collection[str], base: str) -> Callable[..., nnx.Module]:
+    """A ``BertModel`` gets a pooler only if the checkpoint has one; the other classes are built as they are."""
+    if cls is BertModel and f"{base}pooler.dense.weight" not in names:
+        return bert_without_pooler
+    return cls
+
+
+def tf_layernorm_names(name: str) -> str:
+    """TF-era ``LayerNorm.gamma`` / ``LayerNorm.beta`` → ``LayerNorm.weight`` / ``LayerNorm.bias``."""
+    return re.sub(r"LayerNorm\.beta$", "LayerNorm.bias", re.sub(r"LayerNorm\.gamma$", "LayerNorm.weight", name))
+
+
+FAMILY = Family(
+    model_type="bert", base_prefix="bert",
+    architectures={"BertModel": BertModel, "BertForMaskedLM": BertForMaskedLM,
+                   "BertForSequenceClassification": BertForSequenceClassification,
+                   "BertForTokenClassification": BertForTokenClassification},
+    config_from_hf=lambda hf: encoder_config_from_hf({"pad_token_id": 0} | dict(hf), "bert"),
+    config_to_hf=encoder_config_to_hf, weights=bert_weights, layout=ENCODER_LAYOUT | {"position_offset": 0},
+    base_class=BertModel, save_problems=lambda config: encoder_save_problems(config, "bert"),
+    factory=encoder_factory, rename=tf_layernorm_names)

@@ -1,0 +1,241 @@
+"""Files: reading Hugging Face weights (safetensors, sharded indexes, opt-in pickles) and configs, telling what a path
+holds, fetching Hub ids into the Hugging Face cache, and writing a Hugging Face directory.
+
+Weights are read with the safetensors numpy API (bfloat16 / float8 from the header's offsets): no torch at run time,
+except for the opt-in ``allow_pickle=True`` path that reads legacy ``pytorch_model.bin`` files.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import re
+from typing import Any, Callable, Mapping, Sequence, Union
+
+import numpy as np
+from safetensors import safe_open
+from safetensors.numpy import save_file
+
+from models.modeling import format_names
+
+PathLike = Union[str, pathlib.Path]
+
+SAFETENSORS = "model.safetensors"
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+PICKLE = "pytorch_model.bin"
+PICKLE_INDEX = "pytorch_model.bin.index.json"
+
+
+_ML_DTYPES = {"BF16": "bfloat16", "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2"}
+
+
+def read_safetensors(file: pathlib.Path) -> dict[str, np.ndarray]:
+    """All tensors of one safetensors file as numpy arrays.
+
+    The safetensors numpy API has no bfloat16 (nor float8); such tensors are read at the offsets the file's header
+    gives, as ``ml_dtypes`` arrays (the types JAX uses).
+    """
+    with open(file, "rb") as raw:
+        header_size = int.from_bytes(raw.read(8), "little")
+        header = json.loads(raw.read(header_size))
+    tensors: dict[str, np.ndarray] = {}
+    with safe_open(file, framework="np") as f:
+        for name in f.keys():
+            info = header[name]
+            if info["dtype"] in _ML_DTYPES:
+                import ml_dtypes  # a JAX dependency
+
+                begin, end = info["data_offsets"]
+                data = np.fromfile(file, dtype=np.uint8, count=end - begin, offset=8 + header_size + begin)
+                tensors[name] = data.view(getattr(ml_dtypes, _ML_DTYPES[info["dtype"]])).reshape(info["shape"])
+            else:
+                tensors[name] = f.get_tensor(name)
+    return tensors
+
+
+def read_pickle(file: pathlib.Path) -> dict[str, np.ndarray]:
+    """A ``pytorch_model.bin`` state dict as numpy arrays (``torch.load(weights_only=True)``; bfloat16 → float32)."""
+    import torch  # only on the opt-in legacy path
+
+    state = torch.load(file, map_location="cpu", weights_only=True)
+    return {name: (t.float() if t.dtype == torch.bfloat16 else t).numpy() for name, t in state.items()}
+
+
+def shards(directory: pathlib.Path, index_name: str) -> list[pathlib.Path]:
+    """The shard files an index lists; ValueError naming those not in ``directory``."""
+    index = json.loads((directory / index_name).read_text())
+    files = sorted(set(index["weight_map"].values()))
+    missing = [f for f in files if not (directory / f).is_file()]
+    if missing:
+        raise ValueError(f"{directory / index_name} lists shard files that are not in the directory: "
+                         f"{format_names(missing)}")
+    return [directory / f for f in files]
+
+
+def weight_files(directory: pathlib.Path, allow_pickle: bool
+                 ) -> tuple[list[pathlib.Path], Callable[[pathlib.Path], dict[str, np.ndarray]]]:
+    """The weight files of the checkpoint in ``directory`` and their reader: safetensors (single or sharded), or
+    opt-in pickles. Raises ValueError (listing the directory) when there are none."""
+    if (directory / SAFETENSORS).is_file():
+        files, reader = [directory / SAFETENSORS], read_safetensors
+    elif (directory / SAFETENSORS_INDEX).is_file():
+        files, reader = shards(directory, SAFETENSORS_INDEX), read_safetensors
+    elif (directory / PICKLE).is_file() or (directory / PICKLE_INDEX).is_file():
+        name = PICKLE if (directory / PICKLE).is_file() else PICKLE_INDEX
+        if not allow_pickle:
+            raise ValueError(
+                f"{directory} holds {name}, a Python pickle (loading one can run arbitrary code) and no "
+                f"{SAFETENSORS}; pass allow_pickle=True to read it with torch.load(weights_only=True) (needs torch), "
+                "or convert it to safetensors")
+        files = [directory / PICKLE] if name == PICKLE else shards(directory, PICKLE_INDEX)
+        reader = read_pickle
+    else:
+        raise ValueError(f"{directory} holds no model weights: expected {SAFETENSORS} or {SAFETENSORS_INDEX} "
+                         f"(or {PICKLE} with allow_pickle=True) beside config.json, or a .gguf file; the directory "
+                         f"holds {listing(directory)}")
+    return files, reader
+
+
+def read_weights(directory: pathlib.Path, allow_pickle: bool, progress: bool = False) -> dict[str, np.ndarray]:
+    """Every tensor of the checkpoint in ``directory``."""
+    files, reader = weight_files(directory, allow_pickle)
+    tensors: dict[str, np.ndarray] = {}
+    for file in progress_bar(files, progress and len(files) > 1, "reading shards"):
+        tensors.update(reader(file))
+    return tensors
+
+
+def progress_bar(items: Sequence[Any], enabled: bool, desc: str, unit: str = "file"):
+    """``items`` wrapped in a tqdm progress bar when ``enabled``."""
+    if not enabled:
+        return items
+    from tqdm.auto import tqdm
+
+    return tqdm(items, desc=desc, unit=unit)
+
+
+def listing(directory: pathlib.Path) -> str:
+    """What ``directory`` holds, for error messages (folders end in ``/``)."""
+    contents = sorted(p.name + ("/" if p.is_dir() else "") for p in directory.iterdir())
+    return format_names(contents) if contents else "nothing (it is empty)"
+
+
+def read_config(directory: pathlib.Path) -> dict[str, Any]:
+    """``directory/config.json``; ValueError (listing the directory) when there is none."""
+    file = directory / "config.json"
+    if not file.is_file():
+        raise ValueError(f"{directory} has no config.json; the directory holds {listing(directory)}")
+    return json.loads(file.read_text())
+
+
+def checkpoint_kind(path: pathlib.Path) -> tuple[str, pathlib.Path]:
+    """What ``path`` holds: ``("gguf", file)``, ``("flaxzoo", directory)`` or ``("hf", directory)``.
+
+    A directory is a flaxzoo training checkpoint when it (or its ``checkpoints/``) holds orbax step directories; a
+    Hugging Face directory when it has ``config.json`` and weights; otherwise a directory holding exactly one
+    ``.gguf`` file stands for that file. Raises ValueError (listing what the directory holds) for anything else.
+    """
+    from models.checkpoint import find_step_dir
+    from models.gguf import is_gguf
+
+    if path.is_file():
+        if path.suffix == ".gguf" or is_gguf(path):
+            return "gguf", path
+        raise ValueError(f"{path} is a file but not a GGUF file: from_pretrained expects a directory (Hugging Face: "
+                         f"config.json + {SAFETENSORS}; a flaxzoo checkpoint) or a .gguf file")
+    if find_step_dir(path) is not None:
+        return "flaxzoo", path
+    has_weights = any((path / name).is_file() for name in (SAFETENSORS, SAFETENSORS_INDEX, PICKLE, PICKLE_INDEX))
+    if (path / "config.json").is_file() and has_weights:
+        return "hf", path
+    ggufs = sorted(path.glob("*.gguf"))
+    if len(ggufs) == 1:
+        return "gguf", ggufs[0]
+    if len(ggufs) > 1:
+        raise ValueError(f"{path} holds several GGUF files ({format_names([g.name for g in ggufs])}): pass the "
+                         "path of the one to load")
+    if (path / "config.json").is_file():
+        return "hf", path  # reading its weights reports what is missing
+    raise ValueError(f"{path} holds no model: no config.json with {SAFETENSORS}, no .gguf file and no flaxzoo "
+                     f"checkpoint (checkpoints/<step>/); the directory holds {listing(path)}")
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Hugging Face Hub ids
+# --------------------------------------------------------------------------------------------------------------------
+
+# What a Hub download fetches: configuration, safetensors weights and tokenizer files. Never pickles (*.bin, *.pt,
+# *.pth, *.ckpt), which can run code when loaded, nor the ONNX / TF / Flax copies many repositories also hold.
+HUB_ALLOW_PATTERNS = (
+    "config.json", SAFETENSORS, "model-*.safetensors", SAFETENSORS_INDEX, "tokenizer.json", "tokenizer_config.json",
+    "special_tokens_map.json", "vocab.txt", "vocab.json", "merges.txt", "generation_config.json",
+)
+_HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]*(/[A-Za-z0-9][A-Za-z0-9_.\-]*)?")
+
+
+def is_hub_id(path: PathLike) -> bool:
+    """True for a string that is not an existing local path and is shaped like ``name`` or ``org/name``."""
+    if not isinstance(path, str) or os.path.exists(os.path.expanduser(path)):
+        return False
+    return bool(_HUB_ID.fullmatch(path)) and not path.endswith((".gguf", ".json", ".safetensors"))
+
+
+def resolve_pretrained(path: PathLike, *, revision: str | None = None) -> pathlib.Path:
+    """The local path ``path`` names: itself, or for a Hub id its snapshot folder in the Hugging Face cache."""
+    if is_hub_id(path):
+        return download_from_hub(str(path), revision=revision)
+    local = pathlib.Path(path).expanduser()
+    if not local.exists():
+        raise FileNotFoundError(
+            f"{local} does not exist: from_pretrained expects a local directory (Hugging Face: config.json + "
+            f"{SAFETENSORS}; a flaxzoo checkpoint), a .gguf file, or a Hugging Face Hub id such as "
+            "'openai-community/gpt2'")
+    return local
+
+
+def download_from_hub(repo_id: str, *, revision: str | None = None) -> pathlib.Path:
+    """Fetch ``repo_id``'s config, safetensors and tokenizer files into the Hugging Face cache (``HF_HOME``) and
+    return the snapshot folder. Offline (``HF_HUB_OFFLINE=1``, or no network) a cached snapshot is used.
+
+    Raises FileNotFoundError, saying how to pass a local path instead, when the repository can be neither fetched
+    nor found in the cache; ValueError when it holds no safetensors weights.
+    """
+    try:
+        import huggingface_hub
+    except ImportError as exc:
+        raise ImportError(f"{repo_id!r} is not a local path; fetching it from the Hugging Face Hub needs "
+                          "huggingface_hub (pip install huggingface_hub), or pass a local directory") from exc
+    try:
+        folder = pathlib.Path(huggingface_hub.snapshot_download(
+            repo_id, revision=revision, allow_patterns=list(HUB_ALLOW_PATTERNS)))
+    except Exception as exc:  # offline and not cached, unknown / gated repository, invalid id, network failure
+        offline = huggingface_hub.constants.HF_HUB_OFFLINE
+        why = ("offline mode is on (HF_HUB_OFFLINE=1) and it is not in the Hugging Face cache "
+               f"{huggingface_hub.constants.HF_HUB_CACHE}" if offline else
+               "the Hugging Face Hub could not provide it and it is not in the cache "
+               f"{huggingface_hub.constants.HF_HUB_CACHE}")
+        detail = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise FileNotFoundError(
+            f"{repo_id!r} is not a local path, and {why} ({type(exc).__name__}: {detail}). To load files you "
+            "already have, pass their local path: from_pretrained('/path/to/model_dir') (config.json + "
+            "model.safetensors) or from_pretrained('/path/to/model.gguf'); to fetch from the Hub, run once with "
+            "network access and without HF_HUB_OFFLINE") from exc
+    if not any(folder.glob("*.safetensors")):
+        raise ValueError(f"Hugging Face Hub repository {repo_id!r} has no safetensors weights (flaxzoo never "
+                         f"downloads pickled .bin/.pt files); its snapshot {folder} holds {listing(folder)}. "
+                         "Convert the weights to safetensors and pass the local directory")
+    return folder
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Writing
+# --------------------------------------------------------------------------------------------------------------------
+
+def write_hf_directory(path: PathLike, config: Mapping[str, Any], tensors: Mapping[str, np.ndarray]) -> pathlib.Path:
+    """``config.json`` and ``model.safetensors`` in the directory ``path`` (created); returns the directory."""
+    directory = pathlib.Path(path).expanduser()
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    save_file(dict(tensors), directory / SAFETENSORS, metadata={"format": "pt"})
+    return directory

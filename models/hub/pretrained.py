@@ -1,0 +1,216 @@
+"""``from_pretrained`` / ``save_pretrained``: every source through one entry point, every family through its table.
+
+Loading: read the config and the tensors (``files``), pick the family and class (``registry``), check the tensors
+against the family's table (``mapping``: names, shapes; strict), translate them, and assemble the model for the
+requested config (``models.modeling.assemble_model``: per-layer or stacked blocks, head tensors the checkpoint lacks
+initialised). Saving walks the same table the other way.
+"""
+
+from __future__ import annotations
+
+import pathlib
+from typing import Any, Callable
+
+import numpy as np
+from flax import nnx
+
+from models.bert import BertForSequenceClassification
+from models.config import TransformerConfig
+from models.hub.fields import ACTIVATIONS_TO_HF, common_to_hf
+from models.hub.files import (PathLike, checkpoint_kind, read_config, read_weights, resolve_pretrained,
+                              weight_files, write_hf_directory)
+from models.hub.llama import gguf_llama_weights
+from models.hub.mapping import (Family, ParamPath, WeightMap, check_coverage, expected_hf_shapes,
+                                match_tensors)
+from models.hub.registry import family_and_class, family_of
+from models.layers.stack import unstack_layer_values
+from models.modeling import (abstract_params, assemble_model, override_config, per_layer_shapes,
+                             warn_initialised)
+
+Overrides = dict[str, Any]  # override_config's keyword arguments
+
+
+def load_tensors(config: TransformerConfig, factory: Callable[..., nnx.Module], weights: WeightMap,
+                 tensors: dict[str, np.ndarray], where: str, seed: int) -> nnx.Module:
+    """Check ``tensors`` against the table ``weights`` (names, shapes), translate them, and build the model; the
+    head tensors the checkpoint lacks are initialised (at ``seed``) and listed in one warning."""
+    abstract = abstract_params(config, factory)
+    shapes = per_layer_shapes(abstract[2], config.num_layers)
+    weights = weights.for_params(shapes)
+    check_coverage(weights, shapes, where)
+    lacking = match_tensors(tensors, weights, expected_hf_shapes(weights, shapes), where)
+    values: dict[ParamPath, Any] = {}
+    fresh: list[ParamPath] = []
+    for e in weights.entries:
+        if e.hf in lacking:
+            fresh += e.paths
+        else:
+            values.update(zip(e.paths, e.transform.to_flax(tensors.pop(e.hf))))
+    if lacking:
+        warn_initialised(where, lacking, seed)
+    return assemble_model(config, factory, values, abstract=abstract, fresh=fresh, seed=seed)
+
+
+def from_hf_directory(directory: pathlib.Path, cls: type | str | None, allow_pickle: bool, progress: bool,
+                      overrides: Overrides, seed: int) -> nnx.Module:
+    """A Hugging Face directory: ``config.json`` and its weights."""
+    hf = read_config(directory)
+    family, model_cls = family_and_class(hf, cls)
+    weight_files(directory, allow_pickle)  # no weights at all: say so before judging the config's fields
+    config = override_config(family.config_from_hf(hf), **overrides)
+    tensors = read_weights(directory, allow_pickle, progress)
+    if family.rename is not None:
+        tensors = {family.rename(name): t for name, t in tensors.items()}
+    prefix = family.base_prefix + "."
+    prefixed = any(name.startswith(prefix) for name in tensors)
+    base = prefix if prefixed else ""
+    if model_cls is family.base_class and prefixed:
+        # A head checkpoint loaded as the base model: keep the base model's tensors only.
+        tensors = {name: t for name, t in tensors.items() if name.startswith(prefix)}
+    return load_tensors(config, family.factory(model_cls, tensors.keys(), base),
+                        family.weights(config, model_cls, base), tensors,
+                        f"{directory} ({family.model_type}, flaxzoo {model_cls.__name__})", seed)
+
+
+def from_gguf(file: pathlib.Path, cls: type | str | None, progress: bool, overrides: Overrides,
+              seed: int) -> nnx.Module:
+    """A Llama-architecture GGUF: config from its metadata, dequantised tensors through the GGUF name table."""
+    from models.gguf import GGUFFile, llama_hf_config
+
+    gguf_file = GGUFFile(file)
+    hf = llama_hf_config(gguf_file)
+    family, model_cls = family_and_class(hf, cls)
+    # llama.cpp stores Q and K rows in the interleaved RoPE pair layout: keep them, and rotate those pairs.
+    config = override_config(family.config_from_hf(hf).replace(rope_layout="interleaved"), **overrides)
+    tensors = dict(gguf_file.tensors(progress=progress))
+    return load_tensors(config, model_cls, gguf_llama_weights(config, model_cls), tensors,
+                        f"{file} (GGUF {gguf_file.architecture}, flaxzoo {model_cls.__name__})", seed)
+
+
+def from_pretrained(path: PathLike, *, cls: type | str | None = None, allow_pickle: bool = False,
+                    dtype: Any = None, revision: str | None = None, progress: bool = False,
+                    scan_layers: bool | None = None, num_labels: int | None = None, seed: int = 0) -> nnx.Module:
+    """Load a pretrained model (in eval mode) from a Hugging Face directory, a GGUF file, a flaxzoo training
+    checkpoint, or a Hugging Face Hub id.
+
+    Args:
+      path: one of
+        * a Hugging Face model directory: ``config.json`` and ``model.safetensors`` (or
+          ``model.safetensors.index.json`` and its shards). Supported: ``bert`` and ``roberta`` (Model, ForMaskedLM,
+          ForSequenceClassification, ForTokenClassification), ``gpt2`` (GPT2Model, GPT2LMHeadModel), ``llama``
+          (LlamaModel, LlamaForCausalLM);
+        * a ``.gguf`` file (llama.cpp) of the Llama architecture, dequantised from any type the ``gguf`` package
+          reads (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, K-quants ...), or a directory holding one;
+        * a flaxzoo training checkpoint: a ``python -m train`` work directory, its ``checkpoints/`` folder or one
+          step folder (the latest step is taken; only the parameters are read);
+        * a Hub id such as ``"openai-community/gpt2"`` (any string that is not an existing local path): its config,
+          safetensors and tokenizer files (never pickles) are fetched into the standard Hugging Face cache, or
+          found there when offline (``HF_HUB_OFFLINE=1``).
+      cls: the flaxzoo class (or its name) to build; default: the counterpart of ``architectures[0]`` (a flaxzoo
+        checkpoint: the class it was trained as). Another class of the same family takes what it shares with the
+        checkpoint: a base class (``BertModel``, ``GPTModel``) skips the head's tensors (a ``BertModel`` gets a
+        pooler only if the checkpoint has one); a head the checkpoint lacks (an encoder checkpoint loaded as
+        ``BertForSequenceClassification``: its classifier, and the pooler if absent) is initialised with the
+        model's initialisers at ``seed`` and listed in one warning. Everything else loads strictly.
+      allow_pickle: read a legacy ``pytorch_model.bin`` with ``torch.load(weights_only=True)`` (needs torch). Off by
+        default: a pickle can run code when loaded.
+      dtype: parameter and compute dtype (e.g. ``"bfloat16"``); default float32 whatever the checkpoint stores (a
+        flaxzoo checkpoint: its config's dtypes).
+      revision: the Hub branch, tag or commit for a Hub id.
+      progress: show progress bars while reading large files.
+      scan_layers: the layer layout to build (``config.scan_layers``: blocks stacked ``[num_layers, ...]`` and run
+        as one scan); None: per layer for Hugging Face / GGUF sources, the stored config's for a flaxzoo checkpoint.
+      num_labels: the number of labels of a classifier head (default: the checkpoint's).
+      seed: the seed of the initialisers for head tensors the checkpoint lacks.
+
+    Raises:
+      FileNotFoundError: a local path that does not exist; a Hub id neither downloadable nor in the cache.
+      ValueError: unsupported model type / architecture / config feature / GGUF architecture or tensor type;
+        missing, unexpected or mis-shaped tensors (each named); a pickle without ``allow_pickle``; a directory
+        holding no model (its contents are listed); a bad ``scan_layers`` / ``num_labels``.
+
+    Special-token ids outside the vocabulary (``GPT2Config(vocab_size=1000)`` keeps GPT-2's 50256) are dropped with a
+    warning: only generation uses them.
+    """
+    source = resolve_pretrained(path, revision=revision)
+    kind, source = checkpoint_kind(source)
+    if kind == "flaxzoo":
+        from models.checkpoint import load_checkpoint
+
+        return load_checkpoint(source, cls=cls, dtype=dtype, scan_layers=scan_layers, num_labels=num_labels,
+                               seed=seed)
+    overrides = dict(dtype=dtype, scan_layers=False if scan_layers is None else scan_layers, num_labels=num_labels)
+    if kind == "gguf":
+        return from_gguf(source, cls, progress, overrides, seed)
+    return from_hf_directory(source, cls, allow_pickle, progress, overrides, seed)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Saving
+# --------------------------------------------------------------------------------------------------------------------
+
+def check_saveable(config: TransformerConfig, family: Family) -> None:
+    """ValueError naming every field Hugging Face's ``family`` classes cannot express."""
+    problems = [f"{field}={getattr(config, field)!r} (Hugging Face {family.model_type} needs {want!r})"
+                for field, want in family.layout.items() if getattr(config, field) != want]
+    problems += family.save_problems(config)
+    if config.activation not in ACTIVATIONS_TO_HF:
+        problems.append(f"activation={config.activation!r} (no Hugging Face name)")
+    if problems:
+        raise ValueError(f"cannot write this model as a Hugging Face {family.model_type} checkpoint: "
+                         + "; ".join(problems) + " (config.model_type selects the Hugging Face layout)")
+
+
+def interleaved_to_half(values: dict[ParamPath, np.ndarray], config: TransformerConfig) -> None:
+    """Permute query/key output features from the interleaved RoPE pair layout to Hugging Face's rotate-half.
+
+    Pairs ``(2i, 2i+1)`` become ``(i, i + head_dim/2)``; the same permutation of queries and keys leaves every score
+    unchanged.
+    """
+    perm = np.concatenate([np.arange(0, config.head_dim, 2), np.arange(1, config.head_dim, 2)])
+    for path in list(values):
+        if len(path) >= 3 and path[-3] == "attention" and path[-2] in ("query", "key"):
+            values[path] = np.take(values[path], perm, axis=-1)
+
+
+def save_pretrained(model: nnx.Module, path: PathLike) -> pathlib.Path:
+    """Write ``model`` as a Hugging Face directory: ``config.json`` and ``model.safetensors`` (float32).
+
+    The result loads with ``transformers.AutoModelFor...from_pretrained(path)`` with no missing or unexpected
+    weights (a ``BertModel`` built without a pooler is the exception: Hugging Face's has one and initialises it).
+    Stacked layers (``scan_layers``) are written per layer; tied tables once, as Hugging Face does. A Llama model in
+    the interleaved RoPE layout is written in Hugging Face's rotate-half layout (queries and keys permuted, same
+    outputs). One EOS id is written as an int, several as a list. Features Hugging Face's class for
+    ``config.model_type`` cannot express (ALiBi, sinusoidal positions, a different norm placement ...) raise
+    ``ValueError`` naming them. Returns the directory.
+    """
+    config = getattr(model, "config", None)
+    if not isinstance(config, TransformerConfig):
+        raise ValueError(f"save_pretrained expects a flaxzoo model (with a TransformerConfig .config); got "
+                         f"{type(model).__name__}")
+    family = family_of(config.model_type)
+    cls = type(model)
+    architecture = family.hf_architecture(cls)
+    check_saveable(config, family)
+
+    values = {p: np.asarray(var.get_value(), dtype=np.float32)
+              for p, var in nnx.to_flat_state(nnx.state(model, nnx.Param))}
+    values = unstack_layer_values(values, config.num_layers)
+    if config.position == "rope" and config.rope_layout == "interleaved":
+        interleaved_to_half(values, config)
+        config = config.replace(rope_layout="half")
+    base = "" if cls is family.base_class else family.base_prefix + "."  # HF's base classes save unprefixed
+    weights = family.weights(config, cls, base).for_params(values)
+    check_coverage(weights, values, f"save_pretrained({cls.__name__}, {family.model_type})")
+
+    tensors = {e.hf: np.ascontiguousarray(e.transform.to_hf(*(values[p] for p in e.paths)))
+               for e in weights.entries}
+    for name, source in weights.unused.items():
+        tensors[name] = tensors[source].copy()
+    hf = {"architectures": [architecture], "model_type": family.model_type, **family.config_to_hf(config),
+          **common_to_hf(config), "dtype": "float32", "torch_dtype": "float32"}
+    if cls is BertForSequenceClassification or config.num_labels != 2:
+        hf["id2label"] = {str(i): f"LABEL_{i}" for i in range(config.num_labels)}
+        hf["label2id"] = {f"LABEL_{i}": i for i in range(config.num_labels)}
+    return write_hf_directory(path, hf, tensors)
+
