@@ -5,7 +5,9 @@ zeros and ones, so biases and norm scales are exercised too.
 """
 
 import json
+import re
 import shutil
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -17,10 +19,12 @@ from flax import nnx
 from safetensors.numpy import load_file, save_file
 
 import models
-from models import BertForMaskedLM, BertForSequenceClassification, BertModel, GPTForCausalLM, GPTModel, get_preset
+from models import (BertForMaskedLM, BertForSequenceClassification, BertForTokenClassification, BertModel,
+                    GPTForCausalLM, GPTModel, get_preset)
 from models.hub import from_pretrained, save_pretrained
 
 VOCAB, SEQ, PAD_FROM = 1000, 12, 8
+ROBERTA_PAD = 1  # RobertaConfig's pad_token_id: positions start at 2
 ATOL = 1e-4
 
 transformers.logging.set_verbosity_error()
@@ -52,8 +56,23 @@ def hf_model(kind: str) -> torch.nn.Module:
             **common, intermediate_size=128, num_labels=3, hidden_act="gelu_new"))
     elif kind == "bert_base":
         model = transformers.BertModel(transformers.BertConfig(**common, intermediate_size=128))
+    elif kind == "bert_tok":
+        model = transformers.BertForTokenClassification(transformers.BertConfig(
+            **common, intermediate_size=128, num_labels=5))
+    elif kind.startswith("roberta"):  # like roberta-base: one token type, 2 + 64 positions
+        config = transformers.RobertaConfig(**(common | {"max_position_embeddings": 66}), intermediate_size=128,
+                                            type_vocab_size=1, num_labels=3)
+        model = {"roberta_mlm": transformers.RobertaForMaskedLM,
+                 "roberta_cls": transformers.RobertaForSequenceClassification,
+                 "roberta_tok": transformers.RobertaForTokenClassification,
+                 "roberta_base": transformers.RobertaModel}[kind](config)
     else:
         raise ValueError(kind)
+    return perturbed(model)
+
+
+def perturbed(model: torch.nn.Module) -> torch.nn.Module:
+    """``model`` with seeded noise added to every parameter, in eval mode."""
     generator = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for p in model.parameters():  # tied tables appear once
@@ -71,14 +90,15 @@ def perturb(model: nnx.Module, seed: int = 0) -> nnx.Module:
     return model
 
 
-def inputs(padded: bool, token_types: bool = False):
-    """Two rows of ids; with ``padded`` the second is right-padded (mask 0) from position PAD_FROM."""
+def inputs(padded: bool, token_types: bool = False, pad_id: int = 0):
+    """Two rows of ids (none of them 0, 1 or 2); with ``padded`` the second is right-padded (mask 0, id ``pad_id``)
+    from position PAD_FROM."""
     rng = np.random.RandomState(0)
     ids = rng.randint(3, VOCAB, (2, SEQ)).astype(np.int64)
     mask = np.ones((2, SEQ), np.int64)
     if padded:
         mask[1, PAD_FROM:] = 0
-        ids[1, PAD_FROM:] = 0
+        ids[1, PAD_FROM:] = pad_id
     types = None
     if token_types:
         types = np.zeros((2, SEQ), np.int64)
@@ -129,12 +149,29 @@ def write_config(directory, config):
     return directory
 
 
-KINDS = ["gpt2", "llama", "llama_tied", "bert_mlm", "bert_cls"]
+KINDS = ["gpt2", "llama", "llama_tied", "bert_mlm", "bert_cls", "bert_tok", "roberta_mlm", "roberta_cls",
+         "roberta_tok"]
 FLAX_CLASS = {"gpt2": GPTForCausalLM, "llama": GPTForCausalLM, "llama_tied": GPTForCausalLM,
-              "bert_mlm": BertForMaskedLM, "bert_cls": BertForSequenceClassification}
+              "bert_mlm": BertForMaskedLM, "bert_cls": BertForSequenceClassification,
+              "bert_tok": BertForTokenClassification, "roberta_mlm": BertForMaskedLM,
+              "roberta_cls": BertForSequenceClassification, "roberta_tok": BertForTokenClassification}
 AUTO_CLASS = {"gpt2": transformers.AutoModelForCausalLM, "llama": transformers.AutoModelForCausalLM,
               "llama_tied": transformers.AutoModelForCausalLM, "bert_mlm": transformers.AutoModelForMaskedLM,
-              "bert_cls": transformers.AutoModelForSequenceClassification}
+              "bert_cls": transformers.AutoModelForSequenceClassification,
+              "bert_tok": transformers.AutoModelForTokenClassification,
+              "roberta_mlm": transformers.AutoModelForMaskedLM,
+              "roberta_cls": transformers.AutoModelForSequenceClassification,
+              "roberta_tok": transformers.AutoModelForTokenClassification}
+
+
+def kind_inputs(kind: str, padded: bool):
+    """``inputs`` for a kind: token types for BERT's classifiers, RoBERTa's pad id in its padding."""
+    return inputs(padded, token_types=kind in ("bert_cls", "bert_tok"),
+                  pad_id=ROBERTA_PAD if kind.startswith("roberta") else 0)
+
+
+def per_token(kind: str) -> bool:
+    return not kind.endswith("_cls")
 
 
 @pytest.fixture(scope="module")
@@ -160,12 +197,16 @@ def hf_checkpoint(tmp_path_factory):
 def test_transformers_checkpoint_gives_same_logits(hf_checkpoint, kind, padded):
     hf, _, model = hf_checkpoint(kind)
     assert isinstance(model, FLAX_CLASS[kind])
-    ids, mask, types = inputs(padded, token_types=kind == "bert_cls")
+    ids, mask, types = kind_inputs(kind, padded)
     assert_logits_close(run_flax(model, ids, mask, types), run_hf(hf, ids, mask, types).logits, mask,
-                        per_token=kind != "bert_cls")
+                        per_token=per_token(kind))
 
 
 def test_config_fields_are_mapped(hf_checkpoint):
+    roberta = hf_checkpoint("roberta_cls")[2].config
+    assert (roberta.model_type, roberta.position_offset, roberta.type_vocab_size, roberta.max_position_embeddings) == \
+        ("roberta", 2, 1, 66)
+    assert (roberta.pad_token_id, roberta.bos_token_id, roberta.eos_token_id, roberta.num_labels) == (1, 0, 2, 3)
     gpt2 = hf_checkpoint("gpt2")[2].config
     assert (gpt2.model_type, gpt2.activation, gpt2.intermediate_size, gpt2.max_position_embeddings) == \
         ("gpt2", "gelu_tanh", 256, 64)
@@ -200,14 +241,15 @@ def test_base_class_from_head_checkpoint(hf_checkpoint):
                         run_hf(hf.transformer, ids, mask, None).last_hidden_state, mask)
 
 
-def test_bare_bert_model_checkpoint_round_trip(tmp_path):
-    """A BertModel checkpoint has no ``bert.`` prefix (like all-MiniLM-L6-v2) and a pooler."""
-    hf = hf_model("bert_base")
+@pytest.mark.parametrize("kind", ["bert_base", "roberta_base"])
+def test_bare_bert_model_checkpoint_round_trip(tmp_path, kind):
+    """A BertModel / RobertaModel checkpoint has no ``bert.`` prefix (like all-MiniLM-L6-v2) and a pooler."""
+    hf = hf_model(kind)
     hf.save_pretrained(tmp_path / "hf")
     assert "embeddings.word_embeddings.weight" in load_file(tmp_path / "hf" / "model.safetensors")
     model = from_pretrained(tmp_path / "hf")
-    assert isinstance(model, BertModel)
-    ids, mask, types = inputs(True, token_types=True)
+    assert isinstance(model, BertModel) and model.pooler is not None
+    ids, mask, types = kind_inputs("bert_tok" if kind == "bert_base" else kind, True)
     out, ref = run_flax(model, ids, mask, types), run_hf(hf, ids, mask, types)
     assert_logits_close(out.last_hidden_state, ref.last_hidden_state, mask)
     assert_logits_close(out.pooler_output, ref.pooler_output, None)
@@ -227,6 +269,11 @@ def flax_config(kind: str) -> models.TransformerConfig:
         "llama_tied": get_preset("llama-tiny", tie_word_embeddings=True, attention_bias=True, mlp_bias=True),
         "bert_mlm": get_preset("bert-tiny", activation="gelu_tanh"),
         "bert_cls": get_preset("bert-tiny", num_labels=3),
+        "bert_tok": get_preset("bert-tiny", num_labels=5),
+        **{kind: get_preset("bert-tiny", model_type="roberta", pad_token_id=ROBERTA_PAD, bos_token_id=0,
+                            eos_token_id=2, position_offset=ROBERTA_PAD + 1, type_vocab_size=1,
+                            max_position_embeddings=66, num_labels=3)
+           for kind in ("roberta_mlm", "roberta_cls", "roberta_tok")},
     }[kind]
 
 
@@ -251,9 +298,9 @@ def flax_checkpoint(tmp_path_factory):
 def test_saved_model_loads_in_transformers_with_same_logits(flax_checkpoint, kind, padded):
     model, hf, info = flax_checkpoint(kind)
     assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"], info
-    ids, mask, types = inputs(padded, token_types=kind == "bert_cls")
+    ids, mask, types = kind_inputs(kind, padded)
     assert_logits_close(run_flax(model, ids, mask, types), run_hf(hf, ids, mask, types).logits, mask,
-                        per_token=kind != "bert_cls")
+                        per_token=per_token(kind))
 
 
 def test_saved_config_is_what_transformers_expects(flax_checkpoint):
@@ -320,6 +367,137 @@ def test_save_refuses_what_transformers_cannot_express(tmp_path, feature, config
     with pytest.raises(ValueError, match=feature.replace("(", r"\(")):
         save_pretrained(model, tmp_path)
     assert not (tmp_path / "config.json").exists()
+
+
+# ----------------------------------------------------------------------------------------------- stacked layers
+
+def param_paths(model) -> set:
+    return {p for p, _ in nnx.to_flat_state(nnx.state(model, nnx.Param))}
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama", "bert_mlm", "roberta_cls"])
+def test_stacked_layers_both_ways(hf_checkpoint, tmp_path, kind):
+    """scan_layers=True: the same per-layer checkpoint builds the scanned model (same logits), which saves back to
+    per-layer Hugging Face tensors transformers reloads to the same logits."""
+    hf, directory, per_layer = hf_checkpoint(kind)
+    model = from_pretrained(directory, scan_layers=True)
+    assert model.config.scan_layers and not per_layer.config.scan_layers
+    assert param_paths(model) == param_paths(models.abstract_model(model.config, type(model)))
+    ids, mask, types = kind_inputs(kind, True)
+    logits = run_flax(model, ids, mask, types)
+    assert_logits_close(logits, run_hf(hf, ids, mask, types).logits, mask, per_token=per_token(kind))
+    save_pretrained(model, tmp_path)
+    assert load_file(tmp_path / "model.safetensors").keys() == load_file(directory / "model.safetensors").keys()
+    back, info = AUTO_CLASS[kind].from_pretrained(tmp_path, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"], info
+    assert_logits_close(logits, run_hf(back.eval(), ids, mask, types).logits, mask, per_token=per_token(kind))
+
+
+# ------------------------------------------------------------------- transformers' default configs, special ids
+
+DEFAULT_CONFIGS = {  # what transformers builds with its defaults, only the sizes shrunk
+    "gpt2": lambda: transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=VOCAB, n_embd=64, n_layer=2,
+                                                                         n_head=4)),
+    "llama": lambda: transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4)),
+    "bert": lambda: transformers.BertForMaskedLM(transformers.BertConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4)),
+    "roberta": lambda: transformers.RobertaForMaskedLM(transformers.RobertaConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4)),
+}
+
+
+@pytest.mark.parametrize("family", sorted(DEFAULT_CONFIGS))
+def test_transformers_default_configs_both_ways(tmp_path, family):
+    """GPT-2's defaults keep bos/eos 50256 with a 1000-token vocabulary: they are dropped with a warning each."""
+    torch.manual_seed(0)
+    hf = perturbed(DEFAULT_CONFIGS[family]())
+    hf.save_pretrained(tmp_path / "hf")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model = from_pretrained(tmp_path / "hf")
+    messages = sorted(str(w.message) for w in caught if "outside the vocabulary" in str(w.message))
+    if family == "gpt2":
+        assert messages == [f"config.json: {field}=50256: id(s) [50256] outside the vocabulary [0, 1000) dropped "
+                            f"(only generation uses them); keeping {field}=None"
+                            for field in ("bos_token_id", "eos_token_id")]
+        assert (model.config.bos_token_id, model.config.eos_token_id) == (None, None)
+    else:
+        assert not messages
+    rates = (0.0, 0.0) if family == "llama" else (0.1, 0.1)
+    assert (model.config.dropout, model.config.attention_dropout) == rates
+    ids, mask, _ = inputs(True, pad_id=ROBERTA_PAD if family == "roberta" else 0)
+    logits = run_flax(model, ids, mask, None)
+    assert_logits_close(logits, run_hf(hf, ids, mask, None).logits, mask)
+    save_pretrained(model, tmp_path / "fz")
+    back, info = type(hf).from_pretrained(tmp_path / "fz", output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"], info
+    assert_logits_close(logits, run_hf(back.eval(), ids, mask, None).logits, mask)
+
+
+def test_several_eos_ids_and_bad_special_ids(tmp_path):
+    """An EOS list keeps its in-range ids (a warning names the others); one id is written as an int, several as a
+    list; a value that is no id is an error."""
+    hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        vocab_size=VOCAB, n_embd=32, n_layer=1, n_head=2, n_positions=16, bos_token_id=1000, pad_token_id=3,
+        eos_token_id=[5, 2000, 7]))
+    hf.save_pretrained(tmp_path / "hf")
+    with pytest.warns(UserWarning) as caught:
+        model = from_pretrained(tmp_path / "hf")
+    assert sorted(str(w.message) for w in caught) == [
+        "config.json: bos_token_id=1000: id(s) [1000] outside the vocabulary [0, 1000) dropped (only generation uses "
+        "them); keeping bos_token_id=None",
+        "config.json: eos_token_id=[5, 2000, 7]: id(s) [2000] outside the vocabulary [0, 1000) dropped (only "
+        "generation uses them); keeping eos_token_id=[5, 7]"]
+    assert (model.config.pad_token_id, model.config.bos_token_id, model.config.eos_token_id) == (3, None, (5, 7))
+    saved = json.loads((save_pretrained(model, tmp_path / "several") / "config.json").read_text())
+    assert (saved["eos_token_id"], saved["bos_token_id"], saved["pad_token_id"]) == ([5, 7], None, 3)
+    model.config = model.config.replace(eos_token_id=(7,))
+    assert json.loads((save_pretrained(model, tmp_path / "one") / "config.json").read_text())["eos_token_id"] == 7
+
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    for field, value, expected in [("bos_token_id", [1, 2], "a token id or null"),
+                                   ("eos_token_id", "2", "a token id, a list of ids or null"),
+                                   ("pad_token_id", True, "a token id or null")]:
+        write_config(tmp_path / "hf", config | {"bos_token_id": 1, field: value})
+        with pytest.raises(ValueError, match=re.escape(f"config.json: {field}={value!r}: expected {expected}")):
+            from_pretrained(tmp_path / "hf")
+
+
+def test_dropout_rates_map_both_ways(tmp_path):
+    """Residual ↔ hidden_dropout_prob / resid_pdrop (+ embd_pdrop), attention ↔ attention_probs_dropout_prob /
+    attn_pdrop / Llama's attention_dropout; Llama has no residual dropout, and saving one says so."""
+    small = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2)
+    cases = [
+        (transformers.BertModel(transformers.BertConfig(**small, hidden_dropout_prob=0.2,
+                                                        attention_probs_dropout_prob=0.3)),
+         (0.2, 0.3), {"hidden_dropout_prob": 0.2, "attention_probs_dropout_prob": 0.3, "classifier_dropout": None}),
+        (transformers.GPT2Model(transformers.GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=1, n_head=2,
+                                                        n_positions=16, bos_token_id=0, eos_token_id=0,
+                                                        resid_pdrop=0.2, embd_pdrop=0.2, attn_pdrop=0.3)),
+         (0.2, 0.3), {"resid_pdrop": 0.2, "embd_pdrop": 0.2, "attn_pdrop": 0.3}),
+        (transformers.LlamaModel(transformers.LlamaConfig(**small, attention_dropout=0.3)),
+         (0.0, 0.3), {"attention_dropout": 0.3}),
+    ]
+    for i, (hf, rates, fields) in enumerate(cases):
+        hf.save_pretrained(tmp_path / f"hf{i}")
+        model = from_pretrained(tmp_path / f"hf{i}")
+        assert (model.config.dropout, model.config.attention_dropout) == rates
+        saved = json.loads((save_pretrained(model, tmp_path / f"fz{i}") / "config.json").read_text())
+        assert {k: saved[k] for k in fields} == fields
+    model.config = model.config.replace(dropout=0.1)
+    with pytest.warns(UserWarning, match=r"dropout=0\.1 is not written: Hugging Face llama has no residual dropout"):
+        save_pretrained(model, tmp_path / "llama_dropout")
+
+
+def test_bad_load_options_are_named(hf_checkpoint):
+    _, directory, _ = hf_checkpoint("bert_cls")
+    with pytest.raises(ValueError, match=r"scan_layers='yes': expected True, False or None"):
+        from_pretrained(directory, scan_layers="yes")
+    with pytest.raises(ValueError, match=r"num_labels=0: expected a positive integer"):
+        from_pretrained(directory, num_labels=0)
+    with pytest.raises(ValueError, match=r"classifier\.weight: expected shape \(4, 64\), found \(3, 64\)"):
+        from_pretrained(directory, num_labels=4)
 
 
 # ----------------------------------------------------------------------------------------- other checkpoint formats
