@@ -66,7 +66,7 @@ from models.bert import BertForMaskedLM
 from models.config import TransformerConfig, get_preset
 from models.generate import generate
 from models.gpt import GPTForCausalLM
-from models.layers.attention_core import resolve_attention_impl
+from models.layers.attention_core import attention_backend
 from models.modeling import create_model, param_count
 from train import flops as flopslib
 
@@ -81,7 +81,7 @@ def workload_spec(name: str, args: argparse.Namespace) -> dict[str, Any]:
     """``{"config", "cls", "batch", "seq", ...}`` of a workload, with the command line's size overrides."""
     on_cpu = jax.devices()[0].platform == "cpu"
     sizes = dict(vocab_size=8192, hidden_size=384, num_layers=6, num_heads=6, intermediate_size=1536,
-                 max_position_embeddings=256, dropout=0.0)
+                 max_position_embeddings=256, dropout=0.0, attention_dropout=0.0)
     if args.tiny:
         sizes.update(vocab_size=512, hidden_size=64, num_layers=2, num_heads=4, intermediate_size=256)
     for key, flag in (("num_layers", "layers"), ("hidden_size", "hidden"), ("num_heads", "heads"),
@@ -179,7 +179,7 @@ def make_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, loss_of:
     """``step(params, opt_state, rest, batch) -> (params, opt_state, loss)``: pure, to be jitted with the first two
     donated."""
     def loss(params, rest, batch):
-        return loss_of(nnx.merge(graphdef, params, rest), batch)
+        return loss_of(nnx.merge(graphdef, params, rest, copy=True), batch)
 
     def step(params, opt_state, rest, batch):
         value, grads = jax.value_and_grad(loss)(params, rest, batch)
@@ -464,14 +464,15 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     results = []
     for name in args.works:
         spec = workload_spec(name, args)
+        backend, why = attention_backend(spec["config"], q_len=spec["seq"], training=name != "gpt_generate")
         result = dict(work=name, framework="flaxzoo (jax)", machine=machine(), jax=jax.__version__,
-                      dtype=spec["config"].dtype, attention=resolve_attention_impl(spec["config"].attention_impl),
+                      dtype=spec["config"].dtype, attention=backend, attention_reason=why,
                       remat=spec["config"].remat, scan_layers=spec["config"].scan_layers, batch=spec["batch"],
                       seq=spec["seq"], peak_flops=peak, peak_kind=peak_kind)
         if not args.json:
             shape = (f"batch {spec['batch']}, prompt {spec['prompt']} + {spec['new_tokens']} new"
                      if name == "gpt_generate" else f"batch {spec['batch']} x {spec['seq']}")
-            print(f"{name} [{machine()}, {shape}, {spec['config'].dtype}, attention {result['attention']}, remat "
+            print(f"{name} [{machine()}, {shape}, {spec['config'].dtype}, attention {backend} ({why}), remat "
                   f"{spec['config'].remat}, scan {spec['config'].scan_layers}, peak "
                   f"{peak / 1e9:,.0f} GFLOP/s {peak_kind}]", flush=True)
         ours_rounds, theirs_rounds = [], []

@@ -34,6 +34,7 @@ LOGICAL_RULES: dict[str | None, str | tuple[str, ...] | None] = {
     "head_dim": None,
     "mlp": "tensor",
     "norm": None,
+    "layers": None,  # the stacked-layers axis (scan_layers): every device runs every layer
     None: None,
 }
 # Whole-parameter overrides, checked first. The token table is split over its rows only: splitting [vocab, embed] as

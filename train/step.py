@@ -16,6 +16,8 @@ batches where micro-batches hold different numbers of masked tokens.
 
 from __future__ import annotations
 
+import zlib
+
 from typing import Any, Callable
 
 import jax
@@ -73,10 +75,29 @@ def global_norm(tree: Any) -> jax.Array:
 
 # ============================================================================================================ rng
 def reseed_dropout(model: nnx.Module, key: jax.Array) -> None:
-    """Point every RNG stream of ``model`` (the dropout layers' streams) at a key derived from ``key``."""
-    tags = sorted({v.tag for _, v in nnx.iter_graph(model) if isinstance(v, nnx.RngKey)})
-    if tags:
-        nnx.reseed(model, **{tag: jax.random.fold_in(key, i) for i, tag in enumerate(tags)})
+    """Point every RNG stream of ``model`` (the dropout layers' streams) at its own key derived from ``key`` and the
+    stream's path, and reset its counter.
+
+    Layer ``i``'s stream gets the same key whether the layers are stored one by one (``layers.i.…``) or stacked
+    (``layers.…``, ``[num_layers]`` keys), so ``scan_layers`` never changes the dropout masks."""
+    for path, variable in nnx.iter_graph(model):
+        if isinstance(variable, nnx.RngCount):
+            variable.set_value(jnp.zeros_like(variable.get_value()))
+        if not isinstance(variable, nnx.RngKey):
+            continue
+        names = [str(p) for p in path]
+        layer = None
+        if "layers" in names and names.index("layers") + 1 < len(names):
+            at = names.index("layers") + 1
+            if names[at].isdigit():
+                layer = int(names.pop(at))
+        stream_key = jax.random.fold_in(key, zlib.crc32(".".join(names).encode()) & 0x7FFFFFFF)
+        shape = variable.get_value().shape
+        if shape:  # stacked layers: one key per layer
+            value = jax.vmap(lambda i: jax.random.fold_in(stream_key, i))(jnp.arange(shape[0]))
+        else:
+            value = stream_key if layer is None else jax.random.fold_in(stream_key, layer)
+        variable.set_value(value)
 
 
 def step_key(state: TrainState) -> jax.Array:

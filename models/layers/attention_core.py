@@ -270,3 +270,14 @@ def attend(query: jax.Array, key: jax.Array, value: jax.Array, *, mask: jax.Arra
             logging.getLogger(__name__).warning("cuDNN attention unavailable (%s); using XLA", exc)
     return jax.nn.dot_product_attention(query, key, value, bias=bias, mask=mask, is_causal=is_causal,
                                         implementation="xla")
+
+
+def attention_backend(config, *, q_len: int, k_len: int | None = None, masked: bool = False,
+                      training: bool = False, platform: str | None = None) -> tuple[str, str]:
+    """The attention core ``config``'s layers run for a call of ``q_len`` queries over ``k_len`` keys (default
+    ``q_len``): ``("cudnn" | "xla" | "softmax", reason)``. ``masked``: padding or packed documents (a mask beyond
+    plain causality); ``training``: attention dropout applies (``config.attention_dropout`` > 0)."""
+    return choose_backend(config.attention_impl, dtype=config.dtype, head_dim=config.head_dim, q_len=q_len,
+                          k_len=q_len if k_len is None else k_len, masked=masked,
+                          biased=config.position == "alibi", is_causal=config.causal,
+                          dropout=training and config.attention_dropout > 0, platform=platform)

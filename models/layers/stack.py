@@ -2,7 +2,7 @@
 
 The blocks are stored one of two ways. ``config.scan_layers=False``: ``layers`` is an ``nnx.List`` of blocks (paths
 ``layers.0 ...``), run by a Python loop. ``scan_layers=True``: ``layers`` is ONE block whose parameters are stacked
-``[num_layers, ...]`` (created with ``nnx.vmap``, logical axis ``"layers"``), run by ``lax.scan`` as MaxText does: one
+``[num_layers, ...]`` (logical axis ``"layers"``), run by ``lax.scan`` as MaxText does: one
 compiled layer body and no per-step stacking copy. Checkpoint formats are converted at the boundary
 (``stack_layer_values`` / ``unstack_layer_values`` below).
 """
@@ -73,15 +73,25 @@ def _check_segments(segment_ids, expected_shape: tuple[int, ...]) -> None:
                              "each row (1, 1, 2, 2, 2, 3, ...; 0 = padding)")
 
 
-def stacked_blocks(config: TransformerConfig, rngs: nnx.Rngs) -> TransformerBlock:
-    """``num_layers`` blocks as one module with ``[num_layers, ...]`` parameters (and RNG streams)."""
+def stack_modules(modules: list[nnx.Module]) -> nnx.Module:
+    """Modules of one structure as ONE module whose variables are stacked ``[len(modules), ...]``; parameters get
+    the logical axis ``"layers"`` in front of their own names.
 
-    @nnx.split_rngs(splits=config.num_layers)
-    @nnx.vmap(in_axes=(0,), out_axes=0, transform_metadata={nnx.PARTITION_NAME: LAYER_AXIS})
-    def create(layer_rngs: nnx.Rngs) -> TransformerBlock:
-        return TransformerBlock(config, rngs=layer_rngs)
+    The blocks are built one by one first, so that a stacked model holds exactly the parameters (and dropout
+    streams) of the unstacked one with the same seed: ``scan_layers`` changes how the stack runs, never its values.
+    """
+    graphdef, _ = nnx.split(modules[0])
 
-    return create(rngs)
+    def stacked(*variables: nnx.Variable) -> nnx.Variable:
+        first = variables[0]
+        out = first.replace(jnp.stack([v.get_value() for v in variables]))
+        axes = first.get_metadata().get("out_sharding")
+        if axes is not None:
+            out.set_metadata(out_sharding=(LAYER_AXIS, *axes))
+        return out
+
+    states = [nnx.state(m) for m in modules]
+    return nnx.merge(graphdef, jax.tree.map(stacked, *states, is_leaf=lambda x: isinstance(x, nnx.Variable)))
 
 
 class TransformerStack(nnx.Module):
@@ -90,10 +100,8 @@ class TransformerStack(nnx.Module):
     def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
         self.config = config
         self.embeddings = InputEmbeddings(config, rngs=rngs)
-        if config.scan_layers:
-            self.layers = stacked_blocks(config, rngs)
-        else:
-            self.layers = nnx.List([TransformerBlock(config, rngs=rngs) for _ in range(config.num_layers)])
+        blocks = [TransformerBlock(config, rngs=rngs) for _ in range(config.num_layers)]
+        self.layers = stack_modules(blocks) if config.scan_layers else nnx.List(blocks)
         self.final_norm = make_norm(config, rngs) if config.final_norm else None
 
     def check_inputs(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None, *,
