@@ -13,6 +13,7 @@ import pathlib
 import shutil
 import subprocess
 import sys
+import warnings
 
 import gguf
 import jax
@@ -322,6 +323,61 @@ def test_flaxzoo_checkpoint_errors(tmp_path):
     (step / "meta" / "metadata").write_text(json.dumps({**meta, "format": "something-else"}))
     with pytest.raises(ValueError, match="not flaxzoo checkpoint metadata"):
         from_pretrained(tmp_path / "a")
+
+
+def stacked(model: nnx.Module) -> bool:
+    """Whether the model's blocks are stored stacked: parameters ``(..., "layers", <name>, ...)``."""
+    paths = [p for p, _ in nnx.to_flat_state(nnx.state(model, nnx.Param)) if "layers" in p]
+    return not isinstance(paths[0][paths[0].index("layers") + 1], int)
+
+
+@pytest.mark.parametrize("stored, loaded", [(False, True), (True, False), (True, None)],
+                         ids=["per_layer_to_stacked", "stacked_to_per_layer", "stacked_kept"])
+def test_training_checkpoint_in_either_layer_layout(tmp_path, stored, loaded):
+    """A checkpoint written with scan_layers on or off loads with either (None: the stored config's)."""
+    model = models.create_model(models.get_preset("llama-tiny", scan_layers=stored), seed=4)
+    assert stacked(model) is stored
+    save_checkpoint(model, tmp_path)
+    back = from_pretrained(tmp_path, scan_layers=loaded)
+    assert back.config.scan_layers is stacked(back) is (stored if loaded is None else loaded)
+    assert isinstance(back, models.GPTForCausalLM) and back.config.replace(scan_layers=stored) == model.config
+    np.testing.assert_allclose(np.asarray(back(IDS)), np.asarray(model(IDS)), rtol=0, atol=1e-5)
+
+
+def test_training_checkpoint_starts_another_head(tmp_path):
+    """An MLM checkpoint as a classifier: the encoder is the checkpoint's, the new head is create_model's at the
+    seed, listed in one warning; the MLM head is skipped. A classifier checkpoint as BertModel keeps its pooler
+    (nothing new, no warning)."""
+    config = models.get_preset("bert-tiny")
+    mlm = models.create_model(config, models.BertForMaskedLM, seed=1)
+    save_checkpoint(mlm, tmp_path / "mlm")
+    with pytest.warns(UserWarning, match=r"\(BertForMaskedLM loaded as BertForSequenceClassification\): the "
+                                         r"checkpoint lacks 4 tensor\(s\), initialised with the model's initialisers "
+                                         r"\(seed=2\): bert\.pooler\.bias, bert\.pooler\.kernel, classifier\.bias, "
+                                         r"classifier\.kernel;"):
+        classifier = from_pretrained(tmp_path / "mlm", cls=models.BertForSequenceClassification, num_labels=4,
+                                     seed=2)
+    assert classifier.config.num_labels == 4 and classifier.config.replace(num_labels=2) == config
+    np.testing.assert_array_equal(np.asarray(classifier.bert(IDS).last_hidden_state),
+                                  np.asarray(mlm.bert(IDS).last_hidden_state))
+    fresh = models.create_model(classifier.config, models.BertForSequenceClassification, seed=2)
+    np.testing.assert_array_equal(np.asarray(classifier(IDS)), np.asarray(fresh.classifier(
+        jnp.tanh(fresh.bert.pooler(classifier.bert(IDS).last_hidden_state[:, 0])))))
+
+    save_checkpoint(classifier, tmp_path / "cls")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        encoder = from_pretrained(tmp_path / "cls", cls="BertModel")
+    assert encoder.pooler is not None
+    np.testing.assert_array_equal(np.asarray(encoder(IDS).pooler_output),
+                                  np.asarray(classifier.bert(IDS).pooler_output))
+    with pytest.warns(UserWarning, match=r"lacks 2 tensor\(s\).*: classifier\.bias, classifier\.kernel;"):
+        tagger = from_pretrained(tmp_path / "mlm", cls=models.BertForTokenClassification)
+    assert tagger(IDS).shape == (2, 8, 2)
+    with pytest.raises(ValueError, match=r"holds a BertForMaskedLM \(encoder\); cls='GPTForCausalLM' does not match: "
+                                         r"it loads as one of \['BertForMaskedLM', 'BertForSequenceClassification', "
+                                         r"'BertForTokenClassification', 'BertModel'\]"):
+        from_pretrained(tmp_path / "mlm", cls="GPTForCausalLM")
 
 
 def test_convert_cli_minilm_round_trip(tmp_path):

@@ -8,6 +8,7 @@ with ``-s``.
 
 import importlib.util
 import pathlib
+import re
 import time
 
 import jax.numpy as jnp
@@ -106,6 +107,30 @@ def test_minilm_sentence_embeddings(minilm, minilm_torch, minilm_dir):
         reference.append(torch.nn.functional.normalize(hidden, dim=-1)[0].numpy())
     np.testing.assert_allclose(vectors, np.stack(reference), rtol=0, atol=1e-5)
     np.testing.assert_allclose(embed(minilm, load_tokenizer(minilm_dir), SENTENCES[2]), vectors[2:], atol=1e-6)
+
+
+@pytest.mark.parametrize("cls", [models.BertForSequenceClassification, models.BertForTokenClassification])
+def test_minilm_starts_a_classifier(minilm, minilm_dir, cls):
+    """The real encoder as a classifier: the new head (and the pooler, where the file has none) are listed in one
+    warning; the encoder's hidden states (and pooler) are the ones BertModel loads."""
+    from safetensors import safe_open
+
+    with safe_open(minilm_dir / "model.safetensors", framework="np") as f:
+        has_pooler = "pooler.dense.weight" in f.keys()
+    new = ["classifier.bias", "classifier.weight"]
+    if cls is models.BertForSequenceClassification and not has_pooler:
+        new = ["pooler.dense.bias", "pooler.dense.weight"] + new
+    with pytest.warns(UserWarning, match=rf"lacks {len(new)} tensor\(s\).*: {re.escape(', '.join(new))};"):
+        model = from_pretrained(minilm_dir, cls=cls, num_labels=3)
+    ids, mask, types = batch(load_tokenizer(minilm_dir, padding=True), SENTENCES)
+    hidden = model.bert(jnp.asarray(ids), jnp.asarray(mask), jnp.asarray(types)).last_hidden_state
+    reference = minilm(jnp.asarray(ids), jnp.asarray(mask), jnp.asarray(types))
+    np.testing.assert_array_equal(np.asarray(hidden), np.asarray(reference.last_hidden_state))
+    if has_pooler and cls is models.BertForSequenceClassification:
+        np.testing.assert_array_equal(np.asarray(model.bert.pooler.kernel[...]), np.asarray(minilm.pooler.kernel[...]))
+    logits = np.asarray(model(jnp.asarray(ids), jnp.asarray(mask), jnp.asarray(types)))
+    assert logits.shape == ((3, 3) if cls is models.BertForSequenceClassification else (*ids.shape, 3))
+    assert np.isfinite(logits).all()
 
 
 TOKENIZER_TEXTS = SENTENCES + [
