@@ -10,9 +10,10 @@ the items
 * ``data``: the Grain iterator state (training only).
 
 Loading a model reads ``meta`` and only ``params`` out of ``state`` (a partial restore: the optimizer state and the
-data item are never opened), onto the local devices whatever mesh wrote them, and in either layer layout (blocks
-per layer, or stacked ``[num_layers, ...]`` when the config has ``scan_layers``) whichever layout wrote them. ``save_checkpoint`` writes the same
-layout with ``state`` holding ``params`` only, at step 0: what ``python -m models.convert ... --to flaxzoo`` produces.
+data item are never opened), onto the local devices whatever mesh wrote them, into either layer layout (blocks per
+layer, or stacked ``[num_layers, ...]`` with ``scan_layers``) whichever one wrote them. ``save_checkpoint`` writes the
+same layout with ``state`` holding ``params`` only, at step 0: what ``python -m models.convert ... --to flaxzoo``
+produces.
 """
 
 from __future__ import annotations

@@ -2,8 +2,9 @@
 
 A GGUF file holds key/value metadata (architecture, sizes, the tokenizer) and tensors under llama.cpp's names
 (``token_embd.weight``, ``blk.0.attn_q.weight`` ...), most of them quantised in blocks. This module reads both with
-the ``gguf`` package (``pip install gguf``); the name table and the weight layouts live in ``models/hub.py`` beside the
-Hugging Face ones, so a GGUF loads through the same table-driven path as a Hugging Face directory.
+the ``gguf`` package (``pip install gguf``); the name table and the weight layouts live in ``models/hub/llama.py``
+beside the Hugging Face Llama table, so a GGUF loads through the same table-driven path as a Hugging Face directory.
+It stays outside ``models/hub/`` because ``load_tokenizer`` reads GGUF tokenizers with it too.
 
 Two facts about Llama GGUFs matter for the numbers:
 

@@ -52,15 +52,17 @@ def encoder_entries(config: TransformerConfig, base: str, enc: str) -> list[Entr
     return entries
 
 
-def mlm_decoder(config: TransformerConfig, decoder: str, bias: str, embedding: str
-                ) -> tuple[list[Entry], dict[str, str], dict[str, str]]:
-    """The MLM output layer: (entries, tied, unused). Hugging Face's decoder reads ``{decoder}.{weight,bias}``. Tied,
-    they are the word embeddings ``embedding`` and ``bias``, and only those are stored; untied, ``bias`` is a dead
-    copy of ``{decoder}.bias``."""
+def mlm_head(config: TransformerConfig, base: str, *, dense: str, layer_norm: str, decoder: str, bias: str
+             ) -> tuple[list[Entry], dict[str, str], dict[str, str]]:
+    """The MLM head (Hugging Face names ``dense``, ``layer_norm``, ``decoder``, ``bias``) ↔ flaxzoo ``transform``,
+    ``transform_norm``, ``decoder``: (entries, tied, unused). Hugging Face's decoder reads ``{decoder}.{weight,bias}``.
+    Tied, they are the word embeddings and ``bias``, and only those are stored; untied, ``bias`` is a dead copy of
+    ``{decoder}.bias``."""
+    entries = [*linear(dense, "transform", True), *norm(layer_norm, "transform_norm")]
     if config.tie_word_embeddings:
-        return ([entry(bias, "decoder.bias")],
-                {f"{decoder}.weight": embedding, f"{decoder}.bias": bias}, {})
-    return linear(decoder, "decoder", True), {}, {bias: f"{decoder}.bias"}
+        return (entries + [entry(bias, "decoder.bias")],
+                {f"{decoder}.weight": f"{base}embeddings.word_embeddings.weight", f"{decoder}.bias": bias}, {})
+    return entries + linear(decoder, "decoder", True), {}, {bias: f"{decoder}.bias"}
 
 
 def weight_map(entries: list[Entry], enc: str, ignored: list[str], tied: dict[str, str] | None = None,
@@ -88,10 +90,9 @@ def bert_weights(config: TransformerConfig, cls: type, base: str) -> WeightMap:
     else:
         ignored.append(r"classifier\.(weight|bias)")
     if cls is BertForMaskedLM:
-        entries += [*linear("cls.predictions.transform.dense", "transform", True),
-                    *norm("cls.predictions.transform.LayerNorm", "transform_norm")]
-        head, tied, unused = mlm_decoder(config, "cls.predictions.decoder", "cls.predictions.bias",
-                                         f"{base}embeddings.word_embeddings.weight")
+        head, tied, unused = mlm_head(config, base, dense="cls.predictions.transform.dense",
+                                      layer_norm="cls.predictions.transform.LayerNorm",
+                                      decoder="cls.predictions.decoder", bias="cls.predictions.bias")
         entries += head
     else:
         ignored.append(r"cls\.predictions\..*")

@@ -18,9 +18,9 @@ from typing import Any, Mapping
 from models.bert import BertForMaskedLM, BertForSequenceClassification, BertForTokenClassification, BertModel
 from models.config import TransformerConfig
 from models.hub.bert import (ENCODER_LAYOUT, encoder_config_from_hf, encoder_config_to_hf, encoder_entries,
-                             encoder_factory, encoder_save_problems, flax_root, mlm_decoder, tf_layernorm_names,
+                             encoder_factory, encoder_save_problems, flax_root, mlm_head, tf_layernorm_names,
                              weight_map)
-from models.hub.mapping import Family, WeightMap, linear, norm
+from models.hub.mapping import Family, WeightMap, linear
 
 
 def roberta_weights(config: TransformerConfig, cls: type, base: str) -> WeightMap:
@@ -37,7 +37,8 @@ def roberta_weights(config: TransformerConfig, cls: type, base: str) -> WeightMa
     else:  # pre-training checkpoints (roberta-base) hold a pooler no head class reads
         ignored.append(rf"{re.escape(base)}pooler\.dense\.(weight|bias)")
     if cls is BertForSequenceClassification:
-        entries += [*linear("classifier.dense", "bert.pooler", True), *linear("classifier.out_proj", "classifier", True)]
+        entries += [*linear("classifier.dense", "bert.pooler", True),
+                    *linear("classifier.out_proj", "classifier", True)]
     elif cls is BertForTokenClassification:
         entries += linear("classifier", "classifier", True)
     if cls not in (BertForSequenceClassification, BertForTokenClassification):
@@ -46,9 +47,8 @@ def roberta_weights(config: TransformerConfig, cls: type, base: str) -> WeightMa
         if config.activation != "gelu":
             raise ValueError(f"activation={config.activation!r}: Hugging Face's RobertaForMaskedLM head always "
                              "applies exact GELU, flaxzoo's the config's activation; expected 'gelu'")
-        entries += [*linear("lm_head.dense", "transform", True), *norm("lm_head.layer_norm", "transform_norm")]
-        head, tied, unused = mlm_decoder(config, "lm_head.decoder", "lm_head.bias",
-                                         f"{base}embeddings.word_embeddings.weight")
+        head, tied, unused = mlm_head(config, base, dense="lm_head.dense", layer_norm="lm_head.layer_norm",
+                                      decoder="lm_head.decoder", bias="lm_head.bias")
         entries += head
     else:
         ignored.append(r"lm_head\..*")
