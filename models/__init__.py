@@ -5,11 +5,14 @@ from models.bert import (BertForMaskedLM, BertForSequenceClassification, BertFor
 from models.config import PRESETS, TransformerConfig, get_preset
 from models.generate import generate
 from models.gpt import GPTForCausalLM, GPTModel
+from models.layers.attention_core import attention_backend
+from models.layers.decode_state import DecodeState
+from models.layers.embeddings import check_token_ids
 from models.modeling import abstract_model, create_model, default_model_class, param_count
 
 __all__ = [
     "BertForMaskedLM", "BertForSequenceClassification", "BertForTokenClassification", "BertModel", "EncoderOutput",
-    "GPTForCausalLM", "GPTModel",
+    "DecodeState", "GPTForCausalLM", "GPTModel", "attention_backend", "check_token_ids",
     "PRESETS", "TransformerConfig", "abstract_model", "create_model", "default_model_class", "from_pretrained",
     "generate", "get_preset", "param_count", "save_pretrained", "load_tokenizer", "embed", "generate_text",
 ]
