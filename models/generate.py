@@ -42,7 +42,8 @@ def left_align(input_ids: np.ndarray, attention_mask: np.ndarray) -> tuple[np.nd
 @partial(jax.jit, static_argnames=("graphdef", "max_new_tokens", "greedy"))
 def _generate(graphdef, state, input_ids, prompt_mask, rng, temperature, top_k, top_p, stop_ids, fill, *,
               max_new_tokens, greedy):
-    """``[batch, max_new_tokens]`` new tokens. ``stop_ids: [n]`` (n may be 0); ``fill``: the id written after a stop."""
+    """``[batch, max_new_tokens]`` new tokens. ``stop_ids: [n]`` (-1 entries match nothing); ``fill``: the id written
+    after a stop."""
     model = nnx.merge(graphdef, state)
     model.eval()
     batch, prompt_len = input_ids.shape
@@ -85,6 +86,14 @@ def _stop_ids(eos_token_id, vocab_size: int) -> tuple[int, ...]:
     if not ids:
         raise ValueError("eos_token_id=[]: expected a token id, a non-empty list of them, or None")
     return tuple(int(t) for t in ids)
+
+
+def _padded_stop_ids(stop_ids: tuple[int, ...]) -> np.ndarray:
+    """The stop ids padded with -1 (never a token) to 8 or the next power of two: few shapes, few compilations."""
+    size = max(8, 1 << max(len(stop_ids) - 1, 0).bit_length())
+    padded = np.full((size,), -1, np.int32)
+    padded[:len(stop_ids)] = stop_ids
+    return padded
 
 
 def generate(model: nnx.Module, input_ids, max_new_tokens: int, *, attention_mask=None, temperature: float = 0.0,
@@ -144,6 +153,6 @@ def generate(model: nnx.Module, input_ids, max_new_tokens: int, *, attention_mas
     graphdef, state = nnx.split(model)
     new_tokens = _generate(graphdef, state, jnp.asarray(aligned_ids), jnp.asarray(aligned_mask), rng,
                            jnp.float32(temperature), jnp.int32(top_k), jnp.float32(top_p),
-                           jnp.asarray(stop_ids, jnp.int32).reshape(-1), jnp.int32(fill),
+                           jnp.asarray(_padded_stop_ids(stop_ids)), jnp.int32(fill),
                            max_new_tokens=int(max_new_tokens), greedy=greedy)
     return jnp.concatenate([jnp.asarray(input_ids, jnp.int32), new_tokens], axis=1)

@@ -186,3 +186,81 @@ def test_non_contiguous_mask():
 def test_mask_of_wrong_shape():
     with pytest.raises(ValueError, match=r"attention_mask has shape \(2, 3\): expected \(2, 4\)"):
         models.generate(model_for("gpt2"), prompts(2, 4), 4, attention_mask=np.ones((2, 3), np.int32))
+
+
+# ------------------------------------------------------------------------------------ compiled once, stop ids, keys
+
+
+def test_sampler_values_do_not_recompile():
+    from models.generate import _generate
+
+    model = model_for("llama")
+    prompt = prompts(2, 4, seed=8)
+    models.generate(model, prompt, 6, temperature=0.7, top_k=5, top_p=0.9, seed=0)
+    before = _generate._cache_size()
+    for temperature, top_k, top_p in ((1.3, 50, 0.5), (0.2, 2, 0.99), (2.0, 900, 0.3)):
+        models.generate(model, prompt, 6, temperature=temperature, top_k=top_k, top_p=top_p, seed=1)
+    models.generate(model, prompt, 6, temperature=0.7, eos_token_id=[5, 6], seed=0)  # new stop ids: same program
+    assert _generate._cache_size() == before
+
+
+def test_several_stop_ids_and_pad_fill():
+    model = model_for("gpt2")
+    prompt = prompts(2, 5)
+    greedy = np.asarray(models.generate(model, prompt, NEW))[:, 5:]
+    stops = [int(greedy[0, 4]), int(greedy[1, 7])]
+    got = np.asarray(models.generate(model, prompt, NEW, eos_token_id=stops))[:, 5:]
+    for row in range(2):
+        stop = min(np.flatnonzero(np.isin(greedy[row], stops)))
+        np.testing.assert_array_equal(got[row, :stop + 1], greedy[row, :stop + 1])
+        assert (got[row, stop + 1:] == stops[0]).all(), "no pad id in the config: filled with the first stop id"
+    with_pad = nnx.merge(*nnx.split(model))
+    with_pad.config = model.config.replace(pad_token_id=999)
+    padded = np.asarray(models.generate(with_pad, prompt, NEW, eos_token_id=stops))[:, 5:]
+    stop = min(np.flatnonzero(np.isin(greedy[0], stops)))
+    assert (padded[0, stop + 1:] == 999).all() and padded[0, stop] == greedy[0, stop]
+
+
+def test_sampling_without_a_key_draws_a_fresh_seed_and_a_seed_reproduces():
+    model = model_for("gpt2")
+    prompt = prompts(2, 4, seed=6)
+    draws = [np.asarray(models.generate(model, prompt, 16, temperature=1.0)) for _ in range(2)]
+    assert (draws[0] != draws[1]).any(), "two unseeded sampling calls gave the same sample"
+    a, b = (np.asarray(models.generate(model, prompt, 16, temperature=1.0, seed=11)) for _ in range(2))
+    np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(a, np.asarray(models.generate(model, prompt, 16, temperature=1.0,
+                                                                rng=jax.random.key(11))))
+    with pytest.raises(ValueError, match="pass at most one of rng"):
+        models.generate(model, prompt, 4, temperature=1.0, seed=1, rng=jax.random.key(1))
+
+
+def test_left_padding_does_not_count_against_learned_positions():
+    model = model_for("gpt2")  # 128 learned positions
+    real = prompts(1, 20, seed=9)
+    padded = np.zeros((1, 100), np.int32)
+    padded[0, -20:] = real
+    mask = (np.arange(100) >= 80).astype(np.int32)[None]
+    out = np.asarray(models.generate(model, padded, 100, attention_mask=mask))  # 20 real + 100 new <= 128
+    np.testing.assert_array_equal(out[:, 100:], np.asarray(models.generate(model, real, 100))[:, 20:])
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(temperature=-1.0), r"temperature=-1.0"),
+    (dict(temperature=1.0, top_k=1001), r"top_k=1001"),
+    (dict(temperature=1.0, top_p=0.0), r"top_p=0.0"),
+    (dict(eos_token_id=1000), r"eos_token_id=1000: expected a token id in \[0, 1000\) or a list of them"),
+    (dict(eos_token_id=[]), r"eos_token_id=\[\]"),
+    (dict(seed=1.5, temperature=1.0), r"seed=1.5: expected an integer"),
+])
+def test_bad_generation_arguments_are_named(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        models.generate(model_for("gpt2"), prompts(1, 4), 4, **kwargs)
+
+
+def test_prompt_as_list_and_one_dimensional_prompt():
+    model = model_for("gpt2")
+    np.testing.assert_array_equal(np.asarray(models.generate(model, [[5, 6, 7]], 3)),
+                                  np.asarray(models.generate(model, np.array([[5, 6, 7]]), 3)))
+    with pytest.raises(ValueError, match=r"input_ids has shape \(3,\): expected \[batch, prompt\] \(for one sequence "
+                                         r"pass \[ids\]\)"):
+        models.generate(model, [5, 6, 7], 3)
