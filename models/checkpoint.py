@@ -3,7 +3,7 @@
 ``python -m train`` keeps an orbax ``CheckpointManager`` rooted at ``WORKDIR/checkpoints``; each step directory holds
 the items
 
-* ``state``: a ``StandardSave`` of a dict whose ``"params"`` is ``nnx.state(model, nnx.Param).to_pure_dict()`` (plus
+* ``state``: a ``StandardSave`` of a dict whose ``"params"`` is ``nnx.to_pure_dict(nnx.state(model, nnx.Param))`` (plus
   the optimizer state, step, RNG ... which only training reads),
 * ``meta``: a ``JsonSave`` of ``{"format": "flaxzoo", "version": 1, "model_class": ..., "config":
   TransformerConfig.to_dict(), "train_config": {...}}``,
@@ -128,8 +128,8 @@ def _key(entry: Any) -> Any:
 
 def _stack_prefix(paths: Any) -> ParamPath:
     """Where the layer stack sits in a model's parameter tree: the path above its ``embeddings``
-    (``("bert", "encoder")`` in a ``BertForMaskedLM``, ``("decoder",)`` in a ``GPTModel``)."""
-    return next(p[:p.index("embeddings")] for p in paths if p[-3:] == ("embeddings", "tokens", "embedding"))
+    (``("bert", "encoder")`` in a ``BertForMaskedLM``, ``("decoder",)`` in a ``GPTModel``; ``()`` without one)."""
+    return next((p[:p.index("embeddings")] for p in paths if p[-3:] == ("embeddings", "tokens", "embedding")), ())
 
 
 def _rebased(paths: Any, stored_base: ParamPath, base: ParamPath) -> dict[ParamPath, ParamPath]:
@@ -233,7 +233,7 @@ def save_checkpoint(model: nnx.Module, workdir: str | pathlib.Path, *, step: int
     root = pathlib.Path(workdir).expanduser().absolute() / CHECKPOINT_DIR
     if (root / str(step)).exists():
         raise FileExistsError(f"{root / str(step)} already exists; choose another directory")
-    params = nnx.state(model, nnx.Param).to_pure_dict()
+    params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
     with ocp.CheckpointManager(root) as manager:
         manager.save(step, args=ocp.args.Composite(**{
             STATE: ocp.args.StandardSave({"params": params}),

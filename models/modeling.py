@@ -106,9 +106,13 @@ def to_layer_layout(values: Mapping[ParamPath, Any], paths: Collection[ParamPath
     """``values`` (per-layer or stacked) in the layout of the parameter ``paths`` of a model: stacked when some path
     is ``(..., "layers", <name>, ...)``, per layer otherwise."""
     values = unstack_layer_values(dict(values), num_layers)
-    stacked = any("layers" in p and p.index("layers") + 1 < len(p) and not isinstance(p[p.index("layers") + 1], int)
-                  for p in paths)
-    return stack_layer_values(values, num_layers) if stacked else values
+    return stack_layer_values(values, num_layers) if any(_stacked(p) for p in paths) else values
+
+
+def _stacked(path: ParamPath) -> bool:
+    """Whether ``path`` is a stacked block parameter: ``(..., "layers", <name>, ...)``."""
+    at = path.index("layers") if "layers" in path else len(path)
+    return at + 1 < len(path) and not isinstance(path[at + 1], int)
 
 
 def warn_initialised(what: str, names: Collection[str], seed: int) -> None:
@@ -140,14 +144,15 @@ def assemble_model(config: TransformerConfig, factory: Callable[..., nnx.Module]
             raise ValueError(f"parameter {dotted(path)}: expected shape {tuple(shapes[path].shape)}, got "
                              f"{tuple(value.shape)}")
 
-    def initial() -> tuple[nnx.State, dict[ParamPath, jax.Array]]:
+    def initial() -> tuple[nnx.State, dict[str, jax.Array]]:
         # Under jit the random initialisation of every parameter not asked for is compiled away.
         _, new_params, rest = nnx.split(factory(config, rngs=nnx.Rngs(seed)), nnx.Param, ...)
-        return rest, {p: v.get_value() for p, v in nnx.to_flat_state(new_params) if p in fresh}
+        return rest, {dotted(p): v.get_value() for p, v in nnx.to_flat_state(new_params) if p in fresh}
 
     rest, initialised = jax.jit(initial)()
     param_dtype = jnp.dtype(config.param_dtype)
-    flat = [(path, var.replace(jnp.asarray(initialised[path] if path in fresh else values[path], dtype=param_dtype)))
+    flat = [(path, var.replace(jnp.asarray(initialised[dotted(path)] if path in fresh else values[path],
+                                           dtype=param_dtype)))
             for path, var in nnx.to_flat_state(params)]
     model = nnx.merge(graphdef, nnx.from_flat_state(flat), rest)
     model.eval()

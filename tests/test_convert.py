@@ -274,7 +274,7 @@ def test_pickled_checkpoint_needs_allow_pickle_also_in_the_cli(tmp_path):
 def write_training_checkpoint(workdir: pathlib.Path, model: nnx.Module, step: int) -> pathlib.Path:
     """What ``python -m train`` writes (issue #4's contract): state with params, optimizer state, step and RNG;
     a data item; meta."""
-    params = nnx.state(model, nnx.Param).to_pure_dict()
+    params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
     state = {"params": params, "opt_state": {"mu": jax.tree.map(jnp.zeros_like, params), "count": jnp.int32(step)},
              "step": step, "rng": np.asarray(jax.random.key_data(jax.random.key(step)))}
     meta = {"format": "flaxzoo", "version": 1, "model_class": type(model).__name__,
