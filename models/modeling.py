@@ -14,7 +14,7 @@ from flax import nnx
 from models.bert import BertForMaskedLM, BertForSequenceClassification, BertForTokenClassification, BertModel
 from models.config import TransformerConfig
 from models.gpt import GPTForCausalLM, GPTModel
-from models.layers.stack import stack_layer_values, unstack_layer_values
+from models.layers.stack import is_stacked_path, stack_layer_values, unstack_layer_values
 
 MODEL_CLASSES = {cls.__name__: cls for cls in (BertModel, BertForMaskedLM, BertForSequenceClassification,
                                                BertForTokenClassification, GPTModel, GPTForCausalLM)}
@@ -106,13 +106,7 @@ def to_layer_layout(values: Mapping[ParamPath, Any], paths: Collection[ParamPath
     """``values`` (per-layer or stacked) in the layout of the parameter ``paths`` of a model: stacked when some path
     is ``(..., "layers", <name>, ...)``, per layer otherwise."""
     values = unstack_layer_values(dict(values), num_layers)
-    return stack_layer_values(values, num_layers) if any(_stacked(p) for p in paths) else values
-
-
-def _stacked(path: ParamPath) -> bool:
-    """Whether ``path`` is a stacked block parameter: ``(..., "layers", <name>, ...)``."""
-    at = path.index("layers") if "layers" in path else len(path)
-    return at + 1 < len(path) and not isinstance(path[at + 1], int)
+    return stack_layer_values(values, num_layers) if any(is_stacked_path(p) for p in paths) else values
 
 
 def warn_initialised(what: str, names: Collection[str], seed: int) -> None:

@@ -179,12 +179,12 @@ def test_multi_process_detection(monkeypatch):
 
 
 # -------------------------------------------------------------------------------------------------------- optimizer
-def gpt_params():
+def gpt_params(scan_layers: bool = False):
     from flax import nnx
 
     from models import abstract_model
 
-    return nnx.to_pure_dict(nnx.state(abstract_model(get_preset("gpt2-tiny")), nnx.Param))
+    return nnx.to_pure_dict(nnx.state(abstract_model(get_preset("gpt2-tiny", scan_layers=scan_layers)), nnx.Param))
 
 
 def test_weight_decay_mask_skips_biases_norms_and_embeddings():
@@ -207,6 +207,18 @@ def test_layer_wise_lr_scales():
     assert float(decoder["layers"][0]["mlp"]["up"]["kernel"]) == 0.25
     assert float(decoder["layers"][1]["mlp"]["up"]["kernel"]) == 0.5
     assert float(decoder["final_norm"]["scale"]) == 1.0
+
+
+def test_stacked_layers_get_the_per_layer_decay_mask_and_lr_scales():
+    """With scan_layers the blocks' parameters are [num_layers, ...]: a stacked bias (2-D) is still a bias, and each
+    layer's slice gets that layer's learning-rate scale."""
+    layers = optim.decay_mask(gpt_params(scan_layers=True), decay_embeddings=False)["transformer"]["decoder"]["layers"]
+    assert layers["attention"]["query"]["kernel"] and not layers["attention"]["query"]["bias"]
+    assert not layers["mlp"]["up"]["bias"] and not layers["attention_norm"]["scale"]
+    scales = optim.layer_scales(gpt_params(scan_layers=True), num_layers=2, layer_decay=0.5)
+    up = np.asarray(scales["transformer"]["decoder"]["layers"]["mlp"]["up"]["kernel"])
+    assert up.shape == (2, 1, 1) and up.ravel().tolist() == [0.25, 0.5]
+    assert float(scales["transformer"]["decoder"]["embeddings"]["tokens"]["embedding"]) == 0.125
 
 
 @pytest.mark.parametrize("schedule", ["cosine", "linear", "constant"])

@@ -24,6 +24,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from models.layers.stack import is_stacked_path
+
 EMBEDDING_MODULE = "embeddings"  # the attribute name of InputEmbeddings in the layer stack
 LAYERS_MODULE = "layers"
 
@@ -53,21 +55,12 @@ def _keys(path) -> list[Any]:
 NO_DECAY_NAMES = ("bias", "scale")  # biases (also the [heads, head_dim] ones of attention) and norm scales
 
 
-def is_stacked(keys: list[Any]) -> bool:
-    """True for a parameter of the stacked layer block (``layers.<name>``, leading ``[num_layers]`` axis) rather
-    than of one block (``layers.<i>.<name>``)."""
-    if LAYERS_MODULE not in keys:
-        return False
-    i = keys.index(LAYERS_MODULE)
-    return i + 1 < len(keys) and not str(keys[i + 1]).isdigit()
-
-
 def decay_mask(params: Any, *, decay_embeddings: bool) -> Any:
     """True where weight decay applies: weight matrices and tables (rank >= 2 per layer, not named ``bias`` /
     ``scale``), minus the embedding tables unless ``decay_embeddings``."""
     def decays(path, leaf) -> bool:
         keys = _keys(path)
-        if leaf.ndim - is_stacked(keys) < 2 or keys[-1] in NO_DECAY_NAMES:
+        if leaf.ndim - is_stacked_path(keys) < 2 or keys[-1] in NO_DECAY_NAMES:
             return False
         return decay_embeddings or EMBEDDING_MODULE not in keys
 
@@ -90,7 +83,7 @@ def layer_scales(params: Any, num_layers: int, layer_decay: float) -> Any:
     """The LR multiplier of each parameter: ``layer_decay ** (num_layers + 1 - layer_index)``; for stacked layers a
     ``[num_layers, 1, ...]`` array, layer ``i`` of the stack taking index ``i + 1``."""
     def scale(path, leaf):
-        if is_stacked(_keys(path)):
+        if is_stacked_path(_keys(path)):
             per_layer = layer_decay ** (num_layers - jnp.arange(num_layers, dtype=jnp.float32))
             return per_layer.reshape((num_layers,) + (1,) * (leaf.ndim - 1))
         return jnp.float32(layer_decay ** (num_layers + 1 - layer_index(path, num_layers)))

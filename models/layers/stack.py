@@ -9,7 +9,7 @@ compiled layer body and no per-step stacking copy. Checkpoint formats are conver
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -261,6 +261,14 @@ LAYER_AXIS = "layers"  # the logical name of the stacked axis (replicated: every
 
 def _layers_position(path: tuple) -> int | None:
     return path.index(LAYERS) if LAYERS in path else None
+
+
+def is_stacked_path(path: Sequence[Any]) -> bool:
+    """Whether a parameter path (its keys) names a stacked block parameter, ``(..., "layers", <name>, ...)``, rather
+    than one block's, ``(..., "layers", i, ...)`` (``i`` an int or a string of digits)."""
+    keys = list(path)
+    at = _layers_position(tuple(keys))
+    return at is not None and at + 1 < len(keys) and not str(keys[at + 1]).isdigit()
 
 
 def stack_layer_values(values: dict[tuple, Any], num_layers: int) -> dict[tuple, Any]:
