@@ -122,29 +122,34 @@ def generate(model: nnx.Module, input_ids, max_new_tokens: int, *, attention_mas
         raise ValueError(f"generate needs a causal LM with a KV cache (GPTForCausalLM); got {type(model).__name__}")
     config = model.config
     input_ids = np.asarray(as_index_array(input_ids, "input_ids", expected="[batch, prompt]"))
-    if input_ids.shape[1] == 0:
-        raise ValueError(f"input_ids has shape {input_ids.shape}: expected [batch, prompt] with prompt >= 1")
+    if 0 in input_ids.shape:
+        raise ValueError(f"input_ids has shape {input_ids.shape}: expected [batch, prompt] with batch >= 1 and "
+                         "prompt >= 1")
     if not isinstance(max_new_tokens, (int, np.integer)) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens={max_new_tokens!r}: expected a positive integer")
     temperature, top_k, top_p = check_sampling_args(temperature, top_k, top_p, config.vocab_size)
     stop_ids = _stop_ids(eos_token_id, config.vocab_size)
     mask = np.ones_like(input_ids) if attention_mask is None else np.asarray(
-        as_index_array(attention_mask, "attention_mask", expected="[batch, prompt]"))
+        as_index_array(attention_mask, "attention_mask", expected="[batch, prompt]", allow_bool=True))
     if mask.shape != input_ids.shape:
         raise ValueError(f"attention_mask has shape {mask.shape}: expected {input_ids.shape}")
     if not np.isin(mask, [0, 1]).all():
         raise ValueError(f"attention_mask holds values {np.unique(mask).tolist()}: expected only 0 and 1")
     check_token_ids(input_ids[mask == 1], config)
     longest = int(mask.sum(axis=1).max())
-    if config.position in ("learned", "sinusoidal") and \
-            longest + max_new_tokens + config.position_offset > config.max_position_embeddings:
-        raise ValueError(f"prompt + max_new_tokens = {longest} + {max_new_tokens} = {longest + max_new_tokens} "
-                         f"tokens exceeds max_position_embeddings={config.max_position_embeddings} of this model's "
-                         f"{config.position} positions (the longest prompt's real tokens are counted)")
+    needed = longest + max_new_tokens - 1 + config.position_offset  # the last new token is never fed back
+    if config.position in ("learned", "sinusoidal") and needed > config.max_position_embeddings:
+        raise ValueError(f"prompt + max_new_tokens = {longest} + {max_new_tokens} tokens need {needed} positions "
+                         f"(the last new token is not fed back), more than max_position_embeddings="
+                         f"{config.max_position_embeddings} of this model's {config.position} positions (the "
+                         "longest prompt's real tokens are counted)")
     if rng is not None and seed is not None:
         raise ValueError("pass at most one of rng (a jax.random key) and seed (an int)")
     if seed is not None and (not isinstance(seed, (int, np.integer)) or isinstance(seed, bool)):
         raise ValueError(f"seed={seed!r}: expected an integer")
+    if rng is not None and not (isinstance(rng, jax.Array) and (jnp.issubdtype(rng.dtype, jax.dtypes.prng_key) or (
+            rng.dtype == jnp.uint32 and rng.shape == (2,)))):
+        raise ValueError(f"rng={rng!r}: expected a jax.random key (jax.random.key(seed)); pass seed=... for an int")
     greedy = temperature == 0.0
     if rng is None:
         rng = jax.random.key(0 if greedy else (secrets.randbits(63) if seed is None else int(seed)))

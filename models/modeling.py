@@ -3,6 +3,8 @@ models assembled from given parameter values (what every checkpoint reader ends 
 
 from __future__ import annotations
 
+import os
+import sys
 import warnings
 from typing import Any, Callable, Collection, Mapping, Type, Union
 
@@ -109,10 +111,20 @@ def to_layer_layout(values: Mapping[ParamPath, Any], paths: Collection[ParamPath
     return stack_layer_values(values, num_layers) if any(is_stacked_path(p) for p in paths) else values
 
 
+def _stacklevel_outside_models() -> int:
+    """The ``warnings.warn`` stacklevel of the first caller outside the ``models`` package (the user's line)."""
+    package = os.path.dirname(os.path.abspath(__file__))
+    frame, level = sys._getframe(1), 1
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package + os.sep):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
 def warn_initialised(what: str, names: Collection[str], seed: int) -> None:
     """The one warning for parameters a checkpoint lacks and the model initialised (``names``, sorted)."""
     warnings.warn(f"{what}: the checkpoint lacks {len(names)} tensor(s), initialised with the model's initialisers "
-                  f"(seed={seed}): {format_names(names, limit=50)}; train them before use", stacklevel=3)
+                  f"(seed={seed}): {format_names(names, limit=50)}; train them before use",
+                  stacklevel=_stacklevel_outside_models())
 
 
 def assemble_model(config: TransformerConfig, factory: Callable[..., nnx.Module], values: Mapping[ParamPath, Any],

@@ -164,9 +164,18 @@ def test_max_new_tokens_must_be_positive(new):
 
 
 def test_prompt_plus_new_tokens_beyond_learned_positions():
-    with pytest.raises(ValueError, match=r"prompt \+ max_new_tokens = 100 \+ 30 = 130 tokens exceeds "
-                                         r"max_position_embeddings=128"):
+    with pytest.raises(ValueError, match=r"prompt \+ max_new_tokens = 100 \+ 30 tokens need 129 positions \(the last "
+                                         r"new token is not fed back\), more than max_position_embeddings=128"):
         models.generate(model_for("gpt2"), prompts(1, 100), 30)
+
+
+def test_the_whole_position_table_is_usable():
+    """128 learned positions: a 100-token prompt + 29 new tokens feeds 128 tokens, the last one only sampled (as
+    transformers allows); the last new token equals the argmax of a full pass over the first 128 tokens."""
+    model = model_for("gpt2")
+    out = np.asarray(models.generate(model, prompts(1, 100), 29))
+    assert out.shape == (1, 129)
+    np.testing.assert_array_equal(forward_for("gpt2")(out[:, :128])[:, -1].argmax(-1), out[:, 128])
 
 
 @pytest.mark.parametrize("bad", [1000, -1])
@@ -251,6 +260,7 @@ def test_left_padding_does_not_count_against_learned_positions():
     (dict(eos_token_id=1000), r"eos_token_id=1000: expected a token id in \[0, 1000\) or a list of them"),
     (dict(eos_token_id=[]), r"eos_token_id=\[\]"),
     (dict(seed=1.5, temperature=1.0), r"seed=1.5: expected an integer"),
+    (dict(rng=3, temperature=1.0), r"rng=3: expected a jax.random key \(jax.random.key\(seed\)\); pass seed="),
 ])
 def test_bad_generation_arguments_are_named(kwargs, message):
     with pytest.raises(ValueError, match=message):
@@ -264,3 +274,7 @@ def test_prompt_as_list_and_one_dimensional_prompt():
     with pytest.raises(ValueError, match=r"input_ids has shape \(3,\): expected \[batch, prompt\] \(for one sequence "
                                          r"pass \[ids\]\)"):
         models.generate(model, [5, 6, 7], 3)
+    for empty in ([[]], np.zeros((0, 4), np.int32)):
+        with pytest.raises(ValueError, match=r"input_ids has shape \(\d, \d\): expected \[batch, prompt\] with batch >= 1 "
+                                             r"and prompt >= 1"):
+            models.generate(model, empty, 3)

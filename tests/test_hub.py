@@ -612,7 +612,8 @@ def test_encoder_checkpoint_loads_as_classifier(hf_checkpoint, tmp_path):
                                          r"bert\.pooler\.dense\.bias, bert\.pooler\.dense\.weight, classifier\.bias, "
                                          r"classifier\.weight") as caught:
         model = from_pretrained(directory, cls=BertForSequenceClassification, num_labels=5, seed=3)
-    assert len([w for w in caught if "lacks" in str(w.message)]) == 1
+    lacking = [w for w in caught if "lacks" in str(w.message)]
+    assert len(lacking) == 1 and lacking[0].filename == __file__, "the warning points at the caller's line"
     assert isinstance(model, BertForSequenceClassification) and model.config.num_labels == 5
     expected = new_head(model, BertForSequenceClassification, seed=3)
     np.testing.assert_array_equal(np.asarray(model.classifier.kernel[...]), expected["classifier"])
@@ -703,3 +704,17 @@ def test_directory_without_weights(hf_checkpoint, tmp_path):
 
 def test_lazy_export():
     assert models.from_pretrained is from_pretrained and models.save_pretrained is save_pretrained
+
+
+@pytest.mark.parametrize("kind", ["bert_cls", "roberta_cls", "bert_mlm"])
+def test_left_padded_encoder_rows_equal_transformers_at_every_position(hf_checkpoint, kind):
+    """Padding queries read the real keys, as BERT's do: even slot 0 of a left-padded row (what the pooler reads)
+    and the padding positions' own outputs are Hugging Face's."""
+    hf, _, model = hf_checkpoint(kind)
+    ids, _, types = kind_inputs(kind, padded=False)
+    mask = np.ones_like(ids)
+    mask[1, :4] = 0
+    ids[1, :4] = ROBERTA_PAD if kind.startswith("roberta") else 0
+    flax_logits = np.asarray(run_flax(model, ids, mask, types))
+    hf_logits = run_hf(hf, ids, mask, types).logits.detach().numpy()
+    np.testing.assert_allclose(flax_logits, hf_logits, rtol=0, atol=ATOL)

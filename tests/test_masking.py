@@ -209,8 +209,13 @@ def gpt2_tiny():
     return models.create_model(get_preset("gpt2-tiny"), seed=0)
 
 
-def test_lists_of_ints_are_accepted(gpt2_tiny):
-    np.testing.assert_allclose(np.asarray(gpt2_tiny([[1, 2, 3]])), np.asarray(gpt2_tiny(np.array([[1, 2, 3]]))))
+def test_lists_of_ints_and_torch_tensors_are_accepted(gpt2_tiny):
+    import torch
+
+    expected = np.asarray(gpt2_tiny(np.array([[1, 2, 3]])))
+    np.testing.assert_allclose(np.asarray(gpt2_tiny([[1, 2, 3]])), expected)
+    np.testing.assert_allclose(np.asarray(gpt2_tiny(torch.tensor([[1, 2, 3]]), torch.ones(1, 3, dtype=torch.bool))),
+                               expected)
 
 
 @pytest.mark.parametrize("bad, message", [
@@ -219,6 +224,8 @@ def test_lists_of_ints_are_accepted(gpt2_tiny):
     (np.array([[1.0, 2.0]]), r"input_ids has dtype float64: expected integers \[batch, seq\]"),
     ([[1, 2], [3]], r"input_ids is a ragged list: expected \[batch, seq\] integers"),
     ("hello", r"input_ids is a str: expected an integer array \[batch, seq\]"),
+    (np.array([[True, False]]), r"input_ids has dtype bool: expected integers \[batch, seq\]"),
+    ([[]], r"input_ids has shape \(1, 0\) \[batch, seq\]: expected at least one row and one token"),
 ])
 def test_bad_input_ids_are_named(gpt2_tiny, bad, message):
     with pytest.raises(ValueError, match=message):

@@ -104,7 +104,7 @@ def workload_spec(name: str, args: argparse.Namespace) -> dict[str, Any]:
         spec = dict(config=config, cls=BertForMaskedLM, batch=16, seq=128)
     elif name == "gpt2_small":
         dtype = "float32" if on_cpu else "bfloat16"
-        config = get_preset("gpt2", dropout=0.0, dtype=dtype, **extra)
+        config = get_preset("gpt2", dropout=0.0, attention_dropout=0.0, dtype=dtype, **extra)
         spec = dict(config=config, cls=GPTForCausalLM, batch=8, seq=1024)
     else:
         raise ValueError(f"unknown workload {name!r}; expected one of {WORKLOADS}")

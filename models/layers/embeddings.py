@@ -44,10 +44,13 @@ def check_token_ids(ids, config: TransformerConfig, name: str = "input_ids") -> 
     check_index_range(ids, config.vocab_size, name, "token ids", f" (vocab_size={config.vocab_size})")
 
 
-def as_index_array(values, name: str, *, expected: str = "[batch, seq]", ndim: int = 2):
-    """``values`` (an array or nested lists of ints) as an integer array of rank ``ndim``, else ``ValueError``."""
+def as_index_array(values, name: str, *, expected: str = "[batch, seq]", ndim: int = 2, allow_bool: bool = False):
+    """``values`` (an array, nested lists of ints, or an array-like such as a torch tensor) as an integer array of
+    rank ``ndim``, else ``ValueError``. Booleans only with ``allow_bool`` (masks)."""
     if values is None:
         return None
+    if not isinstance(values, (list, tuple, np.ndarray, jax.Array)) and hasattr(values, "__array__"):
+        values = np.asarray(values)  # torch / tensorflow tensors, array-likes
     if isinstance(values, (list, tuple)):
         try:
             values = np.asarray(values)
@@ -61,7 +64,7 @@ def as_index_array(values, name: str, *, expected: str = "[batch, seq]", ndim: i
     if values.ndim != ndim:
         hint = " (for one sequence pass [ids])" if values.ndim == ndim - 1 else ""
         raise ValueError(f"{name} has shape {tuple(values.shape)}: expected {expected}{hint}")
-    if not (jnp.issubdtype(values.dtype, jnp.integer) or jnp.issubdtype(values.dtype, jnp.bool_)):
+    if not (jnp.issubdtype(values.dtype, jnp.integer) or (allow_bool and jnp.issubdtype(values.dtype, jnp.bool_))):
         raise ValueError(f"{name} has dtype {values.dtype}: expected integers {expected}")
     return values
 

@@ -5,7 +5,8 @@ Every attention layer of a call sees the same ``AttentionLayout``:
 * ``query_segments: [batch, q]`` / ``key_segments: [batch, k]``: the document each token belongs to (int; 0 =
   padding). A query attends only to keys of its own segment, so packed documents never see each other; padding
   queries attend only to padding (their outputs are ignored, and no row is ever fully masked). ``None`` for both
-  means one document per row, nothing masked but causality.
+  means one document per row, nothing masked but causality. (An encoder given only ``attention_mask`` puts every
+  query in document 1, so that padding queries read the real keys, as BERT's do.)
 * ``query_positions: [batch, q]`` / ``key_positions: [batch, k]``: token positions (learned / sinusoidal tables,
   RoPE angles, ALiBi distances).
 * ``query_offset``: the key slot of the first query. Causal models let query ``i`` see key slots
@@ -88,10 +89,16 @@ def input_positions(config: TransformerConfig, seq: int, batch: int, *, attentio
 
 def full_sequence_layout(config: TransformerConfig, positions: jax.Array, *, attention_mask: jax.Array | None,
                          segment_ids: jax.Array | None) -> AttentionLayout:
-    """The layout of a call over whole sequences (training, evaluation, encoding): queries are the keys."""
+    """The layout of a call over whole sequences (training, evaluation, encoding): queries are the keys.
+
+    An encoder given only ``attention_mask`` lets every query (padding too) attend to the real keys, as BERT does,
+    so even a padding slot's output (a left-padded row's slot 0, which a pooler reads) is Hugging Face's."""
     segments = segment_ids
     if attention_mask is not None:
         mask = attention_mask.astype(jnp.int32)
+        if segments is None and not config.causal:
+            return AttentionLayout(query_positions=positions, key_positions=positions, query_offset=0,
+                                   query_segments=jnp.ones_like(mask), key_segments=mask)
         segments = mask if segments is None else segments.astype(jnp.int32) * mask
     return AttentionLayout(query_positions=positions, key_positions=positions, query_offset=0,
                            query_segments=segments, key_segments=segments)

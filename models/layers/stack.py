@@ -119,6 +119,9 @@ class TransformerStack(nnx.Module):
         else:
             shape = tuple(input_ids.shape)
             check_token_ids(input_ids, config)
+        if 0 in shape:
+            raise ValueError(f"{'input_ids' if inputs_embeds is None else 'inputs_embeds'} has shape {shape} "
+                             "[batch, seq]: expected at least one row and one token")
         if config.position in ("learned", "sinusoidal") and position_ids is None and \
                 shape[1] + config.position_offset > config.max_position_embeddings:
             raise ValueError(f"sequence length {shape[1]} exceeds max_position_embeddings="
@@ -156,7 +159,7 @@ class TransformerStack(nnx.Module):
         """
         config = self.config
         input_ids = as_index_array(input_ids, "input_ids")
-        attention_mask = as_index_array(attention_mask, "attention_mask")
+        attention_mask = as_index_array(attention_mask, "attention_mask", allow_bool=True)
         segment_ids = as_index_array(segment_ids, "segment_ids")
         token_type_ids = as_index_array(token_type_ids, "token_type_ids")
         position_ids = as_index_array(position_ids, "position_ids")
