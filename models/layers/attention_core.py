@@ -189,15 +189,6 @@ def _softmax_attention_backward(is_causal, residuals, context_grad):
 _softmax_attention.defvjp(_softmax_attention_forward, _softmax_attention_backward)
 
 
-def resolve_attention_impl(impl: str) -> str:
-    """``"softmax"`` or ``"fused"``: what ``impl`` means on the default backend (``"auto"``: fused on GPU)."""
-    if impl not in ATTENTION_IMPLS:
-        raise ValueError(f"attention impl {impl!r}: expected one of {ATTENTION_IMPLS}")
-    if impl == "auto":
-        return "fused" if jax.default_backend() == "gpu" else "softmax"
-    return impl
-
-
 def _cudnn_head_dim_limit() -> int:
     """cuDNN flash attention takes head dims up to 256 on Hopper and later (compute capability 9.0), 128 before."""
     capability = getattr(jax.devices()[0], "compute_capability", "0")
