@@ -72,9 +72,9 @@ def run_until(workdir, data_dir, step, sig, **extra):
 
 @pytest.fixture(scope="session")
 def baseline(tmp_path_factory, data_dir):
-    """40 uninterrupted steps of the tiny GPT (the reference for the resume tests)."""
+    """40 uninterrupted steps of the tiny GPT (the reference for the resume tests), steps 2..3 profiled."""
     workdir = tmp_path_factory.mktemp("baseline")
-    proc = run(workdir, data_dir)
+    proc = run(workdir, data_dir, profile_steps="2:3")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     return workdir, proc
 
@@ -98,6 +98,8 @@ def test_end_to_end_metrics_checkpoints_sample(baseline):
     assert "sample at step 40: 'Return the" in proc.stdout
     assert "eval at step 40: loss" in proc.stdout and "unigram baseline" in proc.stdout
     assert "done: steps 1..40" in proc.stdout and "MFU" in proc.stdout
+    assert "profile of steps 2..3" in proc.stdout
+    assert list((pathlib.Path(workdir) / "profile").glob("plugins/profile/*/*.xplane.pb"))
 
 
 def test_parameters_load_from_the_checkpoint(baseline):

@@ -88,6 +88,9 @@ def test_model_fields_override_the_preset_and_references_follow():
     ({"data.vocab_size": 60000}, "data.vocab_size"),
     ({"data.objective": "mlm"}, "data.objective"),
     ({"data.source": "s3://x"}, "data.source"),
+    ({"profile_steps": "5"}, "profile_steps"),
+    ({"profile_steps": "4:2"}, "profile_steps"),
+    ({"profile_steps": "0:3"}, "profile_steps"),
 ])
 def test_bad_values_name_their_key(change, key):
     # default.py ties data.vocab_size to model.vocab_size (one FieldReference); gpt2_small sets them apart.

@@ -66,3 +66,14 @@ def test_checkpoint_from_a_2x2x2_mesh_restores_bit_equal_on_one_device_and_on_1x
             np.testing.assert_array_equal(restored[key], expected[key], err_msg=key)
         if devices == 4:
             assert any("fsdp" in spec for spec in info["specs"].values())
+
+
+def test_gradient_accumulation_on_sharded_meshes_equals_one_device(data_dir, tmp_path):
+    """Accumulation's running gradient keeps the parameters' shardings (FSDP: each device its slice); the result is
+    the one-device run's."""
+    out = tmp_path / "accum.json"
+    run_helper("parity", 8, kind="gpt", data_dir=data_dir, workdir=str(tmp_path / "w"), meshes=[[2, 4, 1], [1, 8, 1]],
+               steps=2, out=str(out), extra={"optim.accum_steps": 2, "batch_size": 16})
+    for mesh, result in json.loads(out.read_text()).items():
+        assert result["max_loss_diff"] < 1e-5 and result["max_param_diff"] < 1e-5, (mesh, result)
+        assert any("fsdp" in spec for spec in result["param_specs"]), mesh

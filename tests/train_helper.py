@@ -1,7 +1,7 @@
 """Tiny training configs for the tests, and the parts of tests that need their own process (a device count).
 
 Usage: python tests/train_helper.py COMMAND ARGS_JSON
-  parity   {"kind", "data_dir", "workdir", "meshes": [[d, f, t], ...], "steps", "out"}
+  parity   {"kind", "data_dir", "workdir", "meshes": [[d, f, t], ...], "steps", "out", "extra": {key: value}}
            the losses and parameters after ``steps`` steps on a one-device mesh and on each mesh; writes the largest
            differences to ``out`` (JSON). Needs as many devices as the largest mesh.
   save     {"kind", "data_dir", "workdir", "mesh", "steps", "out"}: train ``steps`` steps on ``mesh``, checkpoint,
@@ -91,7 +91,7 @@ def flat_state(state) -> dict[str, Any]:
 
 def _mesh_config(args: dict[str, Any], mesh) -> Any:
     return make_config(args["kind"], args["data_dir"], **{"mesh.data": mesh[0], "mesh.fsdp": mesh[1],
-                                                          "mesh.tensor": mesh[2]})
+                                                          "mesh.tensor": mesh[2]}, **args.get("extra", {}))
 
 
 def main(command: str, args: dict[str, Any]) -> None:

@@ -126,6 +126,7 @@ def base_config() -> ConfigDict:
     c.sample = ConfigDict({"prompt": "The ", "max_new_tokens": 48, "temperature": 0.8, "top_k": 40})
     c.compilation_cache = True
     c.compilation_cache_dir = ""
+    c.profile_steps = ""  # "a:b": a jax.profiler trace of steps a..b into WORKDIR/profile ("" = none)
     return c
 
 
@@ -180,6 +181,22 @@ def _get(config: ConfigDict, key: str) -> Any:
         except (KeyError, AttributeError):
             raise ConfigError(key, "missing from the config") from None
     return node
+
+
+def profile_window(config: ConfigDict) -> tuple[int, int] | None:
+    """``profile_steps = "a:b"`` as ``(a, b)`` (1 <= a <= b), or None when it is empty."""
+    value = _get(config, "profile_steps")
+    if value in ("", None):
+        return None
+    parts = str(value).split(":")
+    try:
+        first, last = (int(p) for p in parts) if len(parts) == 2 else (None, None)
+    except ValueError:
+        first = last = None
+    if first is None or not 1 <= first <= last:
+        raise ConfigError("profile_steps", f"{value!r}: expected 'a:b' with 1 <= a <= b (steps to trace), or '' "
+                                           "for none")
+    return first, last
 
 
 def resolve_mesh(config: ConfigDict, device_count: int) -> tuple[int, int, int]:
@@ -258,6 +275,7 @@ def resolve(config: ConfigDict, device_count: int | None = None) -> Resolved:
         _int(config, key, minimum=0)  # 0 = only at the end (eval, checkpoint) / the whole split (eval_batches)
     batch = _int(config, "batch_size", minimum=1)
     seq_len = _int(config, "seq_len", minimum=1)
+    profile_window(config)
 
     # optimiser
     _number(config, "optim.lr", low=0.0, low_open=True)

@@ -42,7 +42,7 @@ from train import data as datalib
 from train import flops as flopslib
 from train import sharding as shardlib
 from train.checkpoint import Checkpointer
-from train.config import Resolved, compilation_cache_dir, resolve, to_json_dict
+from train.config import Resolved, compilation_cache_dir, profile_window, resolve, to_json_dict
 from train.optim import make_optimizer
 from train.step import make_eval_step, make_predict_masked, make_train_step
 
@@ -301,7 +301,8 @@ class Trainer:
         objective = self.resolved.objective
         accum = int(self.config.optim.accum_steps)
         train_step = make_train_step(self.graphdef, tx, self.schedule, objective=objective, accum_steps=accum,
-                                     micro_batch_sharding=self.batch_sharding if accum > 1 else None)
+                                     micro_batch_sharding=self.batch_sharding if accum > 1 else None,
+                                     grad_shardings=param_shardings if accum > 1 else None)
         self._train_step = jax.jit(train_step, in_shardings=(self.state_shardings, replicated, self.batch_sharding),
                                    out_shardings=(self.state_shardings, replicated), donate_argnums=(0,))
         self._eval_step = jax.jit(make_eval_step(self.graphdef, objective=objective),
@@ -453,11 +454,22 @@ class Trainer:
                     window[key] += values[key]
                 window["lr"] = values["lr"]
 
+        profile = profile_window(config)
+        tracing = False
         step = start
         try:
             for step in range(start + 1, self.steps + 1):
+                if profile is not None and step == profile[0]:
+                    jax.profiler.start_trace(str(self.workdir / "profile"))
+                    tracing = True
                 batch = shardlib.global_batch(next(iterator), self.batch_sharding)
                 state, metrics = train_step(state, rest, batch)
+                if tracing and step == profile[1]:
+                    jax.block_until_ready(state)
+                    jax.profiler.stop_trace()
+                    tracing = False
+                    _say(f"profile of steps {profile[0]}..{profile[1]}: {self.workdir / 'profile'} (TensorBoard's "
+                         "profile plugin)")
                 pending.append((step, metrics))
                 final = step == self.steps or stop.name is not None
                 do_log = step % int(config.log_every) == 0 or final
@@ -517,6 +529,8 @@ class Trainer:
                     _say(f"{stop.name} received: stopped after step {step}, checkpoint saved")
                     break
         finally:
+            if tracing:  # the run ended (or failed) inside the profiled window: keep what was traced
+                jax.profiler.stop_trace()
             bar.close()
             writer.close()
             checkpointer.close()  # waits for the async saves in flight (all of them checked finite)

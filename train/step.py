@@ -108,12 +108,15 @@ def step_key(state: TrainState) -> jax.Array:
 # ========================================================================================================== steps
 def make_train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, schedule: optax.Schedule, *,
                     objective: str, accum_steps: int = 1,
-                    micro_batch_sharding: jax.sharding.Sharding | None = None) -> Callable:
+                    micro_batch_sharding: jax.sharding.Sharding | None = None,
+                    grad_shardings: Any = None) -> Callable:
     """``train_step(state, rest, batch) -> (state, metrics)``, not yet jitted.
 
     ``batch`` holds the whole step's rows ``[batch_size, seq]``; with ``accum_steps`` > 1 they are cut into
     micro-batches by striding (micro-batch ``i`` = rows ``i, i + accum_steps, ...``), so that each micro-batch keeps
-    rows on every device of a batch-sharded layout, and gradients are summed over a ``lax.scan``.
+    rows on every device of a batch-sharded layout, and gradients are summed over a ``lax.scan`` whose carry keeps
+    ``grad_shardings`` (the parameters' shardings: under FSDP each device holds its slice of the running sum, never
+    the whole gradient).
     ``metrics``: ``loss`` (mean over scored tokens), ``accuracy``, ``tokens`` (scored), ``grad_norm`` (before
     clipping), ``lr`` (of this update).
     """
@@ -140,9 +143,14 @@ def make_train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, sc
                     micro_batch = jax.lax.with_sharding_constraint(micro_batch, micro_batch_sharding)
                 (l, (c, k)), g = grad_fn(params, rest, micro_batch, jax.random.fold_in(key, index))
                 grads, loss_sum, count, correct = carry
-                return (jax.tree.map(jnp.add, grads, g), loss_sum + l, count + c, correct + k), None
+                return (constrain(jax.tree.map(jnp.add, grads, g)), loss_sum + l, count + c, correct + k), None
 
-            zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
+            def constrain(tree):
+                if grad_shardings is None:
+                    return tree
+                return jax.lax.with_sharding_constraint(tree, grad_shardings)
+
+            zeros = constrain(jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params))
             init = (zeros, jnp.float32(0), jnp.float32(0), jnp.float32(0))
             (grads, loss_sum, count, correct), _ = jax.lax.scan(accumulate, init,
                                                                 (jnp.arange(accum_steps), micro))
