@@ -256,6 +256,33 @@ def test_causal_batches_shape_targets_and_epochs(causal_setup, causal_cfg):
     np.testing.assert_array_equal(ordered[0]["input_ids"][0], first)
 
 
+@pytest.mark.parametrize("objective", ["causal", "mlm"])
+def test_evaluation_reads_the_whole_split_and_pads_the_last_batch(objective, causal_setup, mlm_setup, causal_cfg,
+                                                                   mlm_cfg):
+    """With pad_last every validation record is read once, in order; the rows completing the last batch score
+    nothing (targets / labels -100, MLM attention mask 0). A batch larger than the whole split still gives one."""
+    tok, sources = causal_setup if objective == "causal" else mlm_setup
+    cfg = causal_cfg if objective == "causal" else mlm_cfg
+    records = sources["validation"]
+    n = len(records)
+    for batch_size in (8, 2 * n + 8):  # a partial last batch; a split smaller than one batch
+        batches = list(data.make_iterator(cfg.replace(batch_size=batch_size), "validation", tok, sources=sources,
+                                          num_epochs=1, shuffle=False, pad_last=True))
+        assert len(batches) == -(-n // batch_size)
+        scored = "targets" if objective == "causal" else "labels"
+        rows = np.concatenate([b[scored] for b in batches])
+        assert rows.shape[0] == len(batches) * batch_size
+        padding = rows[n:]
+        assert (padding == data.IGNORE_INDEX).all()
+        if objective == "causal":
+            np.testing.assert_array_equal(rows[:n], np.stack([records[i]["input_ids"][1:] for i in range(n)]))
+        else:
+            assert (np.concatenate([b["attention_mask"] for b in batches])[n:] == 0).all()
+            assert (rows[:n] != data.IGNORE_INDEX).any()
+    with pytest.raises(ValueError, match="pad_last needs num_epochs"):
+        data.make_iterator(cfg, "validation", tok, sources=sources, pad_last=True)
+
+
 def test_process_rows_compose_the_global_batch(causal_setup):
     _, sources = causal_setup
     common = dict(global_batch=8, shuffle=True, seed=3, num_epochs=None, objective="causal")

@@ -100,3 +100,19 @@ def test_compute_dtype_bfloat16_runs_with_fp32_parameters(data_dir, tmp_path):
     state, losses = run_steps(t, 2)
     assert all(np.isfinite(losses))
     assert {leaf.dtype for leaf in jax.tree.leaves(state["params"])} == {jnp.dtype("float32")}
+
+
+@pytest.mark.parametrize("kind", ["gpt", "bert"])
+def test_evaluation_covers_a_split_smaller_than_one_batch(data_dir, tmp_path, kind):
+    """The tiny run's validation split (hundreds of examples of 32 tokens) is smaller than a batch of 2,048: it is
+    still evaluated, every scored token counted once, padding rows weighted out (the same loss as batches of 8)."""
+    small = trainer(data_dir, tmp_path / "a", kind, eval_batches=0)
+    big = trainer(data_dir, tmp_path / "b", kind, batch_size=2048, eval_batches=0)
+    assert len(big.sources["validation"]) < 2048
+    state, rest = small.initial_state()
+    expected = small.evaluate(state["params"], rest)
+    got = big.evaluate(state["params"], rest)
+    assert got is not None and got["val_tokens"] == expected["val_tokens"] > 0
+    np.testing.assert_allclose(got["val_loss"], expected["val_loss"], rtol=1e-5)
+    if kind == "gpt":
+        assert got["val_tokens"] == len(small.sources["validation"]) * 32

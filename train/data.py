@@ -887,13 +887,17 @@ class BatchSource:
     """
 
     def __init__(self, records: Any, *, global_batch: int, row_start: int, row_stop: int, shuffle: bool, seed: int,
-                 num_epochs: int | None, objective: str, masking: dict[str, Any] | None = None):
+                 num_epochs: int | None, objective: str, masking: dict[str, Any] | None = None,
+                 pad_last: bool = False):
         self.records = records
         self.global_batch = global_batch
         self.row_start, self.row_stop = row_start, row_stop
         self.shuffle, self.seed, self.num_epochs = shuffle, seed, num_epochs
         self.objective, self.masking = objective, masking
-        self.batches_per_epoch = len(records) // global_batch
+        # pad_last (evaluation): the last batch of an epoch is completed with padding rows that score nothing.
+        self.pad_last = pad_last
+        self.batches_per_epoch = (-(-len(records) // global_batch) if pad_last and len(records)
+                                  else len(records) // global_batch)
         if self.batches_per_epoch < 1:
             raise ValueError(f"{len(records)} examples are fewer than one global batch of {global_batch}")
         if num_epochs is None:
@@ -930,21 +934,33 @@ class BatchSource:
             raise IndexError(f"batch index {g} out of range [0, {self._len})")
         epoch, b = divmod(int(g), self.batches_per_epoch)
         first = b * self.global_batch
-        positions = range(first + self.row_start, first + self.row_stop)
         order = self.order(epoch)
+        positions = [p for p in range(first + self.row_start, first + self.row_stop) if p < len(order)]
+        padding = self.row_stop - self.row_start - len(positions)  # rows past the split's end (pad_last only)
         rows = [self.records[int(order[p])] for p in positions]
-        ids = np.stack([r["input_ids"] for r in rows]).astype(np.int32, copy=False)
+        ids = self._stack([r["input_ids"] for r in rows], padding, 0)
         if self.objective == "causal":
-            return {"input_ids": ids[:, :-1], "targets": ids[:, 1:]}
+            targets = ids[:, 1:].copy()
+            targets[len(rows):] = IGNORE_INDEX
+            return {"input_ids": ids[:, :-1], "targets": targets}
         m = self.masking
-        inputs = np.empty_like(ids)
-        labels = np.empty_like(ids)
+        ids[len(rows):] = m["pad_id"]
+        inputs = ids.copy()
+        labels = np.full_like(ids, IGNORE_INDEX)
         for k, p in enumerate(positions):
             rng = np.random.default_rng([self.seed, epoch, p])
             inputs[k], labels[k] = mask_tokens(ids[k], rng, vocab_size=m["vocab_size"], mask_id=m["mask_id"],
                                                special_ids=m["special_ids"], prob=m["prob"])
         return {"input_ids": inputs, "labels": labels, "attention_mask": (ids != m["pad_id"]).astype(np.int32),
-                "token_type_ids": np.stack([r["token_type_ids"] for r in rows]).astype(np.int32, copy=False)}
+                "token_type_ids": self._stack([r["token_type_ids"] for r in rows], padding, 0)}
+
+    def _stack(self, rows: list[np.ndarray], padding: int, fill: int) -> np.ndarray:
+        """``rows`` as one int32 array, with ``padding`` more rows of ``fill`` (the length of the records)."""
+        width = len(self.records[0]["input_ids"])
+        stacked = np.stack(rows).astype(np.int32, copy=False) if rows else np.zeros((0, width), np.int32)
+        if not padding:
+            return stacked
+        return np.concatenate([stacked, np.full((padding, width), fill, np.int32)])
 
 
 def _allow_unparsed_absl_flags() -> None:
@@ -956,11 +972,13 @@ def _allow_unparsed_absl_flags() -> None:
 
 
 def make_loader(cfg: DataConfig, split: str = "train", tokenizer: TextTokenizer | None = None, *,
-                sources: dict[str, Any] | None = None, **overrides: Any):
+                sources: dict[str, Any] | None = None, pad_last: bool = False, **overrides: Any):
     """A Grain ``DataLoader`` yielding this process's part of each global batch of ``split``.
 
     ``overrides`` replace ``cfg`` fields (e.g. ``num_epochs=1, shuffle=False`` for evaluation). ``sources`` (from
-    :func:`prepare`) skips the cache lookup. The process's rows come from ``grain.sharding.ShardByJaxProcess``:
+    :func:`prepare`) skips the cache lookup. ``pad_last`` (evaluation, with ``num_epochs``): the last partial batch
+    of an epoch is completed with rows that score nothing (targets / labels −100), so the whole split is read,
+    even one smaller than a batch. The process's rows come from ``grain.sharding.ShardByJaxProcess``:
     process ``p`` of ``P`` takes rows ``[p * B / P, (p + 1) * B / P)`` of every global batch of ``B`` records.
     """
     if overrides:
@@ -975,7 +993,9 @@ def make_loader(cfg: DataConfig, split: str = "train", tokenizer: TextTokenizer 
     shard = grain.sharding.ShardByJaxProcess(drop_remainder=True)
     if cfg.batch_size % shard.shard_count:
         raise ValueError(f"batch_size={cfg.batch_size} is not divisible by the {shard.shard_count} JAX processes")
-    if len(records) < cfg.batch_size:
+    if pad_last and cfg.num_epochs is None:
+        raise ValueError("pad_last needs num_epochs (an epoch to complete): evaluation reads the split once")
+    if len(records) < (1 if pad_last else cfg.batch_size):
         raise ValueError(f"split={split!r} has {len(records)} examples of {cfg.seq_len} tokens: fewer than one batch "
                          f"of batch_size={cfg.batch_size}; lower batch_size or seq_len, or add text")
     per_process = cfg.batch_size // shard.shard_count
@@ -988,7 +1008,7 @@ def make_loader(cfg: DataConfig, split: str = "train", tokenizer: TextTokenizer 
                    "special_ids": tokenizer.special_ids, "prob": cfg.mask_prob}
     source = BatchSource(records, global_batch=cfg.batch_size, row_start=shard.shard_index * per_process,
                          row_stop=(shard.shard_index + 1) * per_process, shuffle=cfg.shuffle, seed=cfg.seed,
-                         num_epochs=cfg.num_epochs, objective=cfg.objective, masking=masking)
+                         num_epochs=cfg.num_epochs, objective=cfg.objective, masking=masking, pad_last=pad_last)
     sampler = grain.samplers.IndexSampler(num_records=len(source), shard_options=grain.sharding.NoSharding(),
                                           shuffle=False, num_epochs=1)
     if cfg.worker_count:
@@ -1000,10 +1020,10 @@ def make_loader(cfg: DataConfig, split: str = "train", tokenizer: TextTokenizer 
 
 
 def make_iterator(cfg: DataConfig, split: str = "train", tokenizer: TextTokenizer | None = None, *,
-                  sources: dict[str, Any] | None = None, **overrides: Any):
+                  sources: dict[str, Any] | None = None, pad_last: bool = False, **overrides: Any):
     """An iterator of batches (dicts of numpy arrays, see the module docstring) with ``get_state()`` /
     ``set_state(state)`` for exact resume (``grain.checkpoint.CheckpointSave(it)`` stores it in orbax)."""
-    return iter(make_loader(cfg, split, tokenizer, sources=sources, **overrides))
+    return iter(make_loader(cfg, split, tokenizer, sources=sources, pad_last=pad_last, **overrides))
 
 
 # ==================================================================================================== throughput

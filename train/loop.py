@@ -323,13 +323,14 @@ class Trainer:
 
     # ---------------------------------------------------------------------------------------------------- eval
     def evaluate(self, params, rest) -> dict[str, float] | None:
-        """Validation loss, perplexity, accuracy over ``eval_batches`` batches (0 = all), or None without a
-        validation split big enough for one batch."""
+        """Validation loss, perplexity, accuracy over ``eval_batches`` batches (0 = all; the last one completed with
+        rows that score nothing, so a split smaller than a batch is evaluated too), or None without a validation
+        split."""
         if "validation" not in self.sources:
             return None
         try:
             iterator = datalib.make_iterator(self.resolved.data, "validation", self.tokenizer, sources=self.sources,
-                                             num_epochs=1, shuffle=False)
+                                             num_epochs=1, shuffle=False, pad_last=True)
         except ValueError as exc:
             log.warning("no evaluation: %s", exc)
             return None

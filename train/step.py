@@ -49,9 +49,9 @@ def token_cross_entropy(logits: jax.Array, labels: jax.Array, valid: jax.Array) 
 
 def causal_lm_loss(model: nnx.Module, batch: Batch) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Next-token loss of a ``GPTForCausalLM`` on ``{"input_ids", "targets"}`` (``[batch, seq]``, already shifted:
-    every position is scored)."""
+    every position is scored but the rows padding an evaluation's last batch, whose targets are −100)."""
     logits = model(batch["input_ids"])
-    return token_cross_entropy(logits, batch["targets"], jnp.ones(batch["targets"].shape, bool))
+    return token_cross_entropy(logits, batch["targets"], batch["targets"] != IGNORE_INDEX)
 
 
 def masked_lm_loss(model: nnx.Module, batch: Batch) -> tuple[jax.Array, jax.Array, jax.Array]:
