@@ -137,6 +137,20 @@ def abstract_mesh(shape):
     return jax.sharding.AbstractMesh(tuple(shape), sharding.MESH_AXES)
 
 
+def test_parameters_a_mesh_axis_cannot_split_are_reported():
+    """GPT-2's vocabulary (50,257 = 29 · 1,733) splits over no axis: the report names the parameter and the axes."""
+    mesh = abstract_mesh((1, 4, 2))
+    specs = {"tokens": P("vocab", "embed"), "query": P("embed", "heads", "head_dim"), "norm": P("norm")}
+    shapes = {"tokens": jax.ShapeDtypeStruct((50257, 768), jnp.float32),
+              "query": jax.ShapeDtypeStruct((768, 12, 64), jnp.float32),
+              "norm": jax.ShapeDtypeStruct((768,), jnp.float32)}
+    unsplit: list[str] = []
+    shardings = sharding.param_shardings(specs, shapes, mesh, unsplit)
+    assert shardings["tokens"].spec == P(None, None) and shardings["query"].spec == P("fsdp", "tensor", None)
+    assert unsplit == ["tokens (50257, 768): dimension 50257 (vocab) not split over fsdp=4; dimension 50257 (vocab) "
+                       "not split over tensor=2"]
+
+
 def test_logical_rules():
     mesh = abstract_mesh((2, 2, 2))
     assert sharding.logical_to_mesh(("vocab", "embed"), (1000, 64), mesh) == P(("tensor", "fsdp"), None)

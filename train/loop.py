@@ -284,7 +284,10 @@ class Trainer:
             return state, rest
 
         abstract_state, _ = jax.eval_shape(init)
-        param_shardings = shardlib.param_shardings(logical, abstract_params, mesh)
+        unsplit: list[str] = []
+        param_shardings = shardlib.param_shardings(logical, abstract_params, mesh, unsplit)
+        for line in unsplit:  # replicated where the mesh meant to split: say so, once per parameter
+            _say(f"sharding: {line} (replicated on that axis)")
         replicated = shardlib.replicated(mesh)
         self.state_shardings = {
             "params": param_shardings,

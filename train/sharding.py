@@ -58,11 +58,13 @@ def _as_tuple(axes) -> tuple[str, ...]:
     return (axes,) if isinstance(axes, str) else tuple(axes)
 
 
-def logical_to_mesh(logical: Sequence[str | None], shape: Sequence[int], mesh: Mesh) -> PartitionSpec:
+def logical_to_mesh(logical: Sequence[str | None], shape: Sequence[int], mesh: Mesh,
+                    dropped: list[str] | None = None) -> PartitionSpec:
     """The mesh ``PartitionSpec`` of a parameter with logical axis names ``logical`` and ``shape``.
 
     Each dimension takes the mesh axes its rule names, skipping axes of size 1, axes an earlier dimension already
-    uses, and trailing axes until the product divides the dimension.
+    uses, and trailing axes until the product divides the dimension. ``dropped``, when given, receives one line per
+    mesh axis a dimension wanted but could not take (its size is not divisible).
     """
     logical = tuple(logical)
     if len(logical) != len(shape):
@@ -78,17 +80,28 @@ def logical_to_mesh(logical: Sequence[str | None], shape: Sequence[int], mesh: M
     for dim, axes in zip(shape, wanted):
         chosen = [a for a in _as_tuple(axes) if mesh.shape[a] > 1 and a not in used]
         while chosen and dim % math.prod(mesh.shape[a] for a in chosen):
-            chosen.pop()
+            axis = chosen.pop()
+            if dropped is not None:
+                dropped.append(f"dimension {dim} ({logical[len(spec)]}) not split over {axis}={mesh.shape[axis]}")
         used.update(chosen)
         spec.append(None if not chosen else chosen[0] if len(chosen) == 1 else tuple(chosen))
     return PartitionSpec(*spec)
 
 
-def param_shardings(logical_specs: Any, shapes: Any, mesh: Mesh) -> Any:
+def param_shardings(logical_specs: Any, shapes: Any, mesh: Mesh, unsplit: list[str] | None = None) -> Any:
     """``NamedSharding`` per parameter: ``logical_specs`` (a tree of ``PartitionSpec`` of logical names, from
-    ``nnx.get_partition_spec``) and ``shapes`` (the same tree of arrays or ``ShapeDtypeStruct``)."""
-    return jax.tree.map(lambda spec, leaf: NamedSharding(mesh, logical_to_mesh(tuple(spec), leaf.shape, mesh)),
-                        logical_specs, shapes, is_leaf=lambda x: isinstance(x, PartitionSpec))
+    ``nnx.get_partition_spec``) and ``shapes`` (the same tree of arrays or ``ShapeDtypeStruct``). ``unsplit``, when
+    given, receives one line per parameter that a mesh axis wanted but cannot split (its path, what was dropped)."""
+    def sharding(path, spec, leaf):
+        dropped: list[str] = []
+        out = NamedSharding(mesh, logical_to_mesh(tuple(spec), leaf.shape, mesh, dropped))
+        if unsplit is not None and dropped:
+            name = ".".join(str(_path_key(p)) for p in path)
+            unsplit.append(f"{name} {tuple(leaf.shape)}: " + "; ".join(dropped))
+        return out
+
+    return jax.tree_util.tree_map_with_path(sharding, logical_specs, shapes,
+                                            is_leaf=lambda x: isinstance(x, PartitionSpec))
 
 
 def _path_key(entry) -> Any:
