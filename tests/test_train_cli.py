@@ -234,3 +234,19 @@ def test_two_processes_form_one_mesh_and_a_single_process_resumes_their_checkpoi
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     assert "resumed from checkpoint at step 5" in proc.stdout
     assert abs(losses(workdir)[6] - expected[6]) < 1e-5
+
+
+def test_an_error_after_the_first_step_exits_1_and_before_it_2(data_dir, tmp_path):
+    """Exit code 2 means nothing was computed (a bad config or input); a ValueError once training runs is a run
+    failure (1). The failure is simulated by a metrics writer that raises, in a real ``python -m train`` process."""
+    failing = ("import sys, train.loop as loop\n"
+               "def write(self, row):\n    raise ValueError('disk full (simulated)')\n"
+               "loop.MetricsWriter.write = write\n"
+               "from train.__main__ import main\nsys.exit(main(sys.argv))\n")
+    flags = [*as_flags("gpt", overrides("gpt", data_dir, steps=3)), "--workdir", str(tmp_path / "a")]
+    proc = subprocess.run([sys.executable, "-c", failing, *flags], cwd=REPO, env=env(), capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "error: disk full (simulated)" in proc.stderr
+    proc = run(tmp_path / "b", data_dir, **{"data.source": "files", "data.paths": "/nonexistent/*.txt"})
+    assert proc.returncode == 2, proc.stderr[-3000:]

@@ -5,7 +5,8 @@ checkpoint when there is one. With no arguments: the tiny GPT of ``configs/defau
 ``runs/default``. ``--config`` also takes a bare name from ``configs/`` (``--config bert_tiny``).
 
 Exit codes: 0 done (or stopped by SIGTERM / SIGINT after saving), 1 the run failed (a non-finite loss, no usable
-checkpoint), 2 a bad config or command line (nothing was computed).
+checkpoint, any error after the first training step), 2 a bad config, command line or input found before training
+(nothing was computed).
 """
 
 from __future__ import annotations
@@ -104,8 +105,10 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"config error: {exc}", file=sys.stderr)
         return 2
+    trainer = None
     try:
-        summary = Trainer(config, workdir, resolved).run()
+        trainer = Trainer(config, workdir, resolved)
+        summary = trainer.run()
     except NonFiniteLossError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -114,7 +117,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except (ValueError, FileNotFoundError) as exc:  # data: tokenizer too big for the model, missing files, ...
         print(f"error: {exc}", file=sys.stderr)
-        return 2
+        # Before the first step nothing was computed: the input was bad (2). After it, the run failed (1).
+        return 1 if trainer is not None and trainer.training_started else 2
 
     wall = time.perf_counter() - _START
     parts = [f"done: steps {summary.start_step + 1}..{summary.last_step} in {wall:.0f} s wall time"]

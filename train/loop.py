@@ -222,6 +222,7 @@ class Trainer:
                  devices: list[jax.Device] | None = None):
         """``devices``: the devices of the mesh (default: all of them)."""
         self.wall_start = time.perf_counter()
+        self.training_started = False  # set when the first step is dispatched: errors after it are run failures
         self.config = config
         self.devices = list(jax.devices() if devices is None else devices)
         self.resolved = resolved or resolve(config, len(self.devices))
@@ -460,6 +461,7 @@ class Trainer:
 
         profile = profile_window(config)
         tracing = False
+        self.training_started = True
         step = start
         try:
             for step in range(start + 1, self.steps + 1):
