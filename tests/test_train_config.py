@@ -304,3 +304,12 @@ def test_peak_table():
     assert flops.peak_flops(Device("TPU v6 lite")) == 918e12
     assert flops.peak_flops(Device("cpu")) is None
     assert flops.measure_cpu_peak(size=256, repeats=2) > 1e8
+
+
+def test_the_loop_and_the_bench_measure_the_same_cpu_peak():
+    """One peak function and one matmul size for both, named with the figure (their MFUs used to disagree)."""
+    from train import bench
+
+    assert bench.parse_args(["--work", "gpt_train"]).peak_size == flops.CPU_PEAK_SIZE
+    peak, source = flops.device_peak(jax.devices()[:1], cpu_size=256)
+    assert peak > 1e8 and source == "measured fp32 matmul peak (256^3, best of 5)"

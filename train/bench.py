@@ -429,7 +429,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--profile", metavar="DIR",
                         help="after timing, trace 3 steps (1 generate call) into DIR and print the operations that "
                              "took the most time")
-    parser.add_argument("--peak-size", type=int, default=2048, help="CPU: matmul size of the peak measurement")
+    parser.add_argument("--peak-size", type=int, default=flopslib.CPU_PEAK_SIZE,
+                        help="CPU: matmul size of the peak measurement (the training loop uses the default)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     names = CPU_WORKLOADS if args.work == "cpu" else tuple(w.strip() for w in args.work.split(","))
@@ -457,10 +458,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         # Must be set before the backend starts (the first jax.devices() below): CPU ops then show in the trace.
         os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_cpu_enable_xprof_traceme=true").strip()
     devices = jax.devices()
-    if devices[0].platform == "cpu":
-        peak, peak_kind = flopslib.measure_cpu_peak(args.peak_size), f"measured fp32 matmul peak ({args.peak_size}^3)"
-    else:
-        peak, peak_kind = flopslib.device_peak(devices[:1])
+    peak, peak_kind = flopslib.device_peak(devices[:1], cpu_size=args.peak_size)
     results = []
     for name in args.works:
         spec = workload_spec(name, args)

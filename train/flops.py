@@ -77,7 +77,10 @@ def peak_flops(device: jax.Device) -> float | None:
     return None
 
 
-def measure_cpu_peak(size: int = 1024, dtype=jnp.float32, repeats: int = 5) -> float:
+CPU_PEAK_SIZE = 2048  # the matmul the CPU peak is measured on, for the training loop and the benchmark alike
+
+
+def measure_cpu_peak(size: int = CPU_PEAK_SIZE, dtype=jnp.float32, repeats: int = 5) -> float:
     """FLOP/s of the best of ``repeats`` timed ``[size, size] @ [size, size]`` matmuls on the default device (all of
     the host's cores, as XLA's CPU backend uses them)."""
     a = jnp.asarray(np.random.default_rng(0).standard_normal((size, size)), dtype)
@@ -91,11 +94,11 @@ def measure_cpu_peak(size: int = 1024, dtype=jnp.float32, repeats: int = 5) -> f
     return 2.0 * size ** 3 / best
 
 
-def device_peak(devices: list[jax.Device]) -> tuple[float, str]:
+def device_peak(devices: list[jax.Device], cpu_size: int = CPU_PEAK_SIZE) -> tuple[float, str]:
     """``(total peak FLOP/s of devices, how it was obtained)``. CPU devices share one host: its measured matmul
-    peak is the total, however many (simulated) CPU devices there are."""
+    peak (``[cpu_size]²`` float32, best of 5) is the total, however many (simulated) CPU devices there are."""
     if devices[0].platform == "cpu":
-        return measure_cpu_peak(), "measured CPU matmul peak"
+        return measure_cpu_peak(cpu_size), f"measured fp32 matmul peak ({cpu_size}^3, best of 5)"
     peak = peak_flops(devices[0])
     if peak is None:
         return float("nan"), f"unknown peak for {devices[0].device_kind!r}"
