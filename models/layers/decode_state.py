@@ -8,11 +8,8 @@ import numpy as np
 from flax import struct
 
 from models.config import TransformerConfig
+from models.layers.embeddings import is_concrete
 from models.layers.masking import AttentionLayout, document_positions
-
-
-def _concrete_int(x) -> int | None:
-    return None if isinstance(x, jax.core.Tracer) else int(np.asarray(x))
 
 
 @struct.dataclass
@@ -60,7 +57,7 @@ class DecodeState:
         if new_valid.ndim != 2 or new_valid.shape[0] != self.batch:
             raise ValueError(f"new tokens' mask has shape {tuple(new_valid.shape)}: expected [{self.batch}, q]")
         q_len = new_valid.shape[1]
-        index = _concrete_int(self.index)
+        index = int(np.asarray(self.index)) if is_concrete(self.index) else None
         if index is not None and index + q_len > self.max_len:
             raise ValueError(f"the decode state holds {self.max_len} tokens per row and {index} are written: "
                              f"{q_len} more do not fit (create it with max_len >= {index + q_len})")
