@@ -21,6 +21,15 @@ REMAT_POLICIES = ("none", "full", "dots")
 ATTENTION_IMPLS = ("auto", "softmax", "fused")
 
 
+class FieldError(ValueError):
+    """A ``TransformerConfig`` value that cannot work; ``field`` names the field (the message: the value and what
+    was expected)."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(message)
+        self.field = field
+
+
 @dataclasses.dataclass(frozen=True)
 class TransformerConfig:
     """Hyper-parameters of an encoder-only or decoder-only Transformer.
@@ -87,8 +96,8 @@ class TransformerConfig:
             object.__setattr__(self, "num_kv_heads", self.num_heads)
         if self.head_dim is None:
             if self.num_heads > 0 and self.hidden_size % self.num_heads != 0:
-                raise ValueError(
-                    f"hidden_size={self.hidden_size} is not divisible by num_heads={self.num_heads}; "
+                raise FieldError(
+                    "num_heads", f"hidden_size={self.hidden_size} is not divisible by num_heads={self.num_heads}; "
                     "expected a multiple of num_heads (or pass head_dim explicitly)"
                 )
             object.__setattr__(self, "head_dim", self.hidden_size // max(self.num_heads, 1))
@@ -99,10 +108,10 @@ class TransformerConfig:
                      "num_kv_heads", "head_dim", "max_position_embeddings", "num_labels"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name}={value!r}: expected a positive integer")
+                raise FieldError(name, f"{name}={value!r}: expected a positive integer")
         if self.num_heads % self.num_kv_heads != 0:
-            raise ValueError(
-                f"num_kv_heads={self.num_kv_heads} does not divide num_heads={self.num_heads}; "
+            raise FieldError(
+                "num_kv_heads", f"num_kv_heads={self.num_kv_heads} does not divide num_heads={self.num_heads}; "
                 "expected a divisor of num_heads (grouped-query attention)"
             )
         choices = {
@@ -113,41 +122,41 @@ class TransformerConfig:
         }
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
-                raise ValueError(f"{name}={getattr(self, name)!r}: expected one of {allowed}")
+                raise FieldError(name, f"{name}={getattr(self, name)!r}: expected one of {allowed}")
         if self.position == "rope" and self.head_dim % 2 != 0:
-            raise ValueError(f"head_dim={self.head_dim}: RoPE needs an even head dimension")
+            raise FieldError("head_dim", f"head_dim={self.head_dim}: RoPE needs an even head dimension")
         if self.position == "sinusoidal" and self.hidden_size % 2 != 0:
-            raise ValueError(f"hidden_size={self.hidden_size}: sinusoidal positions need an even width")
+            raise FieldError("hidden_size", f"hidden_size={self.hidden_size}: sinusoidal positions need an even width")
         if not isinstance(self.scan_layers, bool):
-            raise ValueError(f"scan_layers={self.scan_layers!r}: expected True or False")
+            raise FieldError("scan_layers", f"scan_layers={self.scan_layers!r}: expected True or False")
         for name in ("dropout", "attention_dropout"):
             rate = getattr(self, name)
             if not isinstance(rate, (int, float)) or isinstance(rate, bool) or not 0.0 <= rate < 1.0:
-                raise ValueError(f"{name}={rate!r}: expected a rate in [0, 1)")
+                raise FieldError(name, f"{name}={rate!r}: expected a rate in [0, 1)")
         if not isinstance(self.position_offset, int) or isinstance(self.position_offset, bool) or \
                 self.position_offset < 0:
-            raise ValueError(f"position_offset={self.position_offset!r}: expected an integer >= 0")
+            raise FieldError("position_offset", f"position_offset={self.position_offset!r}: expected an integer >= 0")
         if self.position_offset and self.position not in ("learned", "sinusoidal"):
-            raise ValueError(f"position_offset={self.position_offset} needs absolute positions (learned or "
+            raise FieldError("position_offset", f"position_offset={self.position_offset} needs absolute positions (learned or "
                              f"sinusoidal); got position={self.position!r}")
         if self.position_offset and self.position_offset >= self.max_position_embeddings:
-            raise ValueError(f"position_offset={self.position_offset}: expected less than "
+            raise FieldError("position_offset", f"position_offset={self.position_offset}: expected less than "
                              f"max_position_embeddings={self.max_position_embeddings}")
         if self.norm_eps <= 0:
-            raise ValueError(f"norm_eps={self.norm_eps}: expected a positive number")
+            raise FieldError("norm_eps", f"norm_eps={self.norm_eps}: expected a positive number")
         if self.type_vocab_size < 0:
-            raise ValueError(f"type_vocab_size={self.type_vocab_size}: expected >= 0")
+            raise FieldError("type_vocab_size", f"type_vocab_size={self.type_vocab_size}: expected >= 0")
         if isinstance(self.eos_token_id, list):
             object.__setattr__(self, "eos_token_id", tuple(self.eos_token_id))
         if isinstance(self.eos_token_id, tuple) and not self.eos_token_id:
-            raise ValueError("eos_token_id=(): expected a token id, several, or None")
+            raise FieldError("eos_token_id", "eos_token_id=(): expected a token id, several, or None")
         for name in ("pad_token_id", "bos_token_id", "eos_token_id"):
             value = getattr(self, name)
             for token in (value if isinstance(value, tuple) else (value,)):
                 if token is None:
                     continue
                 if not isinstance(token, int) or isinstance(token, bool) or not 0 <= token < self.vocab_size:
-                    raise ValueError(f"{name}={value!r}: expected a token id in [0, {self.vocab_size})")
+                    raise FieldError(name, f"{name}={value!r}: expected a token id in [0, {self.vocab_size})")
 
     @property
     def eos_token_ids(self) -> tuple[int, ...]:
