@@ -64,15 +64,22 @@ class BertForMaskedLM(nnx.Module):
                  token_type_ids: jax.Array | None = None, position_ids: jax.Array | None = None, *,
                  segment_ids: jax.Array | None = None) -> jax.Array:
         """``[batch, seq]`` → logits ``[batch, seq, vocab]`` (float32)."""
-        hidden = self.bert(input_ids, attention_mask, token_type_ids, position_ids,
-                           segment_ids=segment_ids).last_hidden_state
-        return self.predict_tokens(hidden)
+        return self.logits(self.hidden_states(input_ids, attention_mask, token_type_ids, position_ids,
+                                              segment_ids=segment_ids))
 
-    def predict_tokens(self, hidden: jax.Array) -> jax.Array:
+    def hidden_states(self, input_ids: jax.Array, attention_mask: jax.Array | None = None,
+                      token_type_ids: jax.Array | None = None, position_ids: jax.Array | None = None, *,
+                      segment_ids: jax.Array | None = None) -> jax.Array:
+        """The encoder's final states ``[batch, seq, hidden]``, before the MLM head."""
+        return self.bert(input_ids, attention_mask, token_type_ids, position_ids,
+                         segment_ids=segment_ids).last_hidden_state
+
+    def logits(self, hidden: jax.Array) -> jax.Array:
         """The MLM head alone: ``[batch, n, hidden]`` encoder states → ``[batch, n, vocab]`` logits (float32), e.g. for
-        the scored positions only."""
+        the scored positions only (BERT's pre-training gathers them first)."""
         hidden = self.transform_norm(ACTIVATION_FUNCTIONS[self.config.activation](self.transform(hidden)))
         return self.decoder(hidden, self.bert.encoder.embeddings.tokens)
+
 
 
 class BertForSequenceClassification(nnx.Module):

@@ -41,8 +41,19 @@ class GPTForCausalLM(nnx.Module):
                  token_type_ids: jax.Array | None = None, position_ids: jax.Array | None = None, *,
                  segment_ids: jax.Array | None = None) -> jax.Array:
         """``[batch, seq]`` → next-token logits ``[batch, seq, vocab]`` (float32)."""
-        hidden = self.transformer(input_ids, attention_mask, token_type_ids, position_ids,
-                                  segment_ids=segment_ids).hidden
+        return self.logits(self.hidden_states(input_ids, attention_mask, token_type_ids, position_ids,
+                                              segment_ids=segment_ids))
+
+    def hidden_states(self, input_ids: jax.Array, attention_mask: jax.Array | None = None,
+                      token_type_ids: jax.Array | None = None, position_ids: jax.Array | None = None, *,
+                      segment_ids: jax.Array | None = None) -> jax.Array:
+        """The decoder's final states ``[batch, seq, hidden]``, before the head (a loss can project them in chunks
+        with :meth:`logits` and never hold ``[batch, seq, vocab]``)."""
+        return self.transformer(input_ids, attention_mask, token_type_ids, position_ids,
+                                segment_ids=segment_ids).hidden
+
+    def logits(self, hidden: jax.Array) -> jax.Array:
+        """The head alone: ``[batch, n, hidden]`` → ``[batch, n, vocab]`` logits (float32)."""
         return self.lm_head(hidden, self.transformer.decoder.embeddings.tokens)
 
     def decode(self, input_ids: jax.Array, state: DecodeState, new_valid: jax.Array | None = None, *,

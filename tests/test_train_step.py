@@ -84,11 +84,11 @@ def test_dropout_depends_on_seed_and_step_only(data_dir, tmp_path):
     state, rest = t.initial_state()
     batch = global_batch(next(t.train_iterator()), t.batch_sharding)
     copy = jax.tree.map(jnp.copy, state)
-    _, first = t._train_step(state, rest, batch)
-    _, again = t._train_step(jax.tree.map(jnp.copy, copy), rest, batch)
+    _, first = t._train_step(state, rest, batch, jnp.bool_(True))
+    _, again = t._train_step(jax.tree.map(jnp.copy, copy), rest, batch, jnp.bool_(True))
     assert float(first["loss"]) == float(again["loss"])
     later = {**jax.tree.map(jnp.copy, copy), "step": jnp.int32(7)}
-    _, other = t._train_step(later, rest, batch)
+    _, other = t._train_step(later, rest, batch, jnp.bool_(True))
     assert float(other["loss"]) != float(first["loss"])
     # Dropout on: a different loss than the deterministic evaluation of the same parameters.
     evaluated = t._eval_step(copy["params"], rest, batch)
@@ -116,3 +116,4 @@ def test_evaluation_covers_a_split_smaller_than_one_batch(data_dir, tmp_path, ki
     np.testing.assert_allclose(got["val_loss"], expected["val_loss"], rtol=1e-5)
     if kind == "gpt":
         assert got["val_tokens"] == len(small.sources["validation"]) * 32
+

@@ -67,6 +67,7 @@ def make_config(kind: str, data_dir: str, **extra: Any):
 def run_steps(trainer, steps: int):
     """``(state, losses)`` after ``steps`` train steps from a fresh state on ``trainer``'s mesh."""
     import jax
+    import jax.numpy as jnp
 
     from train.sharding import global_batch
 
@@ -74,7 +75,8 @@ def run_steps(trainer, steps: int):
     iterator = trainer.train_iterator()
     losses = []
     for _ in range(steps):
-        state, metrics = trainer._train_step(state, rest, global_batch(next(iterator), trainer.batch_sharding))
+        state, metrics = trainer._train_step(state, rest, global_batch(next(iterator), trainer.batch_sharding),
+                                            jnp.bool_(True))
         losses.append(float(jax.device_get(metrics["loss"])))
     return state, losses
 

@@ -15,13 +15,12 @@ comparison) N times and reports each side's median round and the median per-roun
 3 more steps with ``jax.profiler`` and prints the most expensive operations of the compiled program. Every figure is
 a wall-clock time around a call that ends with ``block_until_ready``: the step itself never syncs with the host.
 
-**Why this module does not reuse ``train.step``.** ``train.step`` imports ``train.data`` (Grain,
-tensorflow-datasets), which the accelerator image lacks, and its step carries the training loop's extras (step
-counter, dropout keys, metrics, gradient norm). The step here is the minimal one the issue defines, built from
-``models`` and ``optax`` only: ``nnx.split`` once, a pure ``jax.jit`` function of ``(params, opt_state, batch)`` that
-calls ``nnx.merge`` inside the differentiated loss, ``optax.adamw`` (decay on every parameter, as
-``torch.optim.AdamW`` does), the parameters and optimizer state donated. Imports at module level: jax, numpy, optax,
-flax, ``models`` and ``train.flops``; PyTorch and transformers only with ``--compare transformers``.
+**One step.** A training workload times ``train.step.make_train_step``, the step of ``python -m train`` (same
+losses: the MLM head on the gathered masked positions, the optional chunked cross-entropy; the gradient norm once;
+the accuracy off as between logging steps), with ``optax.adamw`` (decay on every parameter, as
+``torch.optim.AdamW`` does) at a constant learning rate. ``train.step`` imports only jax, optax, flax, einops and
+``train.batches`` (plain constants): no Grain, tensorflow-datasets or ml_collections, which the accelerator image
+lacks. PyTorch and transformers are imported only with ``--compare transformers``.
 
 MFU uses ``train.flops`` (``6N + 12·L·T·d`` model FLOPs per training token) against the measured CPU matmul peak
 (2048³ float32, best of 5, measured in the same process) or the accelerator's table peak. Two workload-specific
@@ -69,6 +68,7 @@ from models.gpt import GPTForCausalLM
 from models.layers.attention_core import attention_backend
 from models.modeling import create_model, param_count
 from train import flops as flopslib
+from train.step import make_train_step
 
 WORKLOADS = ("gpt_train", "bert_train", "gpt_generate", "gpt2_small")
 CPU_WORKLOADS = ("gpt_train", "bert_train", "gpt_generate")
@@ -161,34 +161,6 @@ def make_batch(spec: dict[str, Any], seed: int = 0) -> dict[str, np.ndarray]:
     return {"input_ids": inputs, "masked_positions": positions.astype(np.int32), "masked_labels": labels}
 
 
-# ============================================================================================================ steps
-def causal_loss(model: GPTForCausalLM, batch: dict[str, jax.Array]) -> jax.Array:
-    logits = model(batch["input_ids"])
-    return optax.softmax_cross_entropy_with_integer_labels(logits, batch["targets"]).mean()
-
-
-def mlm_loss(model: BertForMaskedLM, batch: dict[str, jax.Array]) -> jax.Array:
-    """The MLM head on the scored positions only (what ``BertForMaskedLM.__call__`` computes there, same modules)."""
-    hidden = model.bert(batch["input_ids"]).last_hidden_state
-    picked = jnp.take_along_axis(hidden, batch["masked_positions"][..., None], axis=1)  # [batch, masked, hidden]
-    logits = model.predict_tokens(picked)
-    return optax.softmax_cross_entropy_with_integer_labels(logits, batch["masked_labels"]).mean()
-
-
-def make_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, loss_of: Callable) -> Callable:
-    """``step(params, opt_state, rest, batch) -> (params, opt_state, loss)``: pure, to be jitted with the first two
-    donated."""
-    def loss(params, rest, batch):
-        return loss_of(nnx.merge(graphdef, params, rest, copy=True), batch)
-
-    def step(params, opt_state, rest, batch):
-        value, grads = jax.value_and_grad(loss)(params, rest, batch)
-        updates, opt_state = tx.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, value
-
-    return step
-
-
 # ======================================================================================================== measures
 def peak_memory_bytes() -> tuple[int | None, str]:
     stats = jax.devices()[0].memory_stats() if jax.devices()[0].platform != "cpu" else None
@@ -257,24 +229,29 @@ def profile_ops(fn: Callable[[], Any], directory: str, calls: int, top: int = 25
 
 
 def run_train(name: str, spec: dict[str, Any], args: argparse.Namespace, peak: float) -> dict[str, Any]:
+    """Time ``train.step.make_train_step`` (the training loop's step) on the workload, with plain AdamW (decay on
+    every parameter, as ``torch.optim.AdamW``) at a constant learning rate and the accuracy off (as the loop's
+    steps between logging steps)."""
     config, cls = spec["config"], spec["cls"]
     model = create_model(config, cls, seed=args.seed)
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     del model
     tx = optax.adamw(LR, weight_decay=WEIGHT_DECAY)
-    opt_state = jax.jit(tx.init)(params)
+    state = {"params": params, "opt_state": jax.jit(tx.init)(params), "step": jnp.zeros((), jnp.int32),
+             "rng": jax.random.key_data(jax.random.key(args.seed))}
     batch = jax.device_put(make_batch(spec, args.seed))
-    loss_of = mlm_loss if spec["masked"] is not None else causal_loss
+    objective = "mlm" if spec["masked"] is not None else "causal"
+    step = make_train_step(graphdef, tx, optax.constant_schedule(LR), objective=objective,
+                           loss_chunk=args.loss_chunk)
+    no_accuracy = jnp.bool_(False)
     start = time.perf_counter()
-    compiled = jax.jit(make_step(graphdef, tx, loss_of), donate_argnums=(0, 1)).lower(
-        params, opt_state, rest, batch).compile()
+    compiled = jax.jit(step, donate_argnums=(0,)).lower(state, rest, batch, no_accuracy).compile()
     compile_s = time.perf_counter() - start
-    state = {"params": params, "opt_state": opt_state, "loss": None}
+    holder = {"state": state, "metrics": None}
 
     def one_step():
-        state["params"], state["opt_state"], state["loss"] = compiled(state["params"], state["opt_state"], rest,
-                                                                     batch)
-        state["loss"].block_until_ready()
+        holder["state"], holder["metrics"] = compiled(holder["state"], rest, batch, no_accuracy)
+        holder["metrics"]["loss"].block_until_ready()
 
     times = timed(one_step, args.warmup, args.steps)
     step_s = statistics.median(times)
@@ -285,7 +262,7 @@ def run_train(name: str, spec: dict[str, Any], args: argparse.Namespace, peak: f
                if args.profile else None)
     return dict(profile=profile, step_ms=1e3 * step_s, tokens_per_s=tokens / step_s, mfu=fpt * tokens / step_s / peak,
                 compile_s=compile_s, peak_memory_mb=memory / 2 ** 20, memory_kind=memory_kind,
-                params=param_count(config, cls), flops_per_token=fpt, loss=float(state["loss"]),
+                params=param_count(config, cls), flops_per_token=fpt, loss=float(holder["metrics"]["loss"]),
                 step_ms_all=[round(1e3 * t, 2) for t in times])
 
 
@@ -402,7 +379,8 @@ def machine() -> str:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m train.bench", description=__doc__.split("\n\n")[0])
     parser.add_argument("--work", default="gpt_train",
-                        help=f"a workload or a comma-separated list: {', '.join(WORKLOADS)}; 'cpu' = the three CPU ones")
+                        help=f"a workload or a comma-separated list: {', '.join(WORKLOADS)}; 'cpu' = the three CPU ones; "
+                             "'gpu' = the accelerator check of train/gpu_check.py (--tiny passes on)")
     parser.add_argument("--json", action="store_true", help="print one JSON line per workload")
     parser.add_argument("--compare", choices=["transformers"], help="also run transformers (PyTorch) in this process")
     parser.add_argument("--batch", type=int, help="batch size (default: the workload's)")
@@ -431,12 +409,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "took the most time")
     parser.add_argument("--peak-size", type=int, default=flopslib.CPU_PEAK_SIZE,
                         help="CPU: matmul size of the peak measurement (the training loop uses the default)")
+    parser.add_argument("--loss-chunk", type=int, default=0,
+                        help="positions per cross-entropy chunk (0 = the whole sequence at once; see train.step)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
+    if args.loss_chunk < 0:
+        parser.error(f"--loss-chunk {args.loss_chunk}: expected 0 (off) or a positive number of positions")
+    if args.work == "gpu":
+        args.works = ()
+        return args
     names = CPU_WORKLOADS if args.work == "cpu" else tuple(w.strip() for w in args.work.split(","))
     for name in names:
         if name not in WORKLOADS:
-            parser.error(f"--work {name!r}: expected one of {', '.join(WORKLOADS)} or 'cpu'")
+            parser.error(f"--work {name!r}: expected one of {', '.join(WORKLOADS)}, 'cpu' or 'gpu'")
     args.works = names
     if args.rounds < 1:
         parser.error(f"--rounds {args.rounds}: expected a positive integer")
@@ -454,6 +439,10 @@ def report_line(name: str, r: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     args = parse_args(argv)
+    if args.work == "gpu":
+        from train import gpu_check
+
+        raise SystemExit(gpu_check.main(["--tiny"] if args.tiny else []))
     if args.profile and "xla_cpu_enable_xprof_traceme" not in os.environ.get("XLA_FLAGS", ""):
         # Must be set before the backend starts (the first jax.devices() below): CPU ops then show in the trace.
         os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_cpu_enable_xprof_traceme=true").strip()

@@ -26,46 +26,102 @@ import optax
 from einops import rearrange
 from flax import nnx
 
-from train.data import IGNORE_INDEX
+from train.batches import IGNORE_INDEX
 
 Batch = dict[str, jax.Array]
 TrainState = dict[str, Any]
 
 
 # ========================================================================================================= losses
-def token_cross_entropy(logits: jax.Array, labels: jax.Array, valid: jax.Array) -> tuple[jax.Array, jax.Array,
-                                                                                         jax.Array]:
+Sums = tuple[jax.Array, jax.Array, jax.Array]  # (sum of −log p(label), scored tokens, scored tokens predicted right)
+
+
+def token_cross_entropy(logits: jax.Array, labels: jax.Array, valid: jax.Array,
+                        with_accuracy: bool | jax.Array = True) -> Sums:
     """``(sum of −log p(label), number of valid tokens, number of valid tokens predicted right)``, all float32.
 
-    ``logits: [batch, seq, vocab]``, ``labels: [batch, seq]`` int, ``valid: [batch, seq]`` bool.
+    ``logits: [batch, seq, vocab]``, ``labels: [batch, seq]`` int, ``valid: [batch, seq]`` bool. ``with_accuracy``
+    (a Python or traced bool): when false the argmax over the vocabulary is skipped and the third sum is 0.
     """
     logits = logits.astype(jnp.float32)
     safe_labels = jnp.where(valid, labels, 0)
     losses = optax.softmax_cross_entropy_with_integer_labels(logits, safe_labels)
     validf = valid.astype(jnp.float32)
-    correct = (jnp.argmax(logits, axis=-1) == safe_labels).astype(jnp.float32) * validf
-    return jnp.sum(losses * validf), jnp.sum(validf), jnp.sum(correct)
+
+    def correct() -> jax.Array:
+        hits = jnp.argmax(jax.lax.stop_gradient(logits), axis=-1) == safe_labels
+        return jnp.sum(hits.astype(jnp.float32) * validf)
+
+    if isinstance(with_accuracy, bool):
+        hits = correct() if with_accuracy else jnp.float32(0)
+    else:
+        hits = jax.lax.cond(with_accuracy, correct, lambda: jnp.float32(0))
+    return jnp.sum(losses * validf), jnp.sum(validf), hits
 
 
-def causal_lm_loss(model: nnx.Module, batch: Batch) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """Next-token loss of a ``GPTForCausalLM`` on ``{"input_ids", "targets"}`` (``[batch, seq]``, already shifted:
-    every position is scored but the rows padding an evaluation's last batch, whose targets are −100)."""
-    logits = model(batch["input_ids"])
-    return token_cross_entropy(logits, batch["targets"], batch["targets"] != IGNORE_INDEX)
+def chunked_cross_entropy(hidden: jax.Array, project: Callable[[jax.Array], jax.Array], labels: jax.Array,
+                          valid: jax.Array, *, chunk: int, with_accuracy: bool | jax.Array = True) -> Sums:
+    """:func:`token_cross_entropy` of ``project(hidden)`` computed ``chunk`` positions at a time.
+
+    ``hidden: [batch, seq, hidden]``; ``project`` maps ``[batch, n, hidden]`` to ``[batch, n, vocab]`` logits. The
+    chunks run in a ``lax.scan`` whose body is rematerialised, so neither pass holds more than one chunk's
+    ``[batch, chunk, vocab]`` float32 logits (GPT-2 small at 8 × 1024: 1.6 GB whole, 0.4 GB in chunks of 256).
+    ``chunk`` 0 or ≥ seq: one piece, no scan. The sequence is cut along ``seq`` (never ``batch``), so a
+    batch-sharded layout stays as it is; a last partial chunk is padded with unscored positions.
+    """
+    seq = hidden.shape[1]
+    if chunk <= 0 or chunk >= seq:
+        return token_cross_entropy(project(hidden), labels, valid, with_accuracy)
+    pad = -seq % chunk
+    if pad:
+        hidden = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0)))
+        labels = jnp.pad(labels, ((0, 0), (0, pad)))
+        valid = jnp.pad(valid, ((0, 0), (0, pad)))
+    pieces = (rearrange(hidden, "b (n c) d -> n b c d", c=chunk), rearrange(labels, "b (n c) -> n b c", c=chunk),
+              rearrange(valid, "b (n c) -> n b c", c=chunk))
+
+    @jax.checkpoint
+    def one_chunk(h, y, v):
+        return token_cross_entropy(project(h), y, v, with_accuracy)
+
+    def body(carry, piece):
+        return jax.tree.map(jnp.add, carry, one_chunk(*piece)), None
+
+    zero = jnp.float32(0)
+    sums, _ = jax.lax.scan(body, (zero, zero, zero), pieces)
+    return sums
 
 
-def masked_lm_loss(model: nnx.Module, batch: Batch) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """Masked-token loss of a ``BertForMaskedLM`` on ``{"input_ids", "labels" (−100 = not scored),
-    "attention_mask", "token_type_ids"}``."""
-    logits = model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
-    labels = batch["labels"]
-    return token_cross_entropy(logits, labels, labels != IGNORE_INDEX)
+def causal_lm_loss(model: nnx.Module, batch: Batch, *, loss_chunk: int = 0,
+                   with_accuracy: bool | jax.Array = True) -> Sums:
+    """Next-token loss of a ``GPTForCausalLM`` on ``{"input_ids", "targets", ["segment_ids"]}`` (``[batch, seq]``,
+    targets already shifted, ``IGNORE_INDEX`` where nothing is scored: padding rows, document ends of a packed row).
+    With ``segment_ids`` the packed documents never attend to each other and their positions restart."""
+    hidden = model.hidden_states(batch["input_ids"], segment_ids=batch.get("segment_ids"))
+    targets = batch["targets"]
+    return chunked_cross_entropy(hidden, model.logits, targets, targets != IGNORE_INDEX, chunk=loss_chunk,
+                                 with_accuracy=with_accuracy)
 
 
-LOSSES: dict[str, Callable[[nnx.Module, Batch], tuple[jax.Array, jax.Array, jax.Array]]] = {
-    "causal": causal_lm_loss,
-    "mlm": masked_lm_loss,
-}
+def masked_lm_loss(model: nnx.Module, batch: Batch, *, loss_chunk: int = 0,
+                   with_accuracy: bool | jax.Array = True) -> Sums:
+    """Masked-token loss of a ``BertForMaskedLM``: the encoder on ``input_ids`` (with ``attention_mask``,
+    ``token_type_ids``, ``segment_ids`` where the batch has them), then the MLM head on the states gathered at
+    ``masked_positions: [batch, max_predictions]`` only, scored against ``masked_labels`` (``IGNORE_INDEX`` in unused
+    slots), as BERT's pre-training does: the head costs ``max_predictions``, not ``seq``, positions per row. A batch
+    without ``masked_positions`` is scored on ``labels: [batch, seq]`` with the head on every position."""
+    hidden = model.hidden_states(batch["input_ids"], batch.get("attention_mask"), batch.get("token_type_ids"),
+                                 segment_ids=batch.get("segment_ids"))
+    if "masked_positions" in batch:
+        hidden = jnp.take_along_axis(hidden, batch["masked_positions"][..., None], axis=1)  # [batch, predictions, d]
+        labels = batch["masked_labels"]
+    else:  # a batch with per-position labels only: the head on every position
+        labels = batch["labels"]
+    return chunked_cross_entropy(hidden, model.logits, labels, labels != IGNORE_INDEX, chunk=loss_chunk,
+                                 with_accuracy=with_accuracy)
+
+
+LOSSES: dict[str, Callable[..., Sums]] = {"causal": causal_lm_loss, "mlm": masked_lm_loss}
 
 
 def global_norm(tree: Any) -> jax.Array:
@@ -107,33 +163,43 @@ def step_key(state: TrainState) -> jax.Array:
 
 # ========================================================================================================== steps
 def make_train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, schedule: optax.Schedule, *,
-                    objective: str, accum_steps: int = 1,
+                    objective: str, accum_steps: int = 1, loss_chunk: int = 0,
                     micro_batch_sharding: jax.sharding.Sharding | None = None,
                     grad_shardings: Any = None) -> Callable:
-    """``train_step(state, rest, batch) -> (state, metrics)``, not yet jitted.
+    """``train_step(state, rest, batch, with_accuracy=True) -> (state, metrics)``, not yet jitted: the one place a
+    loss is differentiated (the training loop and ``train.bench`` both build their step here).
 
-    ``batch`` holds the whole step's rows ``[batch_size, seq]``; with ``accum_steps`` > 1 they are cut into
-    micro-batches by striding (micro-batch ``i`` = rows ``i, i + accum_steps, ...``), so that each micro-batch keeps
-    rows on every device of a batch-sharded layout, and gradients are summed over a ``lax.scan`` whose carry keeps
-    ``grad_shardings`` (the parameters' shardings: under FSDP each device holds its slice of the running sum, never
-    the whole gradient).
-    ``metrics``: ``loss`` (mean over scored tokens), ``accuracy``, ``tokens`` (scored), ``grad_norm`` (before
-    clipping), ``lr`` (of this update).
+    ``batch`` holds the whole step's rows ``[batch_size, seq]`` (keys: ``train.batches``); with ``accum_steps`` > 1
+    they are cut into micro-batches by striding (micro-batch ``i`` = rows ``i, i + accum_steps, ...``), so that each
+    micro-batch keeps rows on every device of a batch-sharded layout, and gradients are summed over a ``lax.scan``
+    whose carry keeps ``grad_shardings`` (the parameters' shardings: under FSDP each device holds its slice of the
+    running sum, never the whole gradient). ``loss_chunk``: positions per cross-entropy chunk (0 = all at once; see
+    :func:`chunked_cross_entropy`).
+
+    The gradient norm is computed once, here, and handed to the optimizer as ``tx.update(..., grad_norm=norm)``
+    (``train.optim``'s clipping reads it instead of computing it again). ``with_accuracy`` (a traced bool: pass
+    ``jnp.bool_``) skips the argmax over the vocabulary when false: the loop asks for it at logging steps only.
+    ``metrics``: ``loss`` (mean over scored tokens), ``accuracy`` (0 when not asked for), ``tokens`` (scored),
+    ``grad_norm`` (before clipping), ``lr`` (of this update).
     """
     loss_of = LOSSES[objective]
 
-    def summed_loss(params, rest, batch, key):
+    def summed_loss(params, rest, batch, key, with_accuracy):
         model = nnx.merge(graphdef, params, rest, copy=True)
         reseed_dropout(model, key)
-        loss_sum, count, correct = loss_of(model, batch)
+        loss_sum, count, correct = loss_of(model, batch, loss_chunk=loss_chunk, with_accuracy=with_accuracy)
         return loss_sum, (count, correct)
 
     grad_fn = jax.value_and_grad(summed_loss, has_aux=True)
 
-    def train_step(state: TrainState, rest: Any, batch: Batch) -> tuple[TrainState, dict[str, jax.Array]]:
+    def constrain(tree):
+        return tree if grad_shardings is None else jax.lax.with_sharding_constraint(tree, grad_shardings)
+
+    def train_step(state: TrainState, rest: Any, batch: Batch,
+                   with_accuracy: bool | jax.Array = True) -> tuple[TrainState, dict[str, jax.Array]]:
         params, key = state["params"], step_key(state)
         if accum_steps == 1:
-            (loss_sum, (count, correct)), grads = grad_fn(params, rest, batch, key)
+            (loss_sum, (count, correct)), grads = grad_fn(params, rest, batch, key, with_accuracy)
         else:
             micro = jax.tree.map(lambda x: rearrange(x, "(m a) ... -> a m ...", a=accum_steps), batch)
 
@@ -141,14 +207,9 @@ def make_train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, sc
                 index, micro_batch = inputs
                 if micro_batch_sharding is not None:
                     micro_batch = jax.lax.with_sharding_constraint(micro_batch, micro_batch_sharding)
-                (l, (c, k)), g = grad_fn(params, rest, micro_batch, jax.random.fold_in(key, index))
+                (l, (c, k)), g = grad_fn(params, rest, micro_batch, jax.random.fold_in(key, index), with_accuracy)
                 grads, loss_sum, count, correct = carry
                 return (constrain(jax.tree.map(jnp.add, grads, g)), loss_sum + l, count + c, correct + k), None
-
-            def constrain(tree):
-                if grad_shardings is None:
-                    return tree
-                return jax.lax.with_sharding_constraint(tree, grad_shardings)
 
             zeros = constrain(jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params))
             init = (zeros, jnp.float32(0), jnp.float32(0), jnp.float32(0))
@@ -156,17 +217,27 @@ def make_train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, sc
                                                                 (jnp.arange(accum_steps), micro))
         denominator = jnp.maximum(count, 1.0)
         grads = jax.tree.map(lambda g, p: (g / denominator).astype(p.dtype), grads, params)
-        updates, opt_state = tx.update(grads, state["opt_state"], params)
+        norm = global_norm(grads)
+        updates, opt_state = update_with_norm(tx, grads, state["opt_state"], params, norm)
         new_state = {**state, "params": optax.apply_updates(params, updates), "opt_state": opt_state,
                      "step": state["step"] + 1}
         metrics = {"loss": loss_sum / denominator, "accuracy": correct / denominator, "tokens": count,
-                   "grad_norm": global_norm(grads), "lr": jnp.asarray(schedule(state["step"]), jnp.float32)}
+                   "grad_norm": norm, "lr": jnp.asarray(schedule(state["step"]), jnp.float32)}
         return new_state, metrics
 
     return train_step
 
 
-def make_eval_step(graphdef: nnx.GraphDef, *, objective: str) -> Callable:
+def update_with_norm(tx: optax.GradientTransformation, grads: Any, opt_state: Any, params: Any,
+                     norm: jax.Array) -> tuple[Any, Any]:
+    """``tx.update`` with the gradient norm passed on where the chain takes extra arguments (``train.optim``'s
+    does); a plain optax transformation (the benchmark's ``optax.adamw``) gets none."""
+    if isinstance(tx, optax.GradientTransformationExtraArgs):
+        return tx.update(grads, opt_state, params, grad_norm=norm)
+    return tx.update(grads, opt_state, params)
+
+
+def make_eval_step(graphdef: nnx.GraphDef, *, objective: str, loss_chunk: int = 0) -> Callable:
     """``eval_step(params, rest, batch) -> {"loss_sum", "tokens", "correct"}`` (sums, to add up over batches),
     dropout off. Not yet jitted."""
     loss_of = LOSSES[objective]
@@ -174,7 +245,7 @@ def make_eval_step(graphdef: nnx.GraphDef, *, objective: str) -> Callable:
     def eval_step(params: Any, rest: Any, batch: Batch) -> dict[str, jax.Array]:
         model = nnx.merge(graphdef, params, rest, copy=True)
         model.eval()
-        loss_sum, count, correct = loss_of(model, batch)
+        loss_sum, count, correct = loss_of(model, batch, loss_chunk=loss_chunk)
         return {"loss_sum": loss_sum, "tokens": count, "correct": correct}
 
     return eval_step
@@ -185,7 +256,8 @@ def make_predict_masked(graphdef: nnx.GraphDef) -> Callable:
     def predict(params: Any, rest: Any, batch: Batch) -> jax.Array:
         model = nnx.merge(graphdef, params, rest, copy=True)
         model.eval()
-        logits = model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
+        logits = model(batch["input_ids"], batch.get("attention_mask"), batch.get("token_type_ids"),
+                       segment_ids=batch.get("segment_ids"))
         return jnp.argmax(logits, axis=-1).astype(jnp.int32)
 
     return predict

@@ -1,0 +1,114 @@
+"""The losses and the update of train/step.py and train/optim.py on their own (no data, no trainer): chunked
+cross-entropy, the MLM head on gathered positions, accuracy on request, clipping by the step's one gradient norm."""
+
+import pathlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+
+def tiny_lm(kind: str, seed: int = 0, vocab: int = 97):
+    from models.bert import BertForMaskedLM
+    from models.config import get_preset
+    from models.gpt import GPTForCausalLM
+    from models.modeling import create_model
+
+    sizes = dict(vocab_size=vocab, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64,
+                 max_position_embeddings=64, dropout=0.0, attention_dropout=0.0)
+    if kind == "gpt":
+        return create_model(get_preset("gpt2", **sizes, bos_token_id=None, eos_token_id=None), GPTForCausalLM,
+                            seed=seed)
+    return create_model(get_preset("bert-base-uncased", **sizes), BertForMaskedLM, seed=seed)
+
+
+@pytest.mark.parametrize("seq, chunk", [(24, 8), (23, 8), (24, 5), (24, 24), (24, 0)])
+def test_chunked_cross_entropy_equals_the_whole_sequence_in_value_and_gradient(seq, chunk):
+    from flax import nnx
+
+    from train.step import causal_lm_loss
+
+    model = tiny_lm("gpt", seed=seq + chunk)
+    model.eval()
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    rng = np.random.default_rng(seq * 7 + chunk)
+    targets = rng.integers(0, 97, (3, seq)).astype(np.int32)
+    targets[1, : seq // 2] = -100  # unscored positions, also across chunk borders
+    batch = {"input_ids": jnp.asarray(rng.integers(0, 97, (3, seq)), jnp.int32), "targets": jnp.asarray(targets)}
+
+    def mean_loss(p, chunked):
+        total, count, _ = causal_lm_loss(nnx.merge(graphdef, p, rest, copy=True), batch,
+                                         loss_chunk=chunk if chunked else 0)
+        return total / count
+
+    (whole, g_whole), (parts, g_parts) = (jax.value_and_grad(mean_loss)(params, c) for c in (False, True))
+    logits = np.asarray(model(batch["input_ids"]), np.float64)
+    log_probs = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True)) \
+        - logits.max(-1, keepdims=True)
+    valid = targets != -100
+    reference = -np.take_along_axis(log_probs, np.where(valid, targets, 0)[..., None], -1)[..., 0][valid].mean()
+    assert abs(float(whole) - reference) < 1e-5 and abs(float(parts) - reference) < 1e-5
+    for a, b in zip(jax.tree.leaves(g_whole), jax.tree.leaves(g_parts)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-6, rtol=1e-4)
+
+
+def test_masked_lm_loss_on_gathered_positions_equals_the_full_head():
+    """The head on ``masked_positions`` only scores exactly what the head on every position scores at ``labels``."""
+    from train.step import masked_lm_loss
+
+    model = tiny_lm("bert", seed=3)
+    model.eval()
+    rng = np.random.default_rng(5)
+    ids = rng.integers(5, 97, (4, 20)).astype(np.int32)
+    positions = np.sort(np.stack([rng.choice(20, 4, replace=False) for _ in range(4)]), axis=1).astype(np.int32)
+    masked_labels = np.take_along_axis(ids, positions, 1)
+    masked_labels[2, 3] = -100  # an unused slot
+    positions[2, 3] = 0
+    labels = np.full_like(ids, -100)
+    for row in range(4):
+        for slot in range(4):
+            if masked_labels[row, slot] != -100:
+                labels[row, positions[row, slot]] = masked_labels[row, slot]
+    common = {"input_ids": jnp.asarray(ids), "attention_mask": jnp.ones_like(jnp.asarray(ids))}
+    gathered = masked_lm_loss(model, {**common, "masked_positions": jnp.asarray(positions),
+                                      "masked_labels": jnp.asarray(masked_labels)})
+    full = masked_lm_loss(model, {**common, "labels": jnp.asarray(labels)})
+    assert float(gathered[1]) == float(full[1]) == 15
+    assert abs(float(gathered[0]) - float(full[0])) < 1e-4 and float(gathered[2]) == float(full[2])
+
+
+def test_accuracy_is_skipped_when_not_asked_for():
+    from train.step import token_cross_entropy
+
+    logits = jnp.asarray(np.random.default_rng(1).standard_normal((2, 5, 11)), jnp.float32)
+    labels = jnp.argmax(logits, -1)
+    valid = jnp.ones((2, 5), bool)
+    on = jax.jit(token_cross_entropy)(logits, labels, valid, jnp.bool_(True))
+    off = jax.jit(token_cross_entropy)(logits, labels, valid, jnp.bool_(False))
+    assert float(on[2]) == 10 and float(off[2]) == 0 and float(on[0]) == float(off[0])
+
+
+@pytest.mark.parametrize("given", [False, True])
+@pytest.mark.parametrize("max_norm", [0.5, 100.0])
+def test_clipping_by_the_given_norm_equals_optax(given, max_norm):
+    import optax
+
+    from train.optim import clip_by_given_norm
+    from train.step import global_norm
+
+    grads = {"a": jnp.asarray(np.random.default_rng(2).standard_normal((3, 4)), jnp.float32),
+             "b": jnp.arange(5, dtype=jnp.float32)}
+    expected, _ = optax.clip_by_global_norm(max_norm).update(grads, optax.EmptyState())
+    extra = {"grad_norm": global_norm(grads)} if given else {}
+    clipped, _ = clip_by_given_norm(max_norm).update(grads, optax.EmptyState(), **extra)
+    for k in grads:
+        np.testing.assert_allclose(np.asarray(clipped[k]), np.asarray(expected[k]), rtol=1e-6, atol=0)
+
+
+def test_only_train_step_differentiates_a_loss():
+    """One step for the loop and the benchmark: no ``value_and_grad`` / ``jax.grad`` outside train/step.py."""
+    root = pathlib.Path(__file__).resolve().parent.parent
+    offenders = [str(path.relative_to(root)) for folder in ("train", "models") for path in (root / folder).rglob("*.py")
+                 if path.name != "step.py" and ("value_and_grad" in path.read_text() or "jax.grad(" in path.read_text())]
+    assert offenders == []
