@@ -2,8 +2,8 @@
 
 Usage: python tests/data_helper.py COMMAND CONFIG_JSON OUT [K]
   batches  CONFIG OUT K   write the first K batches of the train iterator to OUT (.npz)
-  save     CONFIG OUT K   iterate K batches, write the iterator state to OUT (bytes)
-  resume   CONFIG OUT K   restore the state from OUT + ".state", write the next batch to OUT (.npz)
+  save     CONFIG OUT K   iterate K batches, write the iterator's position (the next global batch) to OUT (text)
+  resume   CONFIG OUT K   start an iterator at the position in OUT + ".state", write its first batch to OUT (.npz)
   full     CONFIG OUT     tokenizer + prepare + 3 batches; write {"tensorflow_imported": ..., ...} to OUT (.json)
 """
 
@@ -33,10 +33,9 @@ def main(argv):
         it = data.make_iterator(cfg, "train")
         for _ in range(k):
             next(it)
-        pathlib.Path(out).write_bytes(it.get_state())
+        pathlib.Path(out).write_text(str(it.position))
     elif command == "resume":
-        it = data.make_iterator(cfg, "train")
-        it.set_state(pathlib.Path(out + ".state").read_bytes())
+        it = data.make_iterator(cfg, "train", start=int(pathlib.Path(out + ".state").read_text()))
         _save_batches(out, [next(it)])
     elif command == "full":
         tok = data.build_tokenizer(cfg)

@@ -1,4 +1,5 @@
-"""The input pipeline (train/data.py, train/tokenizer.py): corpus, tokenizers, packing, masking, Grain loading."""
+"""The input pipeline (train/data/, train/tokenizer.py): corpus, tokenizers, packing (segment ids, isolation in
+real models), masking (counts, 80/10/10, determinism per example), Grain loading, resume by step."""
 
 import collections
 import hashlib
@@ -9,12 +10,16 @@ import pathlib
 import subprocess
 import sys
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
-from train import data, tokenizer as toklib
+import models
+
+from train import batches as batchlib, data, tokenizer as toklib
 from train.data import IGNORE_INDEX, DataConfig
+from train.data import builders, packing, tokenizers
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 HELPER = REPO / "tests" / "data_helper.py"
@@ -143,9 +148,14 @@ def test_pack_causal_keeps_every_token_once_in_order():
     rng = np.random.default_rng(0)
     docs = [list(rng.integers(1, 500, n)) for n in rng.integers(0, 150, 300)]
     seq_len, eos = 32, 0
-    windows = list(data.pack_causal(docs, seq_len, eos))
+    packed = list(data.pack_causal(docs, seq_len, eos))
+    windows = [w for w, _ in packed]
     stream = np.concatenate([np.r_[d, eos] for d in docs if len(d)]).astype(np.int32)
-    assert all(w.shape == (seq_len + 1,) and w.dtype == np.int32 for w in windows)
+    owner = np.concatenate([np.full(len(d) + 1, i) for i, d in enumerate(d for d in docs if len(d))])
+    assert all(w.shape == s.shape == (seq_len + 1,) and w.dtype == s.dtype == np.int32 for w, s in packed)
+    for k, (_, segments) in enumerate(packed):  # each window's documents numbered from 1, in stream order
+        o = owner[k * seq_len:k * seq_len + seq_len + 1]
+        np.testing.assert_array_equal(segments, np.unique(o, return_inverse=True)[1] + 1)
     inputs = np.concatenate([w[:-1] for w in windows])
     targets = np.concatenate([w[1:] for w in windows])
     n = len(windows) * seq_len
@@ -165,6 +175,12 @@ def test_prepared_causal_records_round_trip_the_corpus(causal_setup, causal_cfg)
     np.testing.assert_array_equal(inputs, stream[:len(inputs)])
     np.testing.assert_array_equal(windows[1:, 0], windows[:-1, -1])
     assert len(stream) - len(inputs) <= causal_cfg.seq_len
+    # segment ids: a new document starts after each EOS (numbered from 1 in every window)
+    segments = np.stack([records[i]["segment_ids"] for i in range(len(records))])
+    owner = np.cumsum(np.r_[0, stream[:-1] == tok.eos_id])
+    for k in (0, 1, len(records) // 2, len(records) - 1):
+        o = owner[k * causal_cfg.seq_len:(k + 1) * causal_cfg.seq_len + 1]
+        np.testing.assert_array_equal(segments[k], o - o[0] + 1)
     # Decoding the packed stream gives the documents back, split at EOS.
     text = tok.decode(inputs)
     pieces = text.split("<|endoftext|>")
@@ -173,77 +189,211 @@ def test_prepared_causal_records_round_trip_the_corpus(causal_setup, causal_cfg)
 
 def test_pack_mlm_layout_and_round_trip():
     rng = np.random.default_rng(1)
-    sentences = [list(rng.integers(10, 500, n)) for n in rng.integers(1, 40, 400)] + [list(range(10, 110))]
+    documents = [[list(rng.integers(10, 500, n)) for n in rng.integers(1, 40, k)] for k in rng.integers(1, 8, 120)]
+    documents[5].append(list(range(10, 110)))  # longer than seq_len - 2: cut into pieces
     cls_id, sep_id, pad_id, seq_len = 2, 3, 0, 32
-    records = list(data.pack_mlm(sentences, seq_len, cls_id=cls_id, sep_id=sep_id, pad_id=pad_id))
-    content = []
-    for ids, types in records:
-        assert ids.shape == types.shape == (seq_len,)
-        assert ids[0] == cls_id
-        n_real = int((ids != pad_id).sum())
-        assert (ids[n_real:] == pad_id).all() and ids[n_real - 1] == sep_id
-        seps = np.flatnonzero(ids == sep_id)
-        assert len(seps) in (1, 2)
-        assert (types[:seps[0] + 1] == 0).all() and (types[seps[0] + 1:n_real] == 1).all()
-        assert (types[n_real:] == 0).all()
-        content.extend(int(t) for t in ids[:n_real] if t not in (cls_id, sep_id))
-    assert content == [int(t) for s in sentences for t in s]
-    pad_share = sum(int((ids == pad_id).sum()) for ids, _ in records) / (len(records) * seq_len)
-    assert pad_share < 0.3
+    records = list(data.pack_mlm(documents, seq_len, cls_id=cls_id, sep_id=sep_id, pad_id=pad_id))
+    # Independent reading: each segment is [CLS] ... [SEP]; its content is a run of whole sentences of one document.
+    sentences = [(d, list(map(int, s))) for d, doc in enumerate(documents) for s in doc]
+    at = 0  # the next sentence (or piece of one) expected
+    pieces = []
+    for d, sent in sentences:
+        pieces += [(d, sent[i:i + seq_len - 2]) for i in range(0, len(sent), seq_len - 2)]
+    for ids, segments in records:
+        assert ids.shape == segments.shape == (seq_len,) and ids.dtype == segments.dtype == np.int32
+        n_real = int((segments > 0).sum())
+        assert (segments[:n_real] > 0).all() and (ids[n_real:] == pad_id).all()
+        assert (np.diff(segments[:n_real]) >= 0).all() and (np.diff(segments[:n_real]) <= 1).all()
+        assert segments[0] == 1
+        for s in range(1, segments.max() + 1):
+            seg = ids[segments == s]
+            assert seg[0] == cls_id and seg[-1] == sep_id and not np.isin(seg[1:-1], (cls_id, sep_id)).any()
+            content, docs_seen = list(map(int, seg[1:-1])), set()
+            while content:
+                d, piece = pieces[at]
+                assert content[:len(piece)] == piece, "a sentence split across rows or out of order"
+                content = content[len(piece):]
+                docs_seen.add(d)
+                at += 1
+            assert len(docs_seen) == 1, "two documents share a segment"
+    assert at == len(pieces)
+    pad_share = sum(int((s == 0).sum()) for _, s in records) / (len(records) * seq_len)
+    assert pad_share < 0.35, pad_share
+
+
+def _row_with_segments(batches, at_least):
+    for b in batches:
+        for r in range(len(b["segment_ids"])):
+            if b["segment_ids"][r].max() >= at_least:
+                return {k: v[r:r + 1] for k, v in b.items()}
+    raise AssertionError(f"no row with {at_least} segments")
+
+
+def test_packed_causal_row_gives_document_2_its_own_logits(causal_setup, causal_cfg):
+    """A tiny GPT on a packed row with its segment_ids: document 2's logits equal document 2 fed alone."""
+    tok, sources = causal_setup
+    row = _row_with_segments(data.make_iterator(causal_cfg, "train", tok, sources=sources, num_epochs=1), 3)
+    model = models.create_model(models.get_preset("gpt2-tiny", vocab_size=tok.vocab_size), models.GPTForCausalLM,
+                                seed=1)
+    ids, segments = row["input_ids"], row["segment_ids"]
+    packed = np.asarray(model(jnp.asarray(ids), segment_ids=jnp.asarray(segments)))
+    doc2 = segments[0] == 2
+    alone = np.asarray(model(jnp.asarray(ids[:, doc2])))
+    np.testing.assert_allclose(packed[0, doc2], alone[0], atol=1e-5, rtol=0)
+    leaky = np.asarray(model(jnp.asarray(ids)))  # the row as one document: document 2 sees document 1
+    assert np.abs(leaky[0, doc2] - alone[0]).max() > 1e-3
+    # document 2's last token is its EOS; its target (document 3's first token) is not scored, the others are
+    targets = row["targets"][0, doc2]
+    assert ids[0, doc2][-1] == tok.eos_id and targets[-1] == IGNORE_INDEX and (targets[:-1] != IGNORE_INDEX).all()
+
+
+def test_packed_mlm_row_gives_segment_2_its_own_logits(mlm_setup, mlm_cfg):
+    """A tiny BERT on a packed MLM row with its segment_ids: segment 2's logits equal segment 2 fed alone."""
+    tok, sources = mlm_setup
+    row = _row_with_segments(data.make_iterator(mlm_cfg, "train", tok, sources=sources, num_epochs=1), 2)
+    model = models.create_model(models.get_preset("bert-tiny", vocab_size=tok.vocab_size), models.BertForMaskedLM,
+                                seed=1)
+    args = [jnp.asarray(row[k]) for k in ("input_ids", "attention_mask", "token_type_ids")]
+    packed = np.asarray(model(*args, segment_ids=jnp.asarray(row["segment_ids"])))
+    seg2 = row["segment_ids"][0] == 2
+    alone_ids = row["input_ids"][:, seg2]
+    assert alone_ids[0, 0] != tok.pad_id
+    alone = np.asarray(model(jnp.asarray(alone_ids), jnp.ones_like(jnp.asarray(alone_ids))))
+    np.testing.assert_allclose(packed[0, seg2], alone[0], atol=1e-5, rtol=0)
+    leaky = np.asarray(model(*args))  # attention_mask only: segment 2 sees segment 1
+    assert np.abs(leaky[0, seg2] - alone[0]).max() > 1e-3
 
 
 # ------------------------------------------------------------------------------------------------------ masking
-def test_mask_tokens_unit_rules():
+def test_mask_tokens_counts_specials_proportions_and_slots():
     rng = np.random.default_rng(0)
     special = (0, 1, 2, 3, 4)
-    ids = rng.integers(0, 50, (64, 128)).astype(np.int32)
-    inputs, labels = data.mask_tokens(ids, rng, vocab_size=50, mask_id=4, special_ids=special, prob=0.15)
-    assert inputs.dtype == labels.dtype == np.int32 and inputs.shape == ids.shape
+    ids = rng.integers(0, 50, (4000, 128)).astype(np.int32)
+    ids[:5, :] = 0  # rows without a candidate: nothing predicted
+    ids[5:10, 3:] = 0  # rows with few candidates: at least one predicted
+    keys = data.example_keys(7, 0, np.arange(len(ids)))
+    out = data.mask_tokens(ids, keys, vocab_size=50, mask_id=4, special_ids=special, prob=0.15, max_predictions=17)
+    inputs, labels = out["input_ids"], out["labels"]
+    assert all(v.dtype == np.int32 for v in out.values()) and inputs.shape == labels.shape == ids.shape
+    assert out["masked_positions"].shape == out["masked_labels"].shape == (len(ids), 17)
     is_special = np.isin(ids, special)
     assert (labels[is_special] == IGNORE_INDEX).all() and (inputs[is_special] == ids[is_special]).all()
     masked = labels != IGNORE_INDEX
     assert (labels[masked] == ids[masked]).all() and (inputs[~masked] == ids[~masked]).all()
-    replaced = masked & (inputs != 4)
-    assert not np.isin(inputs[replaced], special).any()
+    # exactly min(P, max(1, round(candidates * p))) per row (0 without candidates), P = 17 here
+    candidates = (~is_special).sum(1)
+    expected = np.array([0 if c == 0 else min(17, max(1, round(c * 0.15))) for c in candidates])
+    np.testing.assert_array_equal(masked.sum(1), expected)
+    assert expected[:5].sum() == 0 and (expected[5:10] >= 1).all()
+    assert (expected[10:] == 17).mean() > 0.5 and (expected[10:] < 17).any()  # the cap, and rows under it
+    # the slots: the masked positions ascending, then position 0 / IGNORE_INDEX
+    for r in range(len(ids)):
+        where = np.flatnonzero(masked[r])
+        n = len(where)
+        np.testing.assert_array_equal(out["masked_positions"][r, :n], where)
+        np.testing.assert_array_equal(out["masked_labels"][r, :n], ids[r, where])
+        assert (out["masked_positions"][r, n:] == 0).all() and (out["masked_labels"][r, n:] == IGNORE_INDEX).all()
+    # 80 % [MASK], 10 % random non-special, 10 % unchanged (a random draw equal to the original counts as unchanged)
+    total = masked.sum()
+    as_mask = (masked & (inputs == 4)).sum() / total
+    unchanged = (masked & (inputs == ids)).sum() / total
+    random = masked & (inputs != 4) & (inputs != ids)
+    assert abs(as_mask - 0.8) < 0.01 and abs(random.sum() / total - 0.1 * 44 / 45) < 0.01, (as_mask, random.sum())
+    assert abs(unchanged - (0.1 + 0.1 / 45)) < 0.01, unchanged
+    assert not np.isin(inputs[random], special).any()
+    # chosen uniformly: every column of the candidates is picked about equally often
+    per_column = masked[10:].sum(0) / (~is_special[10:]).sum(0)
+    assert per_column.max() - per_column.min() < 0.05, per_column
+    # deterministic per key: the same rows alone, in another order, give the same result
+    again = data.mask_tokens(ids[[30, 10, 20]], keys[[30, 10, 20]], vocab_size=50, mask_id=4, special_ids=special,
+                             prob=0.15, max_predictions=17)
+    for k, v in again.items():
+        np.testing.assert_array_equal(v, out[k][[30, 10, 20]])
+    other = data.mask_tokens(ids, data.example_keys(8, 0, np.arange(len(ids))), vocab_size=50, mask_id=4,
+                             special_ids=special, prob=0.15, max_predictions=17)
+    assert (other["labels"] != labels).any()
     with pytest.raises(ValueError, match="prob"):
-        data.mask_tokens(ids, rng, vocab_size=50, mask_id=4, special_ids=special, prob=0.0)
+        data.mask_tokens(ids, keys, vocab_size=50, mask_id=4, special_ids=special, prob=0.0, max_predictions=17)
+
+
+def test_max_predictions_setting():
+    assert DataConfig(seq_len=128).predictions == 20 and DataConfig(seq_len=20).predictions == 3
+    assert DataConfig(seq_len=128, max_predictions=7).predictions == 7
+    for bad in (-1, 129, 2.5):
+        with pytest.raises(ValueError, match=f"max_predictions={bad}"):
+            DataConfig(seq_len=128, max_predictions=bad)
 
 
 def test_mlm_batches_masking_statistics_over_200k_tokens(mlm_setup, mlm_cfg):
     tok, sources = mlm_setup
-    special = set(tok.special_ids)
+    special = list(tok.special_ids)
     it = data.make_iterator(mlm_cfg, "train", tok, sources=sources)
+    shapes = data.batch_shapes(mlm_cfg, mlm_cfg.batch_size)
     eligible = masked = as_mask = as_random = unchanged = 0
     while eligible < 200_000:
         b = next(it)
-        assert set(b) == {"input_ids", "labels", "attention_mask", "token_type_ids"}
-        assert all(v.dtype == np.int32 and v.shape == (8, 64) for v in b.values())
+        assert list(b) == list(batchlib.MLM_KEYS)
+        assert {k: v.shape for k, v in b.items()} == shapes and all(v.dtype == np.int32 for v in b.values())
         sel = b["labels"] != IGNORE_INDEX
         original = np.where(sel, b["labels"], b["input_ids"])
-        is_special = np.isin(original, list(special))
+        is_special = np.isin(original, special)
         assert not (sel & is_special).any(), "a special token was masked"
         assert ((original == tok.pad_id) == (b["attention_mask"] == 0)).all()
+        assert ((b["segment_ids"] > 0) == (b["attention_mask"] == 1)).all() and (b["token_type_ids"] == 0).all()
+        assert ((original == tok.require("cls")["cls"]) == (np.diff(b["segment_ids"], prepend=0, axis=1) > 0)).all()
+        candidates = (~is_special).sum(1)
+        np.testing.assert_array_equal(sel.sum(1), np.minimum(mlm_cfg.predictions,
+                                                             np.maximum(1, np.rint(candidates * 0.15))))
+        for r in range(len(sel)):
+            where = np.flatnonzero(sel[r])
+            np.testing.assert_array_equal(b["masked_positions"][r, :len(where)], where)
+            np.testing.assert_array_equal(b["masked_labels"][r, :len(where)], b["labels"][r, where])
+            assert (b["masked_labels"][r, len(where):] == IGNORE_INDEX).all()
         eligible += int((~is_special).sum())
         masked += int(sel.sum())
         as_mask += int((sel & (b["input_ids"] == tok.mask_id)).sum())
         unchanged += int((sel & (b["input_ids"] == b["labels"])).sum())
         rand = sel & (b["input_ids"] != tok.mask_id) & (b["input_ids"] != b["labels"])
         as_random += int(rand.sum())
-        assert not np.isin(b["input_ids"][rand], list(special)).any()
-    assert abs(masked / eligible - 0.15) <= 0.005, masked / eligible
-    # A random draw can equal the original (p = 1/vocab): it counts as "unchanged", which is what the model sees.
+        assert not np.isin(b["input_ids"][rand], special).any()
+    assert abs(masked / eligible - 0.15) <= 0.01, masked / eligible
     assert abs(as_mask / masked - 0.8) <= 0.01, as_mask / masked
     assert abs(as_random / masked - 0.1) <= 0.01, as_random / masked
     assert abs(unchanged / masked - 0.1) <= 0.01, unchanged / masked
+
+
+def test_mlm_masking_is_per_example_whatever_the_batch_size_and_rows(mlm_setup):
+    """Record at position p of an epoch is masked the same in batches of 4 or 8 and in either process's rows."""
+    tok, sources = mlm_setup
+    masking = {"vocab_size": tok.vocab_size, "mask_id": tok.mask_id, "pad_id": tok.pad_id,
+               "special_ids": tuple(tok.special_ids), "prob": 0.15, "max_predictions": 10}
+    common = dict(shuffle=True, seed=5, num_epochs=None, objective="mlm", masking=masking)
+    eight = data.BatchSource(sources["train"], global_batch=8, row_start=0, row_stop=8, **common)
+    four = data.BatchSource(sources["train"], global_batch=4, row_start=0, row_stop=4, **common)
+    second_half = data.BatchSource(sources["train"], global_batch=8, row_start=4, row_stop=8, **common)
+    for g in (0, 3):
+        whole = eight[g]
+        halves = [four[2 * g], four[2 * g + 1]]
+        for k in whole:
+            np.testing.assert_array_equal(np.concatenate([h[k] for h in halves]), whole[k], err_msg=k)
+            np.testing.assert_array_equal(second_half[g][k], whole[k][4:], err_msg=k)
+    assert not np.array_equal(eight[0]["labels"], eight[eight.batches_per_epoch]["labels"])  # new epoch, new masks
 
 
 # ------------------------------------------------------------------------------------------------------ loading
 def test_causal_batches_shape_targets_and_epochs(causal_setup, causal_cfg):
     tok, sources = causal_setup
     b = next(data.make_iterator(causal_cfg, "train", tok, sources=sources))
-    assert set(b) == {"input_ids", "targets"}
-    assert b["input_ids"].shape == b["targets"].shape == (8, 64) and b["input_ids"].dtype == np.int32
-    np.testing.assert_array_equal(b["input_ids"][:, 1:], b["targets"][:, :-1])
+    assert list(b) == list(batchlib.CAUSAL_KEYS)
+    assert {k: v.shape for k, v in b.items()} == data.batch_shapes(causal_cfg, 8)
+    assert all(v.shape == (8, 64) and v.dtype == np.int32 for v in b.values())
+    scored = b["targets"] != IGNORE_INDEX
+    np.testing.assert_array_equal(b["input_ids"][:, 1:][scored[:, :-1]], b["targets"][:, :-1][scored[:, :-1]])
+    # Not scored exactly where the input token is an EOS (its next token starts another document).
+    np.testing.assert_array_equal(~scored, b["input_ids"] == tok.eos_id)
+    # segment ids: from 1, one more after each EOS
+    np.testing.assert_array_equal(b["segment_ids"], 1 + np.cumsum(np.pad(b["input_ids"][:, :-1] == tok.eos_id,
+                                                                        ((0, 0), (1, 0))), axis=1))
     # One shuffled epoch visits each record at most once and all but the incomplete last batch.
     n = len(sources["train"])
     epoch = list(data.make_iterator(causal_cfg, "train", tok, sources=sources, num_epochs=1))
@@ -274,10 +424,15 @@ def test_evaluation_reads_the_whole_split_and_pads_the_last_batch(objective, cau
         assert rows.shape[0] == len(batches) * batch_size
         padding = rows[n:]
         assert (padding == data.IGNORE_INDEX).all()
+        segments = np.concatenate([b["segment_ids"] for b in batches])
+        assert (segments[n:] == 0).all()
         if objective == "causal":
-            np.testing.assert_array_equal(rows[:n], np.stack([records[i]["input_ids"][1:] for i in range(n)]))
+            windows = np.stack([records[i]["input_ids"] for i in range(n)])
+            boundary = windows[:, :-1] == tok.eos_id
+            np.testing.assert_array_equal(rows[:n], np.where(boundary, IGNORE_INDEX, windows[:, 1:]))
         else:
             assert (np.concatenate([b["attention_mask"] for b in batches])[n:] == 0).all()
+            assert (np.concatenate([b["masked_labels"] for b in batches])[n:] == IGNORE_INDEX).all()
             assert (rows[:n] != data.IGNORE_INDEX).any()
     with pytest.raises(ValueError, match="pad_last needs num_epochs"):
         data.make_iterator(cfg, "validation", tok, sources=sources, pad_last=True)
@@ -329,7 +484,7 @@ def test_full_pipeline_run_never_imports_tensorflow(tmp_path):
     run_helper("full", json.dumps(cfg.to_dict()), out)
     result = json.loads(out.read_text())
     assert result["tensorflow_imported"] is False and result["tf_like_modules"] == []
-    assert result["splits"]["train"] > 100 and result["shapes"][0] == {"input_ids": [4, 32], "targets": [4, 32]}
+    assert result["splits"]["train"] > 100 and result["shapes"][0] == {"input_ids": [4, 32], "targets": [4, 32], "segment_ids": [4, 32]}
 
 
 def test_second_run_reuses_the_cache(causal_setup, causal_cfg, monkeypatch):
@@ -338,10 +493,10 @@ def test_second_run_reuses_the_cache(causal_setup, causal_cfg, monkeypatch):
     def boom(*args, **kwargs):
         raise AssertionError("rebuilt instead of reusing the cache")
 
-    monkeypatch.setattr(data, "_tokenized", boom)
-    monkeypatch.setattr(data, "pack_causal", boom)
-    monkeypatch.setattr(data, "train_tokenizer", boom)
-    monkeypatch.setattr(data, "embedded_documents", boom)
+    monkeypatch.setattr(packing, "tokenized", boom)
+    monkeypatch.setattr(packing, "pack_causal", boom)
+    monkeypatch.setattr(tokenizers, "train_tokenizer", boom)
+    monkeypatch.setattr(builders.corpuslib, "embedded_documents", boom)
     tok = data.build_tokenizer(causal_cfg)
     again = data.prepare(causal_cfg, tok)
     assert {k: len(v) for k, v in again.items()} == {k: len(v) for k, v in sources.items()}
