@@ -27,6 +27,7 @@ def get_config():
     c.optim.accum_steps = 1  # raise it when the per-device batch does not fit
     c.precision.compute_dtype = "auto"  # bfloat16 on GPU / TPU
     c.model = model_fields("gpt2", dropout=0.0, attention_dropout=0.0)
+    c.model.pad_vocab_to = 128  # 50,257 rows -> 50,304 = 128 x 393: the table and its moments split over fsdp
     c.data = data_fields(source="embedded", tokenizer="bpe", vocab_size=50257, tokenizer_max_docs=0)
     c.sample.prompt = "The"
     return c

@@ -14,6 +14,9 @@ data item are never opened), onto the local devices whatever mesh wrote them, in
 layer, or stacked ``[num_layers, ...]`` with ``scan_layers``) whichever one wrote them. ``save_checkpoint`` writes the
 same layout with ``state`` holding ``params`` only, at step 0: what ``python -m models.convert ... --to flaxzoo``
 produces.
+
+The vocabulary tables are stored as the model holds them, padded to ``config.pad_vocab_to`` (recorded in ``meta``'s
+config with every other field); ``load_checkpoint(..., pad_vocab_to=N)`` re-pads them.
 """
 
 from __future__ import annotations
@@ -30,7 +33,8 @@ from models.bert import BertModel
 from models.config import TransformerConfig
 from models.layers.stack import unstack_layer_values
 from models.modeling import (DECODER_CLASSES, MODEL_CLASSES, abstract_params, assemble_model, bert_without_pooler,
-                             dotted, format_names, override_config, per_layer_shapes, warn_initialised)
+                             dotted, format_names, override_config, per_layer_shapes, resize_vocab_values,
+                             vocab_axes, vocab_shapes, warn_initialised)
 
 __all__ = ["FORMAT", "VERSION", "checkpoint_meta", "find_step_dir", "load_checkpoint", "read_meta", "save_checkpoint"]
 
@@ -155,7 +159,8 @@ def _compare(expected: dict[ParamPath, tuple], stored: dict[ParamPath, tuple], s
 
 
 def load_checkpoint(path: str | pathlib.Path, *, cls: type | str | None = None, dtype: Any = None,
-                    scan_layers: bool | None = None, num_labels: int | None = None, seed: int = 0) -> nnx.Module:
+                    scan_layers: bool | None = None, num_labels: int | None = None, pad_vocab_to: int | None = None,
+                    seed: int = 0) -> nnx.Module:
     """The model of a flaxzoo training checkpoint (latest step), in eval mode; only its parameters are read.
 
     ``cls``: the stored class (default) or another one of the same kind (encoder / decoder): a base class takes the
@@ -164,6 +169,8 @@ def load_checkpoint(path: str | pathlib.Path, *, cls: type | str | None = None, 
     the checkpoint lacks outside the layer stack (classifier, pooler) at ``seed``, listed in one warning, and skips
     the stored head. ``dtype`` overrides the stored config's dtypes, ``num_labels`` its number of labels;
     ``scan_layers`` the layer layout (None: the stored config's), whatever the layout the checkpoint was written in.
+    The vocabulary tables are stored padded as the stored config's ``pad_vocab_to`` says; ``pad_vocab_to`` pads them
+    to another multiple (padding rows trimmed or added as zeros; the real rows are unchanged).
     """
     ocp = _ocp()
     step_dir = find_step_dir(path)
@@ -172,7 +179,8 @@ def load_checkpoint(path: str | pathlib.Path, *, cls: type | str | None = None, 
     meta = read_meta(step_dir)
     stored_cls = MODEL_CLASSES[meta["model_class"]]
     stored_config = TransformerConfig.from_dict(meta["config"])
-    config = override_config(stored_config, dtype=dtype, scan_layers=scan_layers, num_labels=num_labels)
+    config = override_config(stored_config, dtype=dtype, scan_layers=scan_layers, num_labels=num_labels,
+                             pad_vocab_to=pad_vocab_to)
     model_cls = _target_class(cls, stored_cls, config, step_dir)
     stored = _stored_params(step_dir)
     layers = config.num_layers
@@ -184,8 +192,11 @@ def load_checkpoint(path: str | pathlib.Path, *, cls: type | str | None = None, 
         factory = bert_without_pooler
         abstract = abstract_params(config, factory)
     expected = per_layer_shapes(abstract[2], layers)
-    problems, fresh = _compare(expected, {moved[p]: s for p, s in stored_shapes.items()}, _stack_prefix(expected),
-                               model_cls is stored_cls)
+    vocab = vocab_axes(abstract[1])  # stored with stored_config.padded_vocab_size rows: compared as the model's
+    found = {moved[p]: s for p, s in stored_shapes.items()}
+    padded_as_stored = {p: a for p, a in vocab.items() if p in found and found[p][a] == stored_config.padded_vocab_size}
+    found |= vocab_shapes({p: found[p] for p in padded_as_stored}, padded_as_stored, config.padded_vocab_size)
+    problems, fresh = _compare(expected, found, _stack_prefix(expected), model_cls is stored_cls)
     if problems:
         raise ValueError(f"{step_dir}: the checkpoint does not match its {model_cls.__name__} config; "
                          + "; ".join(problems))
@@ -205,6 +216,7 @@ def load_checkpoint(path: str | pathlib.Path, *, cls: type | str | None = None, 
     values = unstack_layer_values({tuple(_key(k) for k in p): leaf for p, leaf in
                                    jax.tree_util.tree_flatten_with_path(restored["params"])[0]}, layers)
     values = {moved[p]: v for p, v in values.items() if moved[p] in expected}
+    values = resize_vocab_values(values, vocab, config.padded_vocab_size)
     if fresh:
         warn_initialised(f"{step_dir} ({stored_cls.__name__} loaded as {model_cls.__name__})",
                          [dotted(p) for p in fresh], seed)

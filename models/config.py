@@ -51,6 +51,14 @@ class TransformerConfig:
     probabilities (Hugging Face's ``hidden_dropout_prob`` / ``attention_probs_dropout_prob``).
     ``position_offset`` is added to every real token's position (RoBERTa: ``pad_token_id + 1``; its pad tokens take
     position ``pad_token_id``). ``eos_token_id`` may be several ids (Llama-3-style chat models stop at any of them).
+
+    ``pad_vocab_to`` rounds the number of rows of the vocabulary tables (token embedding, an untied LM head's kernel
+    columns, a vocabulary bias) up to a multiple of itself: ``padded_vocab_size``. GPT-2's 50,257 = 29 · 1,733 rows
+    divide no mesh axis, so the table and its Adam moments would be replicated on every FSDP device; with
+    ``pad_vocab_to=128`` there are 50,304 = 128 · 393 rows (any power-of-two axis up to 128 splits them).
+    ``vocab_size`` stays the real vocabulary (the tokenizer's, Hugging Face's ``config.json``): token ids are checked
+    against it, padding rows start at zero, and their logits are masked out
+    (``models.layers.embeddings.mask_padded_logits``). 1: no padding.
     """
 
     vocab_size: int
@@ -90,6 +98,7 @@ class TransformerConfig:
     remat: str = "none"
     scan_layers: bool = False
     attention_impl: str = "auto"
+    pad_vocab_to: int = 1
 
     def __post_init__(self) -> None:
         if self.num_kv_heads is None:
@@ -109,6 +118,9 @@ class TransformerConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise FieldError(name, f"{name}={value!r}: expected a positive integer")
+        if not isinstance(self.pad_vocab_to, int) or isinstance(self.pad_vocab_to, bool) or self.pad_vocab_to < 1:
+            raise FieldError("pad_vocab_to", f"pad_vocab_to={self.pad_vocab_to!r}: expected a positive integer "
+                             "(the multiple the vocabulary tables' rows are rounded up to; 1 = no padding)")
         if self.num_heads % self.num_kv_heads != 0:
             raise FieldError(
                 "num_kv_heads", f"num_kv_heads={self.num_kv_heads} does not divide num_heads={self.num_heads}; "
@@ -164,6 +176,12 @@ class TransformerConfig:
         if self.eos_token_id is None:
             return ()
         return self.eos_token_id if isinstance(self.eos_token_id, tuple) else (self.eos_token_id,)
+
+    @property
+    def padded_vocab_size(self) -> int:
+        """The rows of the vocabulary tables: ``vocab_size`` rounded up to a multiple of ``pad_vocab_to``
+        (``vocab_size`` itself with ``pad_vocab_to=1``); also the last dimension of the LM logits."""
+        return -(-self.vocab_size // self.pad_vocab_to) * self.pad_vocab_to
 
     def replace(self, **changes: Any) -> "TransformerConfig":
         """A copy with ``changes`` applied (validated again).

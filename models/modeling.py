@@ -72,10 +72,13 @@ def dotted(path: ParamPath) -> str:
 
 
 def override_config(config: TransformerConfig, *, dtype: Any = None, scan_layers: bool | None = None,
-                    num_labels: int | None = None) -> TransformerConfig:
+                    num_labels: int | None = None, pad_vocab_to: int | None = None) -> TransformerConfig:
     """``config`` with what a loader's caller asks for instead of what the checkpoint says (None keeps it):
-    parameter and compute ``dtype``, the layer layout ``scan_layers``, the number of labels of a classifier head."""
+    parameter and compute ``dtype``, the layer layout ``scan_layers``, the number of labels of a classifier head,
+    the vocabulary padding ``pad_vocab_to`` (the loader pads or trims the tables' padding rows to match)."""
     changes: dict[str, Any] = {}
+    if pad_vocab_to is not None:
+        changes["pad_vocab_to"] = pad_vocab_to  # validated by the config
     if dtype is not None:
         changes["dtype"] = changes["param_dtype"] = jnp.dtype(dtype).name
     if scan_layers is not None:
@@ -86,6 +89,43 @@ def override_config(config: TransformerConfig, *, dtype: Any = None, scan_layers
     if num_labels is not None:
         changes["num_labels"] = num_labels  # validated by the config
     return config.replace(**changes) if changes else config
+
+
+def vocab_axes(params: nnx.State) -> dict[ParamPath, int]:
+    """``{path: axis}`` of the parameters with a vocabulary dimension (the logical axis ``"vocab"``: the token table's
+    rows, an untied LM head's columns, a vocabulary bias): the dimension ``pad_vocab_to`` pads."""
+    axes = {}
+    for path, var in nnx.to_flat_state(params):
+        names = tuple(var.get_metadata().get("out_sharding") or ())
+        if "vocab" in names:
+            axes[path] = names.index("vocab")
+    return axes
+
+
+def resize_vocab(value: Any, axis: int, rows: int) -> Any:
+    """``value`` with its vocabulary ``axis`` cut to ``rows`` or padded with zeros up to ``rows`` (numpy or jax).
+
+    Only padding rows are ever cut: callers pass ``rows >= vocab_size``, or ``vocab_size`` on export."""
+    xp = np if isinstance(value, np.ndarray) else jnp
+    size = value.shape[axis]
+    if size == rows:
+        return value
+    if size > rows:
+        return xp.take(value, xp.arange(rows), axis=axis)
+    widths = [(0, rows - size) if a == axis else (0, 0) for a in range(value.ndim)]
+    return xp.pad(value, widths)
+
+
+def resize_vocab_values(values: Mapping[ParamPath, Any], axes: Mapping[ParamPath, int], rows: int
+                        ) -> dict[ParamPath, Any]:
+    """``values`` with every vocabulary parameter (``axes``: ``vocab_axes``) resized to ``rows``."""
+    return {p: resize_vocab(v, axes[p], rows) if p in axes else v for p, v in values.items()}
+
+
+def vocab_shapes(shapes: Mapping[ParamPath, tuple[int, ...]], axes: Mapping[ParamPath, int], rows: int
+                 ) -> dict[ParamPath, tuple[int, ...]]:
+    """``shapes`` with every vocabulary parameter's vocabulary dimension set to ``rows``."""
+    return {p: tuple(rows if p in axes and a == axes[p] else d for a, d in enumerate(s)) for p, s in shapes.items()}
 
 
 def abstract_params(config: TransformerConfig, factory: Callable[..., nnx.Module]) -> AbstractParams:

@@ -159,6 +159,27 @@ def test_gguf_matches_transformers_gguf_loader(tiny_gguf, tied):
     np.testing.assert_allclose(np.asarray(base(IDS).hidden), hidden, rtol=0, atol=1e-4)
 
 
+@pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
+def test_gguf_with_a_padded_vocabulary(tiny_gguf, tmp_path, tied):
+    """``pad_vocab_to`` on a GGUF: 256 rows padded to 288 (a multiple of 96), the real logits unchanged, the padding
+    masked; converted back to Hugging Face without the padding."""
+    from models.layers.embeddings import PADDED_LOGIT
+
+    path, reference = tiny_gguf(tied)
+    model = from_pretrained(path, pad_vocab_to=96)
+    assert model.config.vocab_size == 256 and model.config.padded_vocab_size == 288
+    assert model.transformer.decoder.embeddings.tokens.embedding[...].shape == (288, 64)
+    logits = np.asarray(model(IDS))
+    ref = torch_logits(reference, IDS)
+    assert logits.shape == (*IDS.shape, 288)
+    np.testing.assert_allclose(logits[..., :256], ref, rtol=0, atol=1e-4)
+    assert (logits[..., 256:] == np.float32(PADDED_LOGIT)).all()
+    models.save_pretrained(model, tmp_path / "hf")
+    hf, info = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf", output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
+    np.testing.assert_allclose(torch_logits(hf.eval(), IDS), ref, rtol=0, atol=1e-4)
+
+
 def test_gguf_converts_to_hf_and_flaxzoo(tiny_gguf, tmp_path):
     path, reference = tiny_gguf(False)
     ref = torch_logits(reference, IDS)

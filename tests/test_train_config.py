@@ -48,7 +48,8 @@ def test_every_config_resolves(name, devices):
 
 
 def test_named_configs_have_the_advertised_sizes():
-    assert param_count(resolve(load_config("gpt2_small"), 1).model) == 124_439_808
+    # GPT-2 small is 124,439,808; pad_vocab_to=128 adds 47 zero rows to the tied token table.
+    assert param_count(resolve(load_config("gpt2_small"), 1).model) == 124_439_808 + (50_304 - 50_257) * 768
     assert resolve(load_config("gpt2_medium"), 1).model.num_layers == 24
     bert = resolve(load_config("bert_base"), 1)
     assert bert.model.hidden_size == 768 and bert.model_cls.__name__ == "BertForMaskedLM"

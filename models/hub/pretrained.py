@@ -25,7 +25,7 @@ from models.hub.mapping import (Family, ParamPath, WeightMap, check_coverage, ex
 from models.hub.registry import family_and_class, family_of
 from models.layers.stack import unstack_layer_values
 from models.modeling import (abstract_params, assemble_model, override_config, per_layer_shapes,
-                             warn_initialised)
+                             resize_vocab_values, vocab_axes, vocab_shapes, warn_initialised)
 
 Overrides = dict[str, Any]  # override_config's keyword arguments
 
@@ -33,12 +33,15 @@ Overrides = dict[str, Any]  # override_config's keyword arguments
 def load_tensors(config: TransformerConfig, factory: Callable[..., nnx.Module], weights: WeightMap,
                  tensors: dict[str, np.ndarray], where: str, seed: int) -> nnx.Module:
     """Check ``tensors`` against the table ``weights`` (names, shapes), translate them, and build the model; the
-    head tensors the checkpoint lacks are initialised (at ``seed``) and listed in one warning."""
+    head tensors the checkpoint lacks are initialised (at ``seed``) and listed in one warning. The checkpoint holds
+    ``config.vocab_size`` vocabulary rows; a padded model (``config.pad_vocab_to``) gets zero padding rows."""
     abstract = abstract_params(config, factory)
     shapes = per_layer_shapes(abstract[2], config.num_layers)
+    vocab = vocab_axes(abstract[1])
     weights = weights.for_params(shapes)
     check_coverage(weights, shapes, where)
-    lacking = match_tensors(tensors, weights, expected_hf_shapes(weights, shapes), where)
+    hf_shapes = vocab_shapes(shapes, vocab, config.vocab_size)
+    lacking = match_tensors(tensors, weights, expected_hf_shapes(weights, hf_shapes), where)
     values: dict[ParamPath, Any] = {}
     fresh: list[ParamPath] = []
     for e in weights.entries:
@@ -48,6 +51,7 @@ def load_tensors(config: TransformerConfig, factory: Callable[..., nnx.Module], 
             values.update(zip(e.paths, e.transform.to_flax(tensors.pop(e.hf))))
     if lacking:
         warn_initialised(where, lacking, seed)
+    values = resize_vocab_values(values, vocab, config.padded_vocab_size)
     return assemble_model(config, factory, values, abstract=abstract, fresh=fresh, seed=seed)
 
 
@@ -89,7 +93,8 @@ def from_gguf(file: pathlib.Path, cls: type | str | None, progress: bool, overri
 
 def from_pretrained(path: PathLike, *, cls: type | str | None = None, allow_pickle: bool = False,
                     dtype: Any = None, revision: str | None = None, progress: bool = False,
-                    scan_layers: bool | None = None, num_labels: int | None = None, seed: int = 0) -> nnx.Module:
+                    scan_layers: bool | None = None, num_labels: int | None = None, pad_vocab_to: int | None = None,
+                    seed: int = 0) -> nnx.Module:
     """Load a pretrained model (in eval mode) from a Hugging Face directory, a GGUF file, a flaxzoo training
     checkpoint, or a Hugging Face Hub id.
 
@@ -121,6 +126,11 @@ def from_pretrained(path: PathLike, *, cls: type | str | None = None, allow_pick
       scan_layers: the layer layout to build (``config.scan_layers``: blocks stacked ``[num_layers, ...]`` and run
         as one scan); None: per layer for Hugging Face / GGUF sources, the stored config's for a flaxzoo checkpoint.
       num_labels: the number of labels of a classifier head (default: the checkpoint's).
+      pad_vocab_to: pad the vocabulary tables' rows to a multiple of this (``config.pad_vocab_to``; e.g. 128 so
+        that GPT-2's 50,257 rows split over an FSDP axis). Hugging Face / GGUF tables get zero padding rows; a
+        flaxzoo checkpoint's padding rows are trimmed or extended. The logits keep the padded width with the padding
+        ids masked; ``save_pretrained`` drops the padding again. None: the checkpoint's (1 = no padding for Hugging
+        Face / GGUF sources).
       seed: the seed of the initialisers for head tensors the checkpoint lacks.
 
     Raises:
@@ -138,8 +148,9 @@ def from_pretrained(path: PathLike, *, cls: type | str | None = None, allow_pick
         from models.checkpoint import load_checkpoint
 
         return load_checkpoint(source, cls=cls, dtype=dtype, scan_layers=scan_layers, num_labels=num_labels,
-                               seed=seed)
-    overrides = dict(dtype=dtype, scan_layers=False if scan_layers is None else scan_layers, num_labels=num_labels)
+                               pad_vocab_to=pad_vocab_to, seed=seed)
+    overrides = dict(dtype=dtype, scan_layers=False if scan_layers is None else scan_layers, num_labels=num_labels,
+                     pad_vocab_to=pad_vocab_to)
     if kind == "gguf":
         return from_gguf(source, cls, progress, overrides, seed)
     return from_hf_directory(source, cls, allow_pickle, progress, overrides, seed)
@@ -180,7 +191,8 @@ def save_pretrained(model: nnx.Module, path: PathLike) -> pathlib.Path:
     weights (a ``BertModel`` built without a pooler is the exception: Hugging Face's has one and initialises it).
     Stacked layers (``scan_layers``) are written per layer; tied tables once, as Hugging Face does. A Llama model in
     the interleaved RoPE layout is written in Hugging Face's rotate-half layout (queries and keys permuted, same
-    outputs). One EOS id is written as an int, several as a list. Features Hugging Face's class for
+    outputs). A padded vocabulary (``config.pad_vocab_to``) is written without its padding rows (``vocab_size`` rows,
+    as ``config.json`` says). One EOS id is written as an int, several as a list. Features Hugging Face's class for
     ``config.model_type`` cannot express (ALiBi, sinusoidal positions, a different norm placement ...) raise
     ``ValueError`` naming them. Returns the directory.
     """
@@ -193,8 +205,9 @@ def save_pretrained(model: nnx.Module, path: PathLike) -> pathlib.Path:
     architecture = family.hf_architecture(cls)
     check_saveable(config, family)
 
-    values = {p: np.asarray(var.get_value(), dtype=np.float32)
-              for p, var in nnx.to_flat_state(nnx.state(model, nnx.Param))}
+    params = nnx.state(model, nnx.Param)
+    values = {p: np.asarray(var.get_value(), dtype=np.float32) for p, var in nnx.to_flat_state(params)}
+    values = resize_vocab_values(values, vocab_axes(params), config.vocab_size)  # padding rows are not written
     values = unstack_layer_values(values, config.num_layers)
     if config.position == "rope" and config.rope_layout == "interleaved":
         interleaved_to_half(values, config)

@@ -1,4 +1,5 @@
-"""Input embeddings (token + position + token type) and the tied output projection."""
+"""Input embeddings (token + position + token type), the tied output projection, and the padded vocabulary
+(``config.pad_vocab_to``: padding rows start at zero, their logits are masked out: ``mask_padded_logits``)."""
 
 from __future__ import annotations
 
@@ -69,21 +70,61 @@ def as_index_array(values, name: str, *, expected: str = "[batch, seq]", ndim: i
     return values
 
 
+PADDED_LOGIT = -1e30  # the logit of a padding id: exp() is exactly 0 in float32, and it stays finite
+
+
+def zero_rows_from(init: jax.nn.initializers.Initializer, start: int, axis: int = 0
+                   ) -> jax.nn.initializers.Initializer:
+    """``init`` with the entries from index ``start`` on along ``axis`` set to zero (a padded vocabulary's rows)."""
+    def initialise(key, shape, dtype=jnp.float32):
+        values = init(key, shape, dtype)
+        if start >= shape[axis]:
+            return values
+        keep = (jnp.arange(shape[axis]) < start).reshape([-1 if a == axis else 1 for a in range(len(shape))])
+        return jnp.where(keep, values, jnp.zeros((), dtype))
+    return initialise
+
+
+def mask_padded_logits(logits: jax.Array, vocab_size: int) -> jax.Array:
+    """Logits ``[..., padded_vocab]`` with the padding ids ``>= vocab_size`` set to ``PADDED_LOGIT``, same shape.
+
+    The shape stays the padded one (``config.padded_vocab_size``), so logits split over the vocabulary by the mesh
+    need no reshard; an elementwise select against an iota costs nothing next to the projection. Softmax gives the
+    padding ids probability exactly 0 (the real ids' log-softmax is the unpadded model's), so argmax, sampling and
+    cross-entropy never pick them. Slice ``logits[..., :vocab_size]`` to compare with an unpadded model.
+    A no-op when there is no padding (``logits.shape[-1] == vocab_size``).
+    """
+    padded = logits.shape[-1]
+    if padded == vocab_size:
+        return logits
+    real = jnp.arange(padded) < vocab_size
+    return jnp.where(real, logits, jnp.asarray(PADDED_LOGIT, logits.dtype))
+
+
 class TokenEmbedding(nnx.Module):
-    """A ``[vocab, hidden]`` table; ``attend`` reuses it as the tied output projection."""
+    """A ``[rows, hidden]`` table; ``attend`` reuses it as the tied output projection.
+
+    ``rows`` (default ``vocab_size``) may exceed ``vocab_size`` (a padded vocabulary, ``config.pad_vocab_to``): the
+    padding rows start at zero and a lookup of an id ``>= vocab_size`` gives NaNs, as any id outside the table does.
+    """
 
     def __init__(self, vocab_size: int, hidden_size: int, *, rngs: nnx.Rngs, init_std: float = 0.02,
-                 dtype=jnp.float32, param_dtype=jnp.float32):
+                 dtype=jnp.float32, param_dtype=jnp.float32, rows: int | None = None):
         self.dtype = dtype
-        self.embedding = logical_param(rngs, jax.nn.initializers.normal(init_std), (vocab_size, hidden_size),
-                                       ("vocab", "embed"), param_dtype)
+        self.vocab_size = vocab_size
+        rows = vocab_size if rows is None else rows
+        if rows < vocab_size:
+            raise ValueError(f"rows={rows}: expected at least vocab_size={vocab_size}")
+        self.embedding = logical_param(rngs, zero_rows_from(jax.nn.initializers.normal(init_std), vocab_size),
+                                       (rows, hidden_size), ("vocab", "embed"), param_dtype)
 
     def __call__(self, ids: jax.Array) -> jax.Array:
         """``[batch, seq]`` int → ``[batch, seq, hidden]``."""
-        return take_rows(self.embedding[...], ids).astype(self.dtype)
+        return take_rows(self.embedding[...], ids, self.vocab_size).astype(self.dtype)
 
     def attend(self, hidden: jax.Array) -> jax.Array:
-        """Tied output logits ``hidden · tableᵀ``: ``[batch, seq, hidden]`` → ``[batch, seq, vocab]``."""
+        """Tied output logits ``hidden · tableᵀ``: ``[batch, seq, hidden]`` → ``[batch, seq, rows]`` (padding ids
+        unmasked: ``LMHead`` masks them)."""
         return jnp.einsum("bsd,vd->bsv", hidden.astype(self.dtype), self.embedding[...].astype(self.dtype))
 
 
@@ -95,7 +136,7 @@ class InputEmbeddings(nnx.Module):
         dtype, param_dtype = jnp.dtype(config.dtype), jnp.dtype(config.param_dtype)
         std = config.initializer_range
         self.tokens = TokenEmbedding(config.vocab_size, config.hidden_size, rngs=rngs, init_std=std, dtype=dtype,
-                                     param_dtype=param_dtype)
+                                     param_dtype=param_dtype, rows=config.padded_vocab_size)
         self.positions = (LearnedPositions(config.max_position_embeddings, config.hidden_size, rngs=rngs,
                                            init_std=std, param_dtype=param_dtype)
                           if config.position == "learned" else None)
@@ -128,15 +169,22 @@ class InputEmbeddings(nnx.Module):
 class LMHead(nnx.Module):
     """Hidden states → vocabulary logits, tied to the token table or with its own kernel, optional bias.
 
-    ``[batch, seq, hidden]`` → ``[batch, seq, vocab]`` in float32.
+    ``[batch, seq, hidden]`` → ``[batch, seq, padded_vocab]`` in float32, ``padded_vocab = config.padded_vocab_size``
+    (= ``vocab_size`` unless ``config.pad_vocab_to`` pads it). The logits of the padding ids ``[vocab_size,
+    padded_vocab)`` are ``PADDED_LOGIT`` (``mask_padded_logits``): softmax, argmax, sampling and cross-entropy never
+    pick them, and ``logits[..., :vocab_size]`` are the unpadded model's. The untied kernel is
+    ``[hidden, padded_vocab]`` and the bias ``[padded_vocab]``, their padding entries starting at zero.
     """
 
     def __init__(self, config: TransformerConfig, *, use_bias: bool, rngs: nnx.Rngs):
+        vocab, rows = config.vocab_size, config.padded_vocab_size
+        self.vocab_size = vocab
         self.kernel = (None if config.tie_word_embeddings else
-                       logical_param(rngs, jax.nn.initializers.normal(config.initializer_range),
-                                     (config.hidden_size, config.vocab_size), ("embed", "vocab"),
+                       logical_param(rngs, zero_rows_from(jax.nn.initializers.normal(config.initializer_range),
+                                                          vocab, axis=1),
+                                     (config.hidden_size, rows), ("embed", "vocab"),
                                      jnp.dtype(config.param_dtype)))
-        self.bias = (logical_param(rngs, jax.nn.initializers.zeros, (config.vocab_size,), ("vocab",),
+        self.bias = (logical_param(rngs, jax.nn.initializers.zeros, (rows,), ("vocab",),
                                    jnp.dtype(config.param_dtype)) if use_bias else None)
         self.dtype = jnp.dtype(config.dtype)
 
@@ -148,4 +196,4 @@ class LMHead(nnx.Module):
         logits = logits.astype(jnp.float32)
         if self.bias is not None:
             logits = logits + self.bias[...]
-        return logits
+        return mask_padded_logits(logits, self.vocab_size)

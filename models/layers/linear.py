@@ -23,10 +23,14 @@ def logical_param(rngs: nnx.Rngs, init: jax.nn.initializers.Initializer, shape: 
     return nnx.Param(init(rngs.params(), tuple(shape), dtype), out_sharding=tuple(axes), eager_sharding=False)
 
 
-def take_rows(table: jax.Array, ids: jax.Array) -> jax.Array:
-    """``table[ids]`` along the first axis; ids outside ``[0, rows)`` (negative included) give rows of NaNs."""
+def take_rows(table: jax.Array, ids: jax.Array, limit: int | None = None) -> jax.Array:
+    """``table[ids]`` along the first axis; ids outside ``[0, limit)`` (negative included) give rows of NaNs.
+
+    ``limit`` defaults to the table's rows; a padded vocabulary table passes the real vocabulary size, so a padding
+    row is never read as if it were a token."""
     rows = table.shape[0]
-    outside = (ids < 0) | (ids >= rows)
+    limit = rows if limit is None else min(limit, rows)
+    outside = (ids < 0) | (ids >= limit)
     return jnp.take(table, jnp.where(outside, rows, ids), axis=0, mode="fill", fill_value=jnp.nan)
 
 
