@@ -1,0 +1,43 @@
+"""``python -m train.gpu_check --tiny`` on CPU: every check prints one JSON line with finite positive figures; a part
+that runs out of time becomes a failed figure, not a hang."""
+
+import json
+import math
+import os
+import pathlib
+import subprocess
+import sys
+
+from train import gpu_check
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+CHECKS = ("versions", "gpt2_small_train", "train_cli", "smollm2_decode_b1", "smollm2_decode_b16")
+
+
+def test_tiny_check_prints_every_figure(tmp_path):
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    proc = subprocess.run([sys.executable, "-m", "train.gpu_check", "--tiny", "--logs", str(tmp_path)], cwd=REPO,
+                          env=env, capture_output=True, text=True, timeout=240)
+    figures = {f["check"]: f for f in map(json.loads, proc.stdout.splitlines())}
+    assert set(figures) == set(CHECKS), proc.stdout
+    failed = {name: f.get("error") for name, f in figures.items() if not f["ok"]}
+    assert not failed and proc.returncode == 0, (failed, proc.stdout[-3000:])
+    assert figures["versions"]["device_count"] >= 1 and figures["versions"]["jax"]
+    for name in CHECKS[1:]:
+        assert math.isfinite(figures[name]["tokens_per_s"]) and figures[name]["tokens_per_s"] > 0, figures[name]
+    for name in ("gpt2_small_train", "train_cli"):
+        assert math.isfinite(figures[name]["mfu"]) and figures[name]["mfu"] > 0, figures[name]
+    assert figures["gpt2_small_train"]["peak_memory_mb"] > 0 and figures["gpt2_small_train"]["attention"]
+    train = figures["train_cli"]
+    assert train["exit_code"] == 0 and math.isfinite(train["first_loss"]) and math.isfinite(train["last_loss"])
+    assert train["last_step"] > train["first_step"]
+    assert {p.stem for p in tmp_path.glob("*.log")} == {"versions", "gpt2_small_train", "train_cli",
+                                                         "smollm2_decode"}
+
+
+def test_a_part_past_its_time_is_a_failed_figure(tmp_path):
+    command = [sys.executable, "-c", "import time; print('{\"check\": \"x\", \"tokens_per_s\": 1.0}', flush=True); "
+                                     "time.sleep(60)"]
+    figures = gpu_check.run_part("x", command, gpu_check.own_figures, ("x", "y"), tmp_path, 2.0, None)
+    assert [(f["check"], f["ok"]) for f in figures] == [("x", False), ("y", False)]
+    assert all(f["error"] == "timed out after 2 s" for f in figures)
