@@ -7,7 +7,8 @@ Workloads (random token ids, fixed seed, no dropout; fp32 on CPU, bf16 compute o
 - ``bert_train``: BERT layout, vocab 8192, 6 layers × 384, 6 heads, intermediate 1536, 256 positions; batch 16 × 128;
   MLM loss on 15% of the positions (19 of 128 per row); otherwise as above.
 - ``gpt_generate``: the ``gpt_train`` model, batch 1, a 32-token prompt, 128 new tokens, greedy, KV cache.
-- ``gpt2_small``: the 124M ``gpt2`` preset, ``--batch`` × ``--seq``, bf16 compute on accelerators (fp32 on CPU).
+- ``gpt2_small``: the 124M ``gpt2`` preset with its vocabulary padded to 50,304 rows (``pad_vocab_to=128``, as
+  ``configs/gpt2_small.py`` trains it), ``--batch`` × ``--seq``, bf16 compute on accelerators (fp32 on CPU).
 
 Training workloads time 3 warm-up steps then report the median of 10 (``--warmup`` / ``--steps``); generation reports
 the first call (compile + run) and the median of 3 calls after it. ``--rounds N`` repeats a workload (and its
@@ -104,7 +105,7 @@ def workload_spec(name: str, args: argparse.Namespace) -> dict[str, Any]:
         spec = dict(config=config, cls=BertForMaskedLM, batch=16, seq=128)
     elif name == "gpt2_small":
         dtype = "float32" if on_cpu else "bfloat16"
-        config = get_preset("gpt2", dropout=0.0, attention_dropout=0.0, dtype=dtype, **extra)
+        config = get_preset("gpt2", dropout=0.0, attention_dropout=0.0, dtype=dtype, pad_vocab_to=128, **extra)
         spec = dict(config=config, cls=GPTForCausalLM, batch=8, seq=1024)
     else:
         raise ValueError(f"unknown workload {name!r}; expected one of {WORKLOADS}")
@@ -126,7 +127,7 @@ def workload_spec(name: str, args: argparse.Namespace) -> dict[str, Any]:
 
 def mlm_head_params(config: TransformerConfig) -> int:
     """Matmul parameters of ``BertForMaskedLM``'s head: transform dense + norm, tied vocabulary table, its bias."""
-    d, v = config.hidden_size, config.vocab_size
+    d, v = config.hidden_size, config.padded_vocab_size
     return (d * d + d) + 2 * d + v * d + v
 
 
