@@ -99,6 +99,9 @@ def test_end_to_end_metrics_checkpoints_sample(baseline):
     assert "eval at step 40: loss" in proc.stdout and "unigram baseline" in proc.stdout
     assert "done: steps 1..40" in proc.stdout and "MFU" in proc.stdout
     assert "profile of steps 2..3" in proc.stdout
+    # The tiny model has 2 layers: precision "auto" on CPU is unrolled without remat, said at start-up.
+    assert "remat none (auto), scan_layers False (auto)" in proc.stdout
+    assert meta["train_config"]["precision"]["scan_layers"] is False and meta["train_config"]["mesh"]["data"] == 1
     assert list((pathlib.Path(workdir) / "profile").glob("plugins/profile/*/*.xplane.pb"))
 
 

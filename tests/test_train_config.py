@@ -1,7 +1,9 @@
 """Training config checks (train/config.py), sharding rules (train/sharding.py), optimizer pieces (train/optim.py),
 FLOP accounting (train/flops.py): all in-process, no training."""
 
+import dataclasses
 import importlib.util
+import json
 import os
 import pathlib
 import subprocess
@@ -17,10 +19,14 @@ from jax.sharding import PartitionSpec as P
 
 from models import get_preset, param_count
 from train import flops, optim, sharding
-from train.config import ConfigError, resolve, resolve_mesh
+from train.config import ConfigError, MeshConfig, OptimConfig, TrainConfig, execution_defaults
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 CONFIGS = sorted(p.stem for p in (REPO / "configs").glob("*.py") if not p.stem.startswith("_"))
+
+
+def resolve(config, devices, **kw):
+    return TrainConfig.from_config_dict(config, devices, **kw)
 
 
 def load_config(name):
@@ -41,10 +47,11 @@ def test_every_config_resolves(name, devices):
     config = load_config(name)
     if config.batch_size % devices:
         pytest.skip("batch does not split over this many devices")
-    resolved = resolve(config, devices)
-    assert np.prod(resolved.mesh_shape) == devices
-    assert resolved.data.vocab_size <= resolved.model.vocab_size
-    assert resolved.objective == ("causal" if resolved.model.causal else "mlm")
+    cfg = TrainConfig.from_config_dict(config, devices)
+    assert np.prod(cfg.mesh.shape) == devices
+    assert cfg.data.vocab_size <= cfg.model.vocab_size
+    assert cfg.objective == cfg.data.objective == ("causal" if cfg.model.causal else "mlm")
+    assert json.loads(json.dumps(cfg.to_json_dict()))["steps"] == config.steps  # a checkpoint's meta keeps it
 
 
 def test_named_configs_have_the_advertised_sizes():
@@ -84,11 +91,27 @@ def test_model_fields_override_the_preset_and_references_follow():
     ({"optim.accum_steps": 4}, "optim.accum_steps"),      # 16 / 4 = 4 rows do not split over 8 devices
     ({"precision.remat": "some"}, "precision.remat"),
     ({"precision.compute_dtype": "int8"}, "precision.compute_dtype"),
-    ({"model.num_heads": 5}, "model.hidden_size"),         # 128 not divisible by 5
+    ({"model.num_heads": 5}, "model.num_heads"),           # 128 not divisible by 5 (TransformerConfig's field)
+    ({"model.num_kv_heads": 3}, "model.num_kv_heads"),     # 3 does not divide 4 heads
+    ({"model.dropout": 1.5}, "model.dropout"),
     ({"seq_len": 4096}, "seq_len"),
     ({"data.vocab_size": 60000}, "data.vocab_size"),
     ({"data.objective": "mlm"}, "data.objective"),
     ({"data.source": "s3://x"}, "data.source"),
+    ({"data.mask_prob": 1.5}, "data.mask_prob"),           # DataConfig's own check, mapped to its field
+    ({"data.prefetch": 0}, "data.prefetch"),
+    ({"data.vocab_size": 10}, "data.vocab_size"),          # too small for a BPE alphabet
+    ({"seq_len": 4}, "seq_len"),                           # DataConfig: at least 8 tokens per example
+    ({"optim.b2": 1.0}, "optim.b2"),
+    ({"optim.layer_decay": 0.0}, "optim.layer_decay"),
+    ({"optim.warmup_steps": -1}, "optim.warmup_steps"),
+    ({"precision.scan_layers": 1}, "precision.scan_layers"),
+    ({"precision.param_dtype": "int4"}, "precision.param_dtype"),
+    ({"sample.max_new_tokens": -1}, "sample.max_new_tokens"),
+    ({"sample.temperature": -0.5}, "sample.temperature"),
+    ({"sample.top_k": -2}, "sample.top_k"),
+    ({"eval_every": -1}, "eval_every"),
+    ({"keep_checkpoints": 0}, "keep_checkpoints"),
     ({"profile_steps": "5"}, "profile_steps"),
     ({"profile_steps": "4:2"}, "profile_steps"),
     ({"profile_steps": "0:3"}, "profile_steps"),
@@ -107,15 +130,104 @@ def test_bad_values_name_their_key(change, key):
     with pytest.raises(ConfigError) as info:
         resolve(config, 8)
     assert info.value.key == key, str(info.value)
-    assert str(info.value).startswith(key)
+    assert str(info.value).startswith(key + ": ")
+    if key in change:  # the message shows the value
+        value = change[key]
+        assert repr(value) in str(info.value) or f"={value}" in str(info.value), str(info.value)
+
+
+@pytest.mark.parametrize("section, key", [("", "stepz"), ("optim", "learning_rate"), ("mesh", "pipeline"),
+                                          ("precision", "auto"), ("model", "num_layer"), ("data", "path"),
+                                          ("sample", "top_p")])
+def test_an_unknown_key_is_named(section, key):
+    config = load_config("default")
+    node = config[section] if section else config
+    node[key] = 3
+    with pytest.raises(ConfigError) as info:
+        resolve(config, 1)
+    dotted = f"{section}.{key}" if section else key
+    assert info.value.key == dotted and "unknown key (value 3)" in str(info.value), str(info.value)
+
+
+def test_a_typed_config_reads_without_casts():
+    config = load_config("default")
+    config.optim.lr = 1  # an int where a float is expected: widened once
+    config.profile_steps = "2:5"
+    cfg = resolve(config, 1)
+    assert isinstance(cfg.optim, OptimConfig) and type(cfg.optim.lr) is float and cfg.optim.lr == 1.0
+    assert cfg.profile_steps == (2, 5) and cfg.mesh.shape == (1, 1, 1) and cfg.tokens_per_step == 16 * 128
+    assert (cfg.data.seq_len, cfg.data.batch_size, cfg.data.seed) == (cfg.seq_len, cfg.batch_size, cfg.seed)
+    assert cfg.model_cls.__name__ == "GPTForCausalLM" and cfg.to_json_dict()["model_cls"] == "GPTForCausalLM"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.steps = 3
+    with pytest.raises(ConfigError, match=r"^optim\.lr: -1\.0: expected a number in \(0, inf\]$"):
+        OptimConfig(lr=-1.0)  # a section checks itself at construction, outside any ConfigDict too
+
+
+def test_execution_defaults_per_backend_and_depth():
+    assert execution_defaults("cpu", 4) == ("dots", True) and execution_defaults("cpu", 30) == ("dots", True)
+    assert execution_defaults("cpu", 2) == execution_defaults("cpu", 3) == ("none", False)
+    assert execution_defaults("gpu", 2) == execution_defaults("tpu", 24) == ("none", True)
+
+
+@pytest.mark.parametrize("layers, remat, scan", [(2, "none", False), (3, "none", False), (4, "dots", True)])
+def test_auto_precision_on_cpu_follows_the_depth(layers, remat, scan):
+    config = load_config("default")
+    assert config.precision.remat == "auto" and config.precision.scan_layers == "auto"  # base_config's default
+    config.model.num_layers = layers
+    cfg = resolve(config, 1, backend="cpu")
+    assert (cfg.precision.remat, cfg.precision.scan_layers) == (remat, scan)
+    assert (cfg.model.remat, cfg.model.scan_layers, cfg.model.dtype) == (remat, scan, "float32")
+    assert set(cfg.precision.auto) == {"compute_dtype", "remat", "scan_layers"}
+    assert cfg.precision.describe("remat") == f"{remat} (auto)"
+    # Resolved again (a resumed run on the same backend): the same layout, so the checkpoint's parameters fit.
+    assert resolve(config, 1, backend="cpu").model == cfg.model
+    gpu = resolve(config, 1, backend="gpu")
+    assert (gpu.model.remat, gpu.model.scan_layers, gpu.model.dtype) == ("none", True, "bfloat16")
+
+
+def test_explicit_precision_values_win_over_auto():
+    config = load_config("default")  # 4 layers: auto would be dots + scan on CPU
+    config.precision.remat, config.precision.scan_layers = "full", False
+    cfg = resolve(config, 1, backend="cpu")
+    assert (cfg.model.remat, cfg.model.scan_layers) == ("full", False) and cfg.precision.auto == ("compute_dtype",)
+    assert cfg.precision.describe("scan_layers") == "False"
+
+
+def parse_command_line(monkeypatch, *overrides):
+    """The ConfigDict ``python -m train`` builds from ``configs/default.py`` and ``overrides`` (as __main__ does)."""
+    from absl import flags
+    from ml_collections import config_flags
+
+    argv = ["prog", *overrides]
+    monkeypatch.setattr(sys, "argv", argv)  # config_flags reads the overrides from sys.argv
+    values = flags.FlagValues()
+    flag = config_flags.DEFINE_config_file("config", str(REPO / "configs" / "default.py"), flag_values=values,
+                                           lock_config=True)
+    values(argv)
+    return flag.value
+
+
+def test_command_line_overrides_parse_into_the_typed_config(monkeypatch):
+    """``--config.precision.scan_layers=false`` (a key that also takes "auto") and a number reach the typed config."""
+    config = parse_command_line(monkeypatch, "--config.precision.scan_layers=false", "--config.precision.remat=dots",
+                                "--config.optim.lr=0.01", "--config.model.num_layers=6")
+    cfg = resolve(config, 1, backend="cpu")
+    assert (cfg.model.scan_layers, cfg.model.remat, cfg.optim.lr, cfg.model.num_layers) == (False, "dots", 0.01, 6)
+    config = parse_command_line(monkeypatch, "--config.precision.scan_layers=auto", "--config.model.num_layers=2")
+    assert resolve(config, 1, backend="cpu").model.scan_layers is False
+    config = parse_command_line(monkeypatch, "--config.precision.scan_layers=yes")
+    with pytest.raises(ConfigError, match=r"^precision\.scan_layers: 'yes': expected true or false or 'auto'$"):
+        resolve(config, 1)
 
 
 def test_mesh_fill():
     config = load_config("default")
     config.mesh.data, config.mesh.fsdp, config.mesh.tensor = 2, -1, 2
-    assert resolve_mesh(config, 8) == (2, 2, 2)
+    assert MeshConfig.resolve(config.mesh.to_dict(), 8).shape == (2, 2, 2)
     config.mesh.data, config.mesh.fsdp, config.mesh.tensor = -1, 1, 1
-    assert resolve_mesh(config, 8) == (8, 1, 1)
+    assert MeshConfig.resolve(config.mesh.to_dict(), 8).shape == (8, 1, 1)
+    assert MeshConfig.resolve(config.mesh.to_dict(), 8).batch_axes == 8
 
 
 def test_cli_bad_config_stops_fast_with_the_key(tmp_path):
@@ -241,9 +353,7 @@ def test_stacked_layers_get_the_per_layer_decay_mask_and_lr_scales():
 
 @pytest.mark.parametrize("schedule", ["cosine", "linear", "constant"])
 def test_schedule_warms_up_then_decays(schedule):
-    from ml_collections import ConfigDict
-
-    cfg = ConfigDict({"lr": 1.0, "warmup_steps": 10, "min_lr_ratio": 0.1, "schedule": schedule})
+    cfg = OptimConfig(lr=1.0, warmup_steps=10, min_lr_ratio=0.1, schedule=schedule)
     fn = optim.make_schedule(cfg, 110)
     assert float(fn(0)) == 0.0 and abs(float(fn(5)) - 0.5) < 1e-6 and abs(float(fn(10)) - 1.0) < 1e-6
     end = float(fn(110))
@@ -254,11 +364,8 @@ def test_schedule_warms_up_then_decays(schedule):
 
 def test_adamw_chain_matches_optax_adamw():
     """With clipping off, no layer decay and decay on every matrix, the chain is optax.adamw."""
-    from ml_collections import ConfigDict
-
-    cfg = ConfigDict({"lr": 1e-2, "warmup_steps": 0, "min_lr_ratio": 1.0, "schedule": "constant", "b1": 0.9,
-                      "b2": 0.95, "eps": 1e-8, "weight_decay": 0.1, "decay_embeddings": True, "grad_clip": 0.0,
-                      "layer_decay": 1.0})
+    cfg = OptimConfig(lr=1e-2, warmup_steps=0, min_lr_ratio=1.0, schedule="constant", b1=0.9, b2=0.95, eps=1e-8,
+                      weight_decay=0.1, decay_embeddings=True, grad_clip=0.0, layer_decay=1.0)
     params = {"w": jnp.arange(6.0).reshape(2, 3), "b": jnp.ones(3)}
     grads = {"w": jnp.full((2, 3), 0.5), "b": jnp.full(3, -0.25)}
     tx, _ = optim.make_optimizer(cfg, 100, params, num_layers=1)
@@ -271,11 +378,8 @@ def test_adamw_chain_matches_optax_adamw():
 
 
 def test_clipping_bounds_the_update_norm():
-    from ml_collections import ConfigDict
-
-    cfg = ConfigDict({"lr": 1.0, "warmup_steps": 0, "min_lr_ratio": 1.0, "schedule": "constant", "b1": 0.0,
-                      "b2": 0.0, "eps": 0.0, "weight_decay": 0.0, "decay_embeddings": False, "grad_clip": 1.0,
-                      "layer_decay": 1.0})
+    cfg = OptimConfig(lr=1.0, warmup_steps=0, min_lr_ratio=1.0, schedule="constant", b1=0.0, b2=0.0, eps=0.0,
+                      weight_decay=0.0, decay_embeddings=False, grad_clip=1.0, layer_decay=1.0)
     params = {"w": jnp.zeros((2, 2))}
     tx, _ = optim.make_optimizer(cfg, 10, params, num_layers=1)
     clip_state = tx.init(params)

@@ -97,17 +97,17 @@ def main(argv: list[str] | None = None) -> int:
     sharding.maybe_initialize_distributed()  # before anything touches a device
 
     from train.checkpoint import CheckpointError
-    from train.config import ConfigError, resolve
+    from train.config import ConfigError, TrainConfig
     from train.loop import NonFiniteLossError, Trainer, _say
 
     try:
-        resolved = resolve(config)
+        cfg = TrainConfig.from_config_dict(config)  # checked once, before any data work or compilation
     except ConfigError as exc:
         print(f"config error: {exc}", file=sys.stderr)
         return 2
     trainer = None
     try:
-        trainer = Trainer(config, workdir, resolved)
+        trainer = Trainer(cfg, workdir)
         summary = trainer.run()
     except NonFiniteLossError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     if summary.final_eval:
         parts.append(f"final validation loss {summary.final_eval['val_loss']:.4f}, perplexity "
                      f"{summary.final_eval['val_perplexity']:.2f}")
-        if resolved.objective == "mlm":
+        if cfg.objective == "mlm":
             parts.append(f"masked-token accuracy {100 * summary.final_eval['val_accuracy']:.2f}%")
     if summary.unigram_perplexity:
         parts.append(f"unigram baseline perplexity {summary.unigram_perplexity:.2f}")

@@ -42,7 +42,7 @@ from train import data as datalib
 from train import flops as flopslib
 from train import sharding as shardlib
 from train.checkpoint import Checkpointer
-from train.config import Resolved, compilation_cache_dir, profile_window, resolve, to_json_dict
+from train.config import ConfigError, TrainConfig
 from train.optim import make_optimizer
 from train.step import make_eval_step, make_predict_masked, make_train_step
 
@@ -93,8 +93,8 @@ def _say(message: str) -> None:
         sys.stdout.flush()
 
 
-def setup_compilation_cache(config: ConfigDict) -> str | None:
-    directory = compilation_cache_dir(config)
+def setup_compilation_cache(cfg: TrainConfig) -> str | None:
+    directory = cfg.cache_dir()
     if directory:
         os.makedirs(directory, exist_ok=True)
         jax.config.update("jax_compilation_cache_dir", directory)
@@ -216,34 +216,39 @@ class StopSignal:
 
 # ========================================================================================================= trainer
 class Trainer:
-    """The state of one run: resolved config, data, mesh, compiled steps, checkpoints. :meth:`run` trains."""
+    """The state of one run: the typed config, data, mesh, compiled steps, checkpoints. :meth:`run` trains."""
 
-    def __init__(self, config: ConfigDict, workdir: str | os.PathLike, resolved: Resolved | None = None, *,
+    def __init__(self, config: TrainConfig | ConfigDict, workdir: str | os.PathLike, *,
                  devices: list[jax.Device] | None = None):
-        """``devices``: the devices of the mesh (default: all of them)."""
+        """``config``: a checked :class:`TrainConfig` (or a ``ConfigDict``, checked here for ``devices``);
+        ``devices``: the devices of the mesh (default: all of them)."""
         self.wall_start = time.perf_counter()
         self.training_started = False  # set when the first step is dispatched: errors after it are run failures
-        self.config = config
         self.devices = list(jax.devices() if devices is None else devices)
-        self.resolved = resolved or resolve(config, len(self.devices))
+        if not isinstance(config, TrainConfig):
+            config = TrainConfig.from_config_dict(config, len(self.devices))
+        if math.prod(config.mesh.shape) != len(self.devices):
+            raise ConfigError("mesh", f"{config.mesh.shape} spans {math.prod(config.mesh.shape)} devices; this "
+                                      f"trainer has {len(self.devices)}")
+        self.cfg = config
         self.workdir = pathlib.Path(workdir).absolute()
         self.workdir.mkdir(parents=True, exist_ok=True)
         setup_compilation_cache(config)
-        r = self.resolved
-        self.model_config, self.model_cls = r.model, r.model_cls
-        self.steps = int(config.steps)
-        self.tokens_per_step = int(config.batch_size) * int(config.seq_len)
-        self.mesh = shardlib.make_mesh(r.mesh_shape, self.devices)
+        self.model_config, self.model_cls = config.model, config.model_cls
+        self.steps = config.steps
+        self.tokens_per_step = config.tokens_per_step
+        self.mesh = shardlib.make_mesh(config.mesh.shape, self.devices)
+        precision = config.precision
         _say(f"devices: {len(self.devices)} x {self.devices[0].device_kind} ({jax.process_count()} process(es)); "
              f"mesh {shardlib.describe(self.mesh)}; compute {self.model_config.dtype}, params "
-             f"{self.model_config.param_dtype}, remat {self.model_config.remat}, scan_layers "
-             f"{self.model_config.scan_layers}")
+             f"{self.model_config.param_dtype}, remat {precision.describe('remat')}, scan_layers "
+             f"{precision.describe('scan_layers')}")
         self._prepare_data()
         self._build_state()
 
     # ---------------------------------------------------------------------------------------------------- data
     def _prepare_data(self) -> None:
-        cfg = self.resolved.data
+        cfg = self.cfg.data
         start = time.perf_counter()
         self.tokenizer = datalib.build_tokenizer(cfg)
         self.sources = datalib.prepare(cfg, self.tokenizer)
@@ -253,8 +258,8 @@ class Trainer:
                              f"model.vocab_size to at least {self.tokenizer.vocab_size} (or lower data.vocab_size)")
         if _is_main():
             self.tokenizer.save(self.workdir / "tokenizer.json")
-        ignore = self.tokenizer.special_ids if self.resolved.objective == "mlm" else ()
-        self.unigram_ppl = unigram_baseline(self.sources, self.model_config.vocab_size, self.resolved.objective,
+        ignore = self.tokenizer.special_ids if self.cfg.objective == "mlm" else ()
+        self.unigram_ppl = unigram_baseline(self.sources, self.model_config.vocab_size, self.cfg.objective,
                                             ignore_ids=ignore)
         sizes = {k: len(v) for k, v in self.sources.items()}
         _say(f"data: {cfg.source} corpus, {self.tokenizer.kind} tokenizer of {self.tokenizer.vocab_size} tokens, "
@@ -262,18 +267,18 @@ class Trainer:
              + (f"; unigram baseline perplexity {self.unigram_ppl:.1f}" if self.unigram_ppl else ""))
 
     def train_iterator(self):
-        return datalib.make_iterator(self.resolved.data, "train", self.tokenizer, sources=self.sources)
+        return datalib.make_iterator(self.cfg.data, "train", self.tokenizer, sources=self.sources)
 
     # --------------------------------------------------------------------------------------------------- state
     def _build_state(self) -> None:
         config, cls, mesh = self.model_config, self.model_cls, self.mesh
-        seed = int(self.config.seed)
+        seed = self.cfg.seed
         abstract = abstract_model(config, cls)
         self.graphdef, abstract_params, _ = nnx.split(abstract, nnx.Param, ...)
         logical = nnx.to_pure_dict(nnx.get_partition_spec(abstract_params))
         abstract_params = nnx.to_pure_dict(abstract_params)
         self.param_count = int(sum(np.prod(x.shape) for x in jax.tree.leaves(abstract_params)))
-        self.tx, self.schedule = make_optimizer(self.config.optim, self.steps, abstract_params, config.num_layers)
+        self.tx, self.schedule = make_optimizer(self.cfg.optim, self.steps, abstract_params, config.num_layers)
         tx = self.tx
 
         def init():
@@ -302,8 +307,8 @@ class Trainer:
         self._init_rest = jax.jit(lambda: init()[1], out_shardings=replicated)
         self.target = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract_state,
                                    self.state_shardings)
-        objective = self.resolved.objective
-        accum = int(self.config.optim.accum_steps)
+        objective = self.cfg.objective
+        accum = self.cfg.optim.accum_steps
         train_step = make_train_step(self.graphdef, tx, self.schedule, objective=objective, accum_steps=accum,
                                      micro_batch_sharding=self.batch_sharding if accum > 1 else None,
                                      grad_shardings=param_shardings if accum > 1 else None)
@@ -321,9 +326,9 @@ class Trainer:
 
     def meta(self) -> dict[str, Any]:
         return {"model_class": self.model_cls.__name__, "config": self.model_config.to_dict(),
-                "train_config": to_json_dict(self.config), "tokenizer": "tokenizer.json",
+                "train_config": self.cfg.to_json_dict(), "tokenizer": "tokenizer.json",
                 "data": {k: list(v) if isinstance(v, tuple) else v
-                         for k, v in self.resolved.data.to_dict().items()}}
+                         for k, v in self.cfg.data.to_dict().items()}}
 
     # ---------------------------------------------------------------------------------------------------- eval
     def evaluate(self, params, rest) -> dict[str, float] | None:
@@ -333,12 +338,12 @@ class Trainer:
         if "validation" not in self.sources:
             return None
         try:
-            iterator = datalib.make_iterator(self.resolved.data, "validation", self.tokenizer, sources=self.sources,
+            iterator = datalib.make_iterator(self.cfg.data, "validation", self.tokenizer, sources=self.sources,
                                              num_epochs=1, shuffle=False, pad_last=True)
         except ValueError as exc:
             log.warning("no evaluation: %s", exc)
             return None
-        limit = int(self.config.eval_batches)
+        limit = self.cfg.eval_batches
         totals = None
         for i, batch in enumerate(iterator):
             if limit and i >= limit:
@@ -355,26 +360,26 @@ class Trainer:
 
     def sample(self, params, rest) -> str | None:
         """A generated continuation of ``sample.prompt`` (causal) or a filled-in masked validation example (MLM)."""
-        cfg = self.config.sample
-        if int(cfg.max_new_tokens) == 0:
+        cfg = self.cfg.sample
+        if cfg.max_new_tokens == 0:
             return None
         model = nnx.merge(self.graphdef, params, rest)
-        if self.resolved.objective == "causal":
+        if self.cfg.objective == "causal":
             ids = self.tokenizer.encode(cfg.prompt) if cfg.prompt else []
             if not ids:
                 ids = [self.tokenizer.eos_id or 0]
             room = self.model_config.max_position_embeddings - len(ids)
-            new = min(int(cfg.max_new_tokens), room) if self.model_config.position in ("learned", "sinusoidal") \
-                else int(cfg.max_new_tokens)
+            new = min(cfg.max_new_tokens, room) if self.model_config.position in ("learned", "sinusoidal") \
+                else cfg.max_new_tokens
             if new < 1:
                 return None
-            out = generate(model, np.asarray([ids], np.int32), new, temperature=float(cfg.temperature),
-                           top_k=int(cfg.top_k) or None, rng=jax.random.key(int(self.config.seed)))
+            out = generate(model, np.asarray([ids], np.int32), new, temperature=cfg.temperature,
+                           top_k=cfg.top_k or None, rng=jax.random.key(self.cfg.seed))
             return self.tokenizer.decode(np.asarray(out[0]).tolist())
         if "validation" not in self.sources:
             return None
         try:
-            batch = next(datalib.make_iterator(self.resolved.data, "validation", self.tokenizer, sources=self.sources,
+            batch = next(datalib.make_iterator(self.cfg.data, "validation", self.tokenizer, sources=self.sources,
                                                num_epochs=1, shuffle=False))
         except (ValueError, StopIteration):
             return None
@@ -396,8 +401,8 @@ class Trainer:
             return self._run(stop)
 
     def _run(self, stop: "StopSignal") -> Summary:
-        config = self.config
-        checkpointer = Checkpointer(self.workdir, keep=int(config.keep_checkpoints))
+        cfg = self.cfg
+        checkpointer = Checkpointer(self.workdir, keep=cfg.keep_checkpoints)
         iterator = self.train_iterator()
         restored = checkpointer.restore_latest(self.target, iterator, model_class=self.model_cls.__name__,
                                                config=self.model_config.to_dict())
@@ -420,13 +425,13 @@ class Trainer:
 
         # compile, FLOPs, peak
         compile_start = time.perf_counter()
-        keys = ("input_ids", "targets") if self.resolved.objective == "causal" else \
+        keys = ("input_ids", "targets") if cfg.objective == "causal" else \
             ("input_ids", "labels", "attention_mask", "token_type_ids")
-        abstract_batch = {k: jax.ShapeDtypeStruct((int(config.batch_size), int(config.seq_len)), jnp.int32,
+        abstract_batch = {k: jax.ShapeDtypeStruct((cfg.batch_size, cfg.seq_len), jnp.int32,
                                                   sharding=self.batch_sharding) for k in keys}
         train_step = self._train_step.lower(state, rest, abstract_batch).compile()
         summary.compile_s = time.perf_counter() - compile_start
-        flops_per_token = flopslib.flops_per_token(self.model_config, int(config.seq_len), self.model_cls)
+        flops_per_token = flopslib.flops_per_token(self.model_config, cfg.seq_len, self.model_cls)
         peak, peak_source = flopslib.device_peak(self.devices)
         summary.flops_per_token = flops_per_token
         if self.devices[0].platform == "cpu":
@@ -459,7 +464,7 @@ class Trainer:
                     window[key] += values[key]
                 window["lr"] = values["lr"]
 
-        profile = profile_window(config)
+        profile = cfg.profile_steps
         tracing = False
         self.training_started = True
         step = start
@@ -478,9 +483,9 @@ class Trainer:
                          "profile plugin)")
                 pending.append((step, metrics))
                 final = step == self.steps or stop.name is not None
-                do_log = step % int(config.log_every) == 0 or final
-                do_eval = (int(config.eval_every) and step % int(config.eval_every) == 0) or step == self.steps
-                do_save = (int(config.checkpoint_every) and step % int(config.checkpoint_every) == 0) or final
+                do_log = step % cfg.log_every == 0 or final
+                do_eval = (cfg.eval_every and step % cfg.eval_every == 0) or step == self.steps
+                do_save = (cfg.checkpoint_every and step % cfg.checkpoint_every == 0) or final
                 flush(keep_last=not (do_log or do_eval or do_save))
                 bar.update(1)
                 row = None
@@ -509,7 +514,7 @@ class Trainer:
                         summary.final_eval = result
                         line = (f"eval at step {step}: loss {result['val_loss']:.4f}, perplexity "
                                 f"{result['val_perplexity']:.2f}")
-                        if self.resolved.objective == "mlm":
+                        if cfg.objective == "mlm":
                             line += f", masked-token accuracy {100 * result['val_accuracy']:.2f}%"
                         if self.unigram_ppl:
                             line += f" (unigram baseline {self.unigram_ppl:.1f})"
@@ -548,7 +553,8 @@ class Trainer:
         return summary
 
 
-def train(config: ConfigDict, workdir: str | os.PathLike) -> Summary:
-    """Check ``config``, then train (or resume) in ``workdir``. See the module docstring."""
-    resolved = resolve(config)
-    return Trainer(config, workdir, resolved).run()
+def train(config: ConfigDict | TrainConfig, workdir: str | os.PathLike) -> Summary:
+    """Check ``config`` (once: :meth:`TrainConfig.from_config_dict`), then train (or resume) in ``workdir``. See the
+    module docstring."""
+    cfg = config if isinstance(config, TrainConfig) else TrainConfig.from_config_dict(config)
+    return Trainer(cfg, workdir).run()

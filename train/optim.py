@@ -18,7 +18,7 @@ update per step, whatever ``accum_steps`` is.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
@@ -26,14 +26,17 @@ import optax
 
 from models.layers.stack import is_stacked_path
 
+if TYPE_CHECKING:
+    from train.config import OptimConfig
+
 EMBEDDING_MODULE = "embeddings"  # the attribute name of InputEmbeddings in the layer stack
 LAYERS_MODULE = "layers"
 
 
-def make_schedule(optim: Any, steps: int) -> optax.Schedule:
+def make_schedule(optim: "OptimConfig", steps: int) -> optax.Schedule:
     """Learning rate per step (step 0 is the first update)."""
-    peak, warmup = float(optim.lr), min(int(optim.warmup_steps), steps)
-    end = peak * float(optim.min_lr_ratio)
+    peak, warmup = optim.lr, min(optim.warmup_steps, steps)
+    end = peak * optim.min_lr_ratio
     decay_steps = max(steps - warmup, 1)
     if optim.schedule == "constant":
         decay = optax.constant_schedule(peak)
@@ -104,17 +107,17 @@ def scale_by_tree(scales: Any) -> optax.GradientTransformation:
     return optax.GradientTransformation(init, update)
 
 
-def make_optimizer(optim: Any, steps: int, params: Any, num_layers: int) -> tuple[optax.GradientTransformation,
-                                                                                    optax.Schedule]:
-    """``(tx, schedule)`` for the ``optim`` config section; ``params`` (arrays or shapes) give the tree structure."""
+def make_optimizer(optim: "OptimConfig", steps: int, params: Any,
+                   num_layers: int) -> tuple[optax.GradientTransformation, optax.Schedule]:
+    """``(tx, schedule)`` for the typed ``optim`` section (``train.config.OptimConfig``, checked at construction);
+    ``params`` (arrays or shapes) give the tree structure."""
     schedule = make_schedule(optim, steps)
-    clip = float(optim.grad_clip) if optim.grad_clip > 0 else math.inf
+    clip = optim.grad_clip if optim.grad_clip > 0 else math.inf
     tx = optax.chain(
         optax.clip_by_global_norm(clip),
-        optax.scale_by_adam(b1=float(optim.b1), b2=float(optim.b2), eps=float(optim.eps)),
-        optax.add_decayed_weights(float(optim.weight_decay),
-                                  mask=decay_mask(params, decay_embeddings=bool(optim.decay_embeddings))),
+        optax.scale_by_adam(b1=optim.b1, b2=optim.b2, eps=optim.eps),
+        optax.add_decayed_weights(optim.weight_decay, mask=decay_mask(params, decay_embeddings=optim.decay_embeddings)),
         optax.scale_by_learning_rate(schedule),
-        scale_by_tree(layer_scales(params, num_layers, float(optim.layer_decay))),
+        scale_by_tree(layer_scales(params, num_layers, optim.layer_decay)),
     )
     return tx, schedule
