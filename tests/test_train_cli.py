@@ -88,11 +88,11 @@ def test_end_to_end_metrics_checkpoints_sample(baseline):
     assert "val_loss" in rows[-1] and rows[-1]["val_perplexity"] > 1
     assert checkpoint_steps(workdir) == [30, 35, 40]  # every 5 steps, the last 3 kept
     step_dir = pathlib.Path(workdir) / "checkpoints" / "40"
-    assert {"state", "data", "meta"} <= {p.name for p in step_dir.iterdir()}
+    assert {"state", "meta"} <= {p.name for p in step_dir.iterdir()}
     meta = json.loads((step_dir / "meta" / "metadata").read_text())
     assert meta["format"] == "flaxzoo" and meta["version"] == 1 and meta["model_class"] == "GPTForCausalLM"
     assert meta["config"]["hidden_size"] == 32 and meta["train_config"]["steps"] == STEPS and meta["step"] == 40
-    assert list((step_dir / "data").glob("process_0-of-1.json"))
+    assert meta["data_position"] == 40  # the next global batch: the data position is the step
     assert (pathlib.Path(workdir) / "tokenizer.json").is_file()
     assert list((pathlib.Path(workdir) / "tensorboard").glob("events.out.tfevents.*"))
     assert "sample at step 40: 'Return the" in proc.stdout
@@ -231,8 +231,8 @@ def test_two_processes_form_one_mesh_and_a_single_process_resumes_their_checkpoi
     got = losses(workdir)
     assert sorted(got) == [1, 2, 3, 4, 5]
     assert max(abs(got[s] - expected[s]) for s in got) < 1e-5
-    data_files = sorted(p.name for p in (workdir / "checkpoints" / "5" / "data").glob("process_*.json"))
-    assert data_files == ["process_0-of-2.json", "process_1-of-2.json"]
+    meta = json.loads((workdir / "checkpoints" / "5" / "meta" / "metadata").read_text())
+    assert meta["data_position"] == 5  # one number for all processes: each reads its rows of global batch 5
     proc = run(workdir, data_dir, steps=6, checkpoint_every=2)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     assert "resumed from checkpoint at step 5" in proc.stdout

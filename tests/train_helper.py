@@ -126,8 +126,7 @@ def main(command: str, args: dict[str, Any]) -> None:
         trainer = Trainer(_mesh_config(args, args["mesh"]), args["workdir"])
         state, _ = run_steps(trainer, args["steps"])
         checkpointer = Checkpointer(args["workdir"])
-        iterator = trainer.train_iterator()
-        checkpointer.save(args["steps"], state, iterator.get_state(), trainer.meta())
+        checkpointer.save(args["steps"], state, args["steps"], trainer.meta())  # the data position is the step
         checkpointer.close()
         np.savez(args["out"], **flat_state(state))
     elif command == "restore":
@@ -135,8 +134,7 @@ def main(command: str, args: dict[str, Any]) -> None:
 
         trainer = Trainer(_mesh_config(args, args["mesh"]), args["workdir"])
         checkpointer = Checkpointer(args["workdir"])
-        restored = checkpointer.restore_latest(trainer.target, trainer.train_iterator(),
-                                               model_class=trainer.model_cls.__name__,
+        restored = checkpointer.restore_latest(trainer.target, model_class=trainer.model_cls.__name__,
                                                config=trainer.model_config.to_dict())
         checkpointer.close()
         np.savez(args["out"], **flat_state(restored.state))

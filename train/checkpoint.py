@@ -12,14 +12,13 @@ Layout (a contract: ``from_pretrained`` reads training checkpoints with it)::
                                      "opt_state": the optax state (train/optim.py's chain)
                                      "step":      int32, the number of optimizer updates done
                                      "rng":       uint32[2], jax.random.key_data of the run's base key
-          data/                    grain.checkpoint.CheckpointSave of the train iterator:
-                                     process_<i>-of-<n>.json (the next batch to read)
           meta/                    ocp.args.JsonSave of {"format": "flaxzoo", "version": 1,
                                      "model_class": "GPTForCausalLM" | "BertForMaskedLM" | ...,
                                      "config": TransformerConfig.to_dict(),
                                      "train_config": the ml_collections config as a dict,
                                      "step": <step>, "tokenizer": "tokenizer.json" (relative to WORKDIR),
-                                     "data": DataConfig.to_dict()}
+                                     "data": DataConfig.to_dict(),
+                                     "data_position": the next global batch to read (= step)}
       damaged_checkpoints/<step>   a checkpoint that failed to restore, moved here (never deleted)
       tokenizer.json               the run's tokenizer
       metrics.jsonl, tensorboard/  logs (train/loop.py)
@@ -28,6 +27,11 @@ To read the parameters elsewhere: build the abstract model from ``meta["config"]
 take ``nnx.state(abstract, nnx.Param).to_pure_dict()`` as the restore target of ``state.params`` (or restore without a
 target and turn the string layer keys back into ints), then ``nnx.merge``: ``models.checkpoint.load_checkpoint``
 (behind ``from_pretrained`` and :func:`load_params`) does this.
+
+The data position is a plain number: global batch ``g`` of the input pipeline is a pure function of ``g`` and the
+data settings (``train.data.loader``), so resuming reads ``data_position`` and starts the iterator there; nothing of
+Grain's iterator internals is stored. A checkpoint of the earlier layout (a ``data/`` item holding Grain iterator
+state, no ``data_position``) resumes at its step, which is where that loop's iterator stood.
 
 Saves are asynchronous: ``save`` returns once the arrays are copied off the devices, and the files are written in
 a background thread while training goes on; a step directory appears only when complete (orbax writes to a
@@ -38,15 +42,12 @@ any mesh or device count restores on any other.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import pathlib
-import re
 import shutil
 import time
 from typing import Any
 
-import grain
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
@@ -55,7 +56,11 @@ log = logging.getLogger(__name__)
 
 FORMAT = "flaxzoo"
 VERSION = 1
-ITEMS = ("state", "data", "meta")
+ITEMS = ("state", "meta")
+# Data settings that decide which records global batch g holds: a resumed run must have the same ones.
+DATA_POSITION_FIELDS = ("source", "paths", "text_field", "tokenizer", "vocab_size", "lowercase", "tokenizer_max_docs",
+                        "seq_len", "batch_size", "objective", "mask_prob", "max_predictions", "val_fraction", "seed",
+                        "shuffle")
 
 
 class CheckpointError(RuntimeError):
@@ -68,16 +73,7 @@ class Restored:
     step: int
     meta: dict[str, Any]
     damaged: list[tuple[int, str]]  # (step, reason) of the checkpoints skipped on the way
-
-
-class _IteratorStateSnapshot:
-    """The iterator's state taken when ``save`` is called (the real iterator moves on while the save is written)."""
-
-    def __init__(self, state: bytes):
-        self._state = state
-
-    def get_state(self) -> bytes:
-        return self._state
+    data_position: int = 0  # the next global batch of the train data to read
 
 
 def _leaf_name(path) -> str:
@@ -97,8 +93,7 @@ def _param_shapes(tree: Any) -> dict[str, tuple[int, ...]]:
 
 
 def _item_handlers() -> dict[str, Any]:
-    return {"state": ocp.StandardCheckpointHandler(), "data": grain.checkpoint.CheckpointHandler(),
-            "meta": ocp.JsonCheckpointHandler()}
+    return {"state": ocp.StandardCheckpointHandler(), "meta": ocp.JsonCheckpointHandler()}
 
 
 # Exceptions that mean a bug or a wrong call, not damaged files: never a reason to set a checkpoint aside.
@@ -107,7 +102,7 @@ _NOT_DAMAGE = (TypeError, AttributeError, NameError, AssertionError, NotImplemen
 
 
 class Checkpointer:
-    """Saves and restores ``{state, data, meta}`` under ``workdir/checkpoints``, keeping the last ``keep``."""
+    """Saves and restores ``{state, meta}`` under ``workdir/checkpoints``, keeping the last ``keep``."""
 
     def __init__(self, workdir: str | pathlib.Path, *, keep: int = 3, async_save: bool = True):
         self.workdir = pathlib.Path(workdir).absolute()
@@ -118,15 +113,16 @@ class Checkpointer:
         self.manager = ocp.CheckpointManager(self.directory, options=options, item_handlers=_item_handlers())
 
     # ------------------------------------------------------------------------------------------------------ save
-    def save(self, step: int, state: Any, iterator_state: bytes, meta: dict[str, Any]) -> None:
-        """Start saving ``state`` (device arrays), the data iterator's state and ``meta`` as step ``step``."""
+    def save(self, step: int, state: Any, data_position: int, meta: dict[str, Any]) -> None:
+        """Start saving ``state`` (device arrays) and ``meta`` as step ``step``; ``data_position``: the next global
+        batch of the train data (the iterator's ``position``; ``step`` in the training loop)."""
         if step in self.manager.all_steps():
             return
-        meta = {"format": FORMAT, "version": VERSION, **meta, "step": int(step)}
+        if isinstance(data_position, bool) or not isinstance(data_position, (int, np.integer)) or data_position < 0:
+            raise TypeError(f"data_position={data_position!r}: expected the next global batch index (an int >= 0)")
+        meta = {"format": FORMAT, "version": VERSION, **meta, "step": int(step), "data_position": int(data_position)}
         self.manager.save(step, force=True, args=ocp.args.Composite(
-            state=ocp.args.StandardSave(state),
-            data=grain.checkpoint.CheckpointSave(_IteratorStateSnapshot(iterator_state)),
-            meta=ocp.args.JsonSave(meta)))
+            state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)))
 
     def wait(self) -> None:
         """Block until every started save is on disk."""
@@ -143,14 +139,16 @@ class Checkpointer:
         return self.manager.latest_step()
 
     # --------------------------------------------------------------------------------------------------- restore
-    def restore_latest(self, target: Any, iterator: Any | None, *, model_class: str,
-                       config: dict[str, Any]) -> Restored | None:
+    def restore_latest(self, target: Any, *, model_class: str, config: dict[str, Any],
+                       data: dict[str, Any] | None = None) -> Restored | None:
         """Restore the newest checkpoint that reads back whole, or None when there is none.
 
-        ``target``: the train state as ``jax.ShapeDtypeStruct`` with the shardings wanted now. ``iterator``: the data
-        iterator to reposition. A checkpoint that fails to read is *damaged*: it is reported, moved to
-        ``damaged_checkpoints/`` (so that it is neither retried nor counted among the kept ones) and the previous one
-        is tried. When checkpoints exist but none reads back, raises :class:`CheckpointError` (a fresh start would
+        ``target``: the train state as ``jax.ShapeDtypeStruct`` with the shardings wanted now. ``data``: this run's
+        ``DataConfig.to_dict()``; a checkpoint whose data settings put other records in its batches
+        (:data:`DATA_POSITION_FIELDS`) raises :class:`CheckpointError`. ``Restored.data_position`` is where the train
+        data resumes (``make_iterator(..., start=data_position)``). A checkpoint that fails to read is *damaged*: it
+        is reported, moved to ``damaged_checkpoints/`` (so that it is neither retried nor counted among the kept ones)
+        and the previous one is tried. When checkpoints exist but none reads back, raises :class:`CheckpointError` (a fresh start would
         silently throw the run away). A checkpoint of a different model raises :class:`CheckpointError` untouched.
         """
         damaged: list[tuple[int, str]] = []
@@ -158,7 +156,8 @@ class Checkpointer:
             try:
                 meta = self._read_meta(step)
                 self._check_compatible(step, meta, target, model_class, config)
-                state = self._read_state(step, target, iterator)
+                position = self._data_position(step, meta, data)
+                state = self._read_state(step, target)
             except (CheckpointError, *_NOT_DAMAGE):
                 raise
             except Exception as exc:  # orbax / tensorstore / JSON / OS errors: the files are damaged
@@ -168,7 +167,7 @@ class Checkpointer:
                 damaged.append((step, reason))
                 self._quarantine(step)
                 continue
-            return Restored(state=state, step=step, meta=meta, damaged=damaged)
+            return Restored(state=state, step=step, meta=meta, damaged=damaged, data_position=position)
         if damaged:
             steps = ", ".join(str(s) for s, _ in damaged)
             raise CheckpointError(
@@ -201,23 +200,26 @@ class Checkpointer:
                 f"{self.directory / str(step)} was written by a different model (config changes {changed}; "
                 f"parameters {diffs[:3]}{' ...' if len(diffs) > 3 else ''}); use another --workdir to start a new run")
 
-    def _read_state(self, step: int, target: Any, iterator: Any | None) -> Any:
-        restored = self.manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target)))
-        if iterator is not None:
-            saved = json.loads(self._data_state(step))  # unreadable JSON: damaged
-            current = json.loads(iterator.get_state())
-            rows = re.compile(r"rows=\[\d+, \d+\)")
-            if rows.sub("", str(saved.get("data_source"))) == rows.sub("", str(current.get("data_source"))):
-                saved["data_source"] = current["data_source"]  # the same data, this process's rows of it
-            try:
-                iterator.set_state(json.dumps(saved).encode())
-            except ValueError as exc:
+    def _data_position(self, step: int, meta: dict[str, Any], data: dict[str, Any] | None) -> int:
+        if data is not None and isinstance(meta.get("data"), dict):
+            stored = meta["data"]
+            changed = {k: (stored[k], data[k]) for k in DATA_POSITION_FIELDS
+                       if k in stored and k in data and _plain(stored[k]) != _plain(data[k])}
+            if changed:
                 raise CheckpointError(
-                    f"the data pipeline of {self.directory / str(step)} differs from this run's ({exc}: "
-                    f"checkpoint {saved.get('data_source')} vs now {current.get('data_source')}); restore the "
-                    "data settings (batch_size, seq_len, data.*) or use another --workdir") from None
-            if hasattr(iterator, "start_prefetch"):
-                iterator.start_prefetch()
+                    f"the data pipeline of {self.directory / str(step)} differs from this run's (checkpoint vs now: "
+                    f"{changed}); restore the data settings (batch_size, seq_len, data.*) or use another --workdir")
+        position = meta.get("data_position")
+        if position is None:  # the earlier layout kept Grain iterator state; its loop stood at the step
+            log.info("checkpoint at step %d has no data_position (an earlier layout): the data resumes at batch %d",
+                     step, step)
+            return int(step)
+        if isinstance(position, bool) or not isinstance(position, int) or position < 0:
+            raise ValueError(f"meta of step {step} holds data_position={position!r}; expected an int >= 0")
+        return position
+
+    def _read_state(self, step: int, target: Any) -> Any:
+        restored = self.manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target)))
         state = restored.state
         for leaf in jax.tree.leaves(state):
             if not np.issubdtype(leaf.dtype, np.floating):
@@ -226,20 +228,6 @@ class Checkpointer:
             if not bool(jax.numpy.isfinite(leaf).all()):
                 raise ValueError(f"step {step} holds non-finite values")
         return state
-
-    def _data_state(self, step: int) -> bytes:
-        """This process's iterator state. Written under another process count, process 0's state serves: every
-        process reads the same global batch index (its own rows of it), which is all the state holds."""
-        folder = self.directory / str(step) / "data"
-        own = folder / f"process_{jax.process_index()}-of-{jax.process_count()}.json"
-        if own.is_file():
-            return own.read_bytes()
-        others = sorted(folder.glob("process_0-of-*.json"))
-        if not others:
-            raise FileNotFoundError(f"{folder} holds no data-iterator state ({own.name} or process_0-of-N.json)")
-        log.info("data-iterator state of step %d was written by another process count: using %s", step,
-                 others[0].name)
-        return others[0].read_bytes()
 
     def _quarantine(self, step: int) -> None:
         source = self.directory / str(step)
@@ -254,6 +242,11 @@ class Checkpointer:
 
             multihost_utils.sync_global_devices(f"flaxzoo_quarantine_{step}")
         self.manager.reload()
+
+
+def _plain(value: Any) -> Any:
+    """JSON's view of a value (tuples are lists there)."""
+    return list(value) if isinstance(value, tuple) else value
 
 
 def read_meta(workdir: str | pathlib.Path, step: int | None = None) -> tuple[int, dict[str, Any]]:

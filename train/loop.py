@@ -266,8 +266,9 @@ class Trainer:
              f"{sizes} examples of {cfg.seq_len} tokens ({time.perf_counter() - start:.1f} s)"
              + (f"; unigram baseline perplexity {self.unigram_ppl:.1f}" if self.unigram_ppl else ""))
 
-    def train_iterator(self):
-        return datalib.make_iterator(self.cfg.data, "train", self.tokenizer, sources=self.sources)
+    def train_iterator(self, start: int = 0):
+        """The train batches from global batch ``start`` on (the data position is the step)."""
+        return datalib.make_iterator(self.cfg.data, "train", self.tokenizer, sources=self.sources, start=start)
 
     # --------------------------------------------------------------------------------------------------- state
     def _build_state(self) -> None:
@@ -403,9 +404,8 @@ class Trainer:
     def _run(self, stop: "StopSignal") -> Summary:
         cfg = self.cfg
         checkpointer = Checkpointer(self.workdir, keep=cfg.keep_checkpoints)
-        iterator = self.train_iterator()
-        restored = checkpointer.restore_latest(self.target, iterator, model_class=self.model_cls.__name__,
-                                               config=self.model_config.to_dict())
+        restored = checkpointer.restore_latest(self.target, model_class=self.model_cls.__name__,
+                                               config=self.model_config.to_dict(), data=self.meta()["data"])
         if restored is not None:
             state, rest = restored.state, self._init_rest()
             start = int(restored.step)
@@ -415,6 +415,7 @@ class Trainer:
         else:
             state, rest = self.initial_state()
             start = 0
+        iterator = self.train_iterator(start=restored.data_position if restored is not None else 0)
         summary = Summary(workdir=str(self.workdir), start_step=start, last_step=start,
                           resumed_from=start if restored is not None else None, unigram_perplexity=self.unigram_ppl,
                           param_count=self.param_count)
@@ -425,10 +426,8 @@ class Trainer:
 
         # compile, FLOPs, peak
         compile_start = time.perf_counter()
-        keys = ("input_ids", "targets") if cfg.objective == "causal" else \
-            ("input_ids", "labels", "attention_mask", "token_type_ids")
-        abstract_batch = {k: jax.ShapeDtypeStruct((cfg.batch_size, cfg.seq_len), jnp.int32,
-                                                  sharding=self.batch_sharding) for k in keys}
+        abstract_batch = {k: jax.ShapeDtypeStruct(shape, jnp.int32, sharding=self.batch_sharding)
+                          for k, shape in datalib.batch_shapes(cfg.data, cfg.batch_size).items()}
         train_step = self._train_step.lower(state, rest, abstract_batch).compile()
         summary.compile_s = time.perf_counter() - compile_start
         flops_per_token = flopslib.flops_per_token(self.model_config, cfg.seq_len, self.model_cls)
@@ -527,14 +526,14 @@ class Trainer:
                 if row is not None:
                     writer.write(row)
                 if do_save:
-                    checkpointer.save(step, state, iterator.get_state(), self.meta())
+                    checkpointer.save(step, state, iterator.position, self.meta())
                     last_saved = step
                 paused += time.perf_counter() - pause_start
                 summary.last_step = step
                 if stop.name is not None:
                     if last_saved != step:  # the signal came after this step's save decision
                         flush(keep_last=False)
-                        checkpointer.save(step, state, iterator.get_state(), self.meta())
+                        checkpointer.save(step, state, iterator.position, self.meta())
                         last_saved = step
                     summary.stopped_by = stop.name
                     _say(f"{stop.name} received: stopped after step {step}, checkpoint saved")
