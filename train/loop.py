@@ -313,7 +313,8 @@ class Trainer:
         train_step = make_train_step(self.graphdef, tx, self.schedule, objective=objective, accum_steps=accum,
                                      micro_batch_sharding=self.batch_sharding if accum > 1 else None,
                                      grad_shardings=param_shardings if accum > 1 else None)
-        self._train_step = jax.jit(train_step, in_shardings=(self.state_shardings, replicated, self.batch_sharding),
+        self._train_step = jax.jit(train_step, in_shardings=(self.state_shardings, replicated, self.batch_sharding,
+                                                             replicated),
                                    out_shardings=(self.state_shardings, replicated), donate_argnums=(0,))
         self._eval_step = jax.jit(make_eval_step(self.graphdef, objective=objective),
                                   in_shardings=(param_shardings, replicated, self.batch_sharding),
@@ -428,7 +429,8 @@ class Trainer:
         compile_start = time.perf_counter()
         abstract_batch = {k: jax.ShapeDtypeStruct(shape, jnp.int32, sharding=self.batch_sharding)
                           for k, shape in datalib.batch_shapes(cfg.data, cfg.batch_size).items()}
-        train_step = self._train_step.lower(state, rest, abstract_batch).compile()
+        train_step = self._train_step.lower(state, rest, abstract_batch,
+                                            jax.ShapeDtypeStruct((), jnp.bool_, sharding=self.replicated)).compile()
         summary.compile_s = time.perf_counter() - compile_start
         flops_per_token = flopslib.flops_per_token(self.model_config, cfg.seq_len, self.model_cls)
         peak, peak_source = flopslib.device_peak(self.devices)
@@ -445,11 +447,13 @@ class Trainer:
         # A live bar on a terminal; in a log file (CI, a cluster job) one plain line per logged step instead.
         bar = tqdm(total=self.steps, initial=start, desc="train", unit="step", dynamic_ncols=True,
                    disable=not (_is_main() and tty), file=sys.stderr)
-        window = {"steps": 0, "loss": 0.0, "accuracy": 0.0, "grad_norm": 0.0, "time": 0.0}
+        window = {"steps": 0, "loss": 0.0, "accuracy": None, "grad_norm": 0.0, "time": 0.0}
         window_start = time.perf_counter()
         paused = 0.0  # seconds spent in eval / checkpoints inside the window
         throughput: list[tuple[float, float]] = []  # (tokens/s, mfu) per window, for the summary
         pending: list[tuple[int, Any]] = []
+        accuracy_steps: set[int] = set()  # steps dispatched with the accuracy on, until flushed
+        accuracy_flags = {on: jax.device_put(jnp.bool_(on), self.replicated) for on in (False, True)}
 
         def flush(keep_last: bool) -> None:
             nonlocal pending
@@ -459,8 +463,11 @@ class Trainer:
                 if not (math.isfinite(values["loss"]) and math.isfinite(values["grad_norm"])):
                     raise NonFiniteLossError(step, values, last_saved)
                 window["steps"] += 1
-                for key in ("loss", "accuracy", "grad_norm"):
+                for key in ("loss", "grad_norm"):
                     window[key] += values[key]
+                if step in accuracy_steps:  # the accuracy is computed at logging steps only (the step's argmax)
+                    window["accuracy"] = values["accuracy"]
+                    accuracy_steps.discard(step)
                 window["lr"] = values["lr"]
 
         profile = cfg.profile_steps
@@ -473,7 +480,10 @@ class Trainer:
                     jax.profiler.start_trace(str(self.workdir / "profile"))
                     tracing = True
                 batch = shardlib.global_batch(next(iterator), self.batch_sharding)
-                state, metrics = train_step(state, rest, batch)
+                with_accuracy = step % cfg.log_every == 0 or step == self.steps
+                if with_accuracy:
+                    accuracy_steps.add(step)
+                state, metrics = train_step(state, rest, batch, accuracy_flags[with_accuracy])
                 if tracing and step == profile[1]:
                     jax.block_until_ready(state)
                     jax.profiler.stop_trace()
@@ -494,7 +504,8 @@ class Trainer:
                     utilisation = flopslib.mfu(flops_per_token, tokens_per_s, peak)
                     throughput.append((tokens_per_s, utilisation))
                     n = window["steps"]
-                    row = {"step": step, "loss": window["loss"] / n, "accuracy": window["accuracy"] / n,
+                    row = {"step": step, "loss": window["loss"] / n,
+                           **({"accuracy": window["accuracy"]} if window["accuracy"] is not None else {}),
                            "grad_norm": window["grad_norm"] / n, "lr": window["lr"],
                            "tokens_per_s": tokens_per_s, "mfu": utilisation,
                            "elapsed_s": time.perf_counter() - self.wall_start}
@@ -503,7 +514,7 @@ class Trainer:
                     if not tty:
                         _say(f"step {step}/{self.steps}  loss {row['loss']:.4f}  tokens/s {tokens_per_s:,.0f}  "
                              f"MFU {100 * utilisation:.2f}%")
-                    window = {"steps": 0, "loss": 0.0, "accuracy": 0.0, "grad_norm": 0.0, "time": 0.0}
+                    window = {"steps": 0, "loss": 0.0, "accuracy": None, "grad_norm": 0.0, "time": 0.0}
                     window_start, paused = time.perf_counter(), 0.0
                 pause_start = time.perf_counter()
                 if do_eval:

@@ -1,6 +1,6 @@
 """The optimizer: AdamW as an optax chain, with a warmup + decay schedule, clipping, masks and layer-wise LR decay.
 
-``clip_by_global_norm → scale_by_adam → add_decayed_weights (masked) → scale_by_learning_rate → layer scales``.
+``clip by the global norm → scale_by_adam → add_decayed_weights (masked) → scale_by_learning_rate → layer scales``.
 
 - Weight decay applies to matrices only: biases, norm scales and (unless ``decay_embeddings``) the embedding tables
   (token, position, token type) are masked off.
@@ -107,6 +107,23 @@ def scale_by_tree(scales: Any) -> optax.GradientTransformation:
     return optax.GradientTransformation(init, update)
 
 
+def clip_by_given_norm(max_norm: float) -> optax.GradientTransformationExtraArgs:
+    """``optax.clip_by_global_norm(max_norm)`` that takes the norm from ``update(..., grad_norm=norm)`` when the
+    caller has it (the train step computes it once, for its metrics) and computes it only otherwise. Its state is
+    optax's (empty), so the chain's state layout is unchanged."""
+    def init(params):
+        del params
+        return optax.EmptyState()
+
+    def update(updates, state, params=None, *, grad_norm=None, **extra):
+        del params, extra
+        norm = optax.tree.norm(updates) if grad_norm is None else grad_norm
+        keep = norm < max_norm  # max_norm = inf (clipping off): always
+        return jax.tree.map(lambda u: jnp.where(keep, u, (u / norm.astype(u.dtype)) * max_norm), updates), state
+
+    return optax.GradientTransformationExtraArgs(init, update)
+
+
 def make_optimizer(optim: "OptimConfig", steps: int, params: Any,
                    num_layers: int) -> tuple[optax.GradientTransformation, optax.Schedule]:
     """``(tx, schedule)`` for the typed ``optim`` section (``train.config.OptimConfig``, checked at construction);
@@ -114,7 +131,7 @@ def make_optimizer(optim: "OptimConfig", steps: int, params: Any,
     schedule = make_schedule(optim, steps)
     clip = optim.grad_clip if optim.grad_clip > 0 else math.inf
     tx = optax.chain(
-        optax.clip_by_global_norm(clip),
+        clip_by_given_norm(clip),
         optax.scale_by_adam(b1=optim.b1, b2=optim.b2, eps=optim.eps),
         optax.add_decayed_weights(optim.weight_decay, mask=decay_mask(params, decay_embeddings=optim.decay_embeddings)),
         optax.scale_by_learning_rate(schedule),
