@@ -107,6 +107,7 @@ def test_model_fields_override_the_preset_and_references_follow():
     ({"optim.warmup_steps": -1}, "optim.warmup_steps"),
     ({"precision.scan_layers": 1}, "precision.scan_layers"),
     ({"precision.param_dtype": "int4"}, "precision.param_dtype"),
+    ({"precision.loss_chunk": -1}, "precision.loss_chunk"),
     ({"sample.max_new_tokens": -1}, "sample.max_new_tokens"),
     ({"sample.temperature": -0.5}, "sample.temperature"),
     ({"sample.top_k": -2}, "sample.top_k"),

@@ -119,3 +119,14 @@ def test_evaluation_covers_a_split_smaller_than_one_batch(data_dir, tmp_path, ki
         segments = np.stack([records[i]["segment_ids"] for i in range(len(records))])
         assert got["val_tokens"] == int((segments[:, 1:] == segments[:, :-1]).sum()) > len(records) * 24
 
+
+
+@pytest.mark.parametrize("kind, chunk", [("gpt", 8), ("gpt", 12), ("bert", 3)])
+def test_chunked_loss_in_the_loop_gives_the_plain_losses(data_dir, tmp_path, kind, chunk):
+    """``precision.loss_chunk`` changes how the loss is computed, not its value or the update."""
+    plain = trainer(data_dir, tmp_path / "a", kind)
+    chunked = trainer(data_dir, tmp_path / "b", kind, **{"precision.loss_chunk": chunk})
+    state_a, losses_a = run_steps(plain, 2)
+    state_b, losses_b = run_steps(chunked, 2)
+    np.testing.assert_allclose(losses_a, losses_b, atol=1e-5, rtol=0)
+    assert max_diff(flat_state(state_a["params"]), flat_state(state_b["params"])) < 1e-5

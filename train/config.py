@@ -301,6 +301,8 @@ class PrecisionConfig(Section):
     param_dtype: str = _field("float32", choice(*DTYPES))
     remat: str = _field("auto", choice(*REMAT_POLICIES, also=("auto",)))
     scan_layers: Any = _field("auto", Spec("bool", also=("auto",)))
+    # Positions per cross-entropy chunk: the logits exist one [batch, chunk, vocab] piece at a time (train.step).
+    loss_chunk: int = _field(0, integer(0, note="(0 = the whole sequence at once)"))
     auto: tuple[str, ...] = _field((), None)
 
     def resolve(self, backend: str, num_layers: int) -> "PrecisionConfig":

@@ -310,13 +310,14 @@ class Trainer:
                                    self.state_shardings)
         objective = self.cfg.objective
         accum = self.cfg.optim.accum_steps
+        chunk = self.cfg.precision.loss_chunk
         train_step = make_train_step(self.graphdef, tx, self.schedule, objective=objective, accum_steps=accum,
-                                     micro_batch_sharding=self.batch_sharding if accum > 1 else None,
+                                     loss_chunk=chunk, micro_batch_sharding=self.batch_sharding if accum > 1 else None,
                                      grad_shardings=param_shardings if accum > 1 else None)
         self._train_step = jax.jit(train_step, in_shardings=(self.state_shardings, replicated, self.batch_sharding,
                                                              replicated),
                                    out_shardings=(self.state_shardings, replicated), donate_argnums=(0,))
-        self._eval_step = jax.jit(make_eval_step(self.graphdef, objective=objective),
+        self._eval_step = jax.jit(make_eval_step(self.graphdef, objective=objective, loss_chunk=chunk),
                                   in_shardings=(param_shardings, replicated, self.batch_sharding),
                                   out_shardings=replicated)
         self._predict = (jax.jit(make_predict_masked(self.graphdef), out_shardings=replicated)
