@@ -39,7 +39,9 @@ class DataConfig:
     seed: shuffle and masking seed; shuffle: global shuffle of records; num_epochs: ``None`` = repeat forever.
     worker_count: Grain worker processes (0 = produce batches in this process); prefetch: batches buffered (per
         worker, and by the reader threads); read_threads: Grain reader threads producing batches ahead of the
-        consumer (0 = produce each batch when it is asked for).
+        consumer (0 = produce each batch when it is asked for). Default 1: on a 2-core AMD EPYC a training loop then
+        waits ~0.2 ms per batch (GPT 8 x 256, BERT 16 x 128) against 1-2 ms with 0 threads; 2 threads or a worker
+        process are no faster there.
     """
 
     source: str = "embedded"
