@@ -8,6 +8,7 @@ import sys
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 from flax import nnx
 
@@ -83,6 +84,18 @@ def test_bench_json_output_parses():
         for key in ("tokens_per_s", "step_ms", "mfu", "compile_s", "peak_memory_mb", "params", "peak_flops"):
             assert isinstance(r[key], (int, float)) and r[key] > 0, (r["work"], key, r[key])
     assert results[2]["first_call_s"] > 0 and len(results[2]["tokens"]) == 8
+
+
+def test_bench_times_the_main_job(tmp_path):
+    """``main_gpt_train`` runs ``python -m train --config gpt_train`` (tiny here) and reports its logged tokens/s."""
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "train.bench", "--work", "main_gpt_train", "--tiny", "--json", "--steps", "2",
+         "--peak-size", "256"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads([line for line in proc.stdout.splitlines() if line.startswith("{")][-1])
+    assert result["work"] == "main_gpt_train" and result["tokens_per_s"] > 0 and 0 < result["mfu"] < 1
+    assert len(result["windows"]) == 3 and np.isfinite(result["loss"])
 
 
 def test_bench_imports_no_data_stack():
