@@ -11,7 +11,7 @@ import sys
 from train import gpu_check
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
-CHECKS = ("versions", "gpt2_small_train", "train_cli", "smollm2_decode_b1", "smollm2_decode_b16")
+CHECKS = ("versions", "gpt2_small_train", "bert_base_train", "train_cli", "smollm2_decode_b1", "smollm2_decode_b16")
 
 
 def test_tiny_check_prints_every_figure(tmp_path):
@@ -25,14 +25,24 @@ def test_tiny_check_prints_every_figure(tmp_path):
     assert figures["versions"]["device_count"] >= 1 and figures["versions"]["jax"]
     for name in CHECKS[1:]:
         assert math.isfinite(figures[name]["tokens_per_s"]) and figures[name]["tokens_per_s"] > 0, figures[name]
-    for name in ("gpt2_small_train", "train_cli"):
+    for name in ("gpt2_small_train", "bert_base_train", "train_cli"):
         assert math.isfinite(figures[name]["mfu"]) and figures[name]["mfu"] > 0, figures[name]
     assert figures["gpt2_small_train"]["peak_memory_mb"] > 0 and figures["gpt2_small_train"]["attention"]
+    assert figures["gpt2_small_train"]["fused_attention_in_hlo"] == []  # no cuDNN on CPU
     train = figures["train_cli"]
     assert train["exit_code"] == 0 and math.isfinite(train["first_loss"]) and math.isfinite(train["last_loss"])
     assert train["last_step"] > train["first_step"]
-    assert {p.stem for p in tmp_path.glob("*.log")} == {"versions", "gpt2_small_train", "train_cli",
-                                                         "smollm2_decode"}
+    assert {p.stem for p in tmp_path.glob("*.log")} == {"versions", "gpt2_small_train", "bert_base_train",
+                                                         "train_cli", "smollm2_decode"}
+
+
+def test_fused_attention_calls_are_found_in_hlo_text():
+    from train.bench import fused_attention_calls
+
+    hlo = ('%c = (bf16[8,12,1024,64]) custom-call(%q, %k, %v), custom_call_target="__cudnn$fmhaSoftmax", '
+           'backend_config={}\n%d = f32[2] custom-call(%x), custom_call_target="__cudnn$fmhaSoftmaxBackward"')
+    assert fused_attention_calls(hlo) == ["__cudnn$fmhaSoftmax", "__cudnn$fmhaSoftmaxBackward"]
+    assert fused_attention_calls("%e = f32[2] dot(%a, %b)") == []
 
 
 def test_a_part_past_its_time_is_a_failed_figure(tmp_path):

@@ -11,6 +11,7 @@ Workloads (random token ids, fixed seed, no dropout; fp32 on CPU, bf16 compute o
   embedded corpus: real data, the loop's metrics, its final evaluation), in a subprocess; its tokens/s is the median
   of the loop's logging windows after the first, its MFU recomputed against this process's peak. Put it beside
   ``gpt_train`` in one run (``--work gpt_train,main_gpt_train --rounds 3``) to compare the two.
+- ``bert_base``: the 110M ``bert-base-uncased`` preset, MLM on 15% of 64 × 128, bf16 compute on accelerators.
 - ``gpt2_small``: the 124M ``gpt2`` preset with its vocabulary padded to 50,304 rows (``pad_vocab_to=128``, as
   ``configs/gpt2_small.py`` trains it), ``--batch`` × ``--seq``, bf16 compute on accelerators (fp32 on CPU).
 
@@ -75,7 +76,7 @@ from models.modeling import create_model, param_count
 from train import flops as flopslib
 from train.step import make_train_step
 
-WORKLOADS = ("gpt_train", "bert_train", "gpt_generate", "gpt2_small", "main_gpt_train")
+WORKLOADS = ("gpt_train", "bert_train", "gpt_generate", "gpt2_small", "bert_base", "main_gpt_train")
 CPU_WORKLOADS = ("gpt_train", "bert_train", "gpt_generate")
 MLM_FRACTION = 0.15
 LR, WEIGHT_DECAY = 3e-4, 0.1
@@ -111,6 +112,10 @@ def workload_spec(name: str, args: argparse.Namespace) -> dict[str, Any]:
         dtype = "float32" if on_cpu else "bfloat16"
         config = get_preset("gpt2", dropout=0.0, attention_dropout=0.0, dtype=dtype, pad_vocab_to=128, **extra)
         spec = dict(config=config, cls=GPTForCausalLM, batch=8, seq=1024)
+    elif name == "bert_base":
+        dtype = "float32" if on_cpu else "bfloat16"
+        config = get_preset("bert-base-uncased", dropout=0.0, attention_dropout=0.0, dtype=dtype, **extra)
+        spec = dict(config=config, cls=BertForMaskedLM, batch=64, seq=128)
     else:
         raise ValueError(f"unknown workload {name!r}; expected one of {WORKLOADS}")
     if args.tiny:
@@ -125,7 +130,7 @@ def workload_spec(name: str, args: argparse.Namespace) -> dict[str, Any]:
         raise ValueError(f"--seq {spec['seq']} exceeds the model's {spec['config'].max_position_embeddings} positions")
     if name == "gpt_generate" and args.new_tokens is not None:
         spec["new_tokens"] = args.new_tokens
-    spec["masked"] = max(1, round(MLM_FRACTION * spec["seq"])) if name == "bert_train" else None
+    spec["masked"] = max(1, round(MLM_FRACTION * spec["seq"])) if name in ("bert_train", "bert_base") else None
     return spec
 
 
@@ -252,6 +257,7 @@ def run_train(name: str, spec: dict[str, Any], args: argparse.Namespace, peak: f
     start = time.perf_counter()
     compiled = jax.jit(step, donate_argnums=(0,)).lower(state, rest, batch, no_accuracy).compile()
     compile_s = time.perf_counter() - start
+    fused = fused_attention_calls(compiled.as_text())
     holder = {"state": state, "metrics": None}
 
     def one_step():
@@ -268,7 +274,15 @@ def run_train(name: str, spec: dict[str, Any], args: argparse.Namespace, peak: f
     return dict(profile=profile, step_ms=1e3 * step_s, tokens_per_s=tokens / step_s, mfu=fpt * tokens / step_s / peak,
                 compile_s=compile_s, peak_memory_mb=memory / 2 ** 20, memory_kind=memory_kind,
                 params=param_count(config, cls), flops_per_token=fpt, loss=float(holder["metrics"]["loss"]),
-                step_ms_all=[round(1e3 * t, 2) for t in times])
+                step_ms_all=[round(1e3 * t, 2) for t in times], fused_attention_in_hlo=fused)
+
+
+def fused_attention_calls(hlo_text: str) -> list[str]:
+    """The fused-attention custom calls of a compiled program (cuDNN's ``__cudnn$fmha...`` targets): the proof, in the
+    HLO, that ``attention="cudnn"`` was not only chosen but compiled."""
+    import re
+
+    return sorted(set(re.findall(r'custom_call_target="(__cudnn\$fmha[^"]*)"', hlo_text)))
 
 
 def run_main_job(spec: dict[str, Any], args: argparse.Namespace, peak: float) -> dict[str, Any]:
