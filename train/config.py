@@ -492,20 +492,10 @@ def _plain(value: Any) -> Any:
 
 
 # ================================================================================================ model and data
-def _field_of(exc: Exception, build: typing.Callable[[dict[str, Any]], Any], values: dict[str, Any]) -> str | None:
-    """The field a constructor's error is about: its ``field`` attribute, or else the first of ``values`` that,
-    added one by one to the defaults, makes ``build`` fail (``DataConfig`` raises plain ValueErrors)."""
-    field = getattr(exc, "field", None)
-    if field:
-        return field
-    trial: dict[str, Any] = {}
-    for name, value in values.items():
-        trial[name] = value
-        try:
-            build(dict(trial))
-        except (TypeError, ValueError):
-            return name
-    return None
+def _field_of(exc: Exception) -> str | None:
+    """The field a constructor's error is about: the ``field`` of a ``models.config.FieldError`` (which
+    ``TransformerConfig`` and ``DataConfig`` raise), None for another error (e.g. a missing required field)."""
+    return getattr(exc, "field", None)
 
 
 def _build_model(build: typing.Callable[..., TransformerConfig], fields: dict[str, Any]) -> TransformerConfig:
@@ -514,7 +504,7 @@ def _build_model(build: typing.Callable[..., TransformerConfig], fields: dict[st
     try:
         return build(**fields)
     except (TypeError, ValueError) as exc:
-        field = _field_of(exc, lambda v: build(**v), fields)
+        field = _field_of(exc)
         key = (f"precision.{EXECUTION_FIELDS[field]}" if field in EXECUTION_FIELDS else
                f"model.{field}" if field else "model")
         raise ConfigError(key, str(exc)) from None
@@ -557,13 +547,10 @@ def data_from_values(values: Mapping[str, Any], *, objective: str, seq_len: int,
         given["paths"] = (given["paths"],)
     fields = {"seq_len": seq_len, "batch_size": batch_size, "seed": seed, **given}
 
-    def build(v: dict[str, Any]) -> DataConfig:
-        return DataConfig(**v, num_epochs=None)
-
     try:
-        return build(fields)
+        return DataConfig(**fields, num_epochs=None)
     except (TypeError, ValueError) as exc:
-        field = _field_of(exc, build, fields)
+        field = _field_of(exc)
         key = field if field in DATA_FIELDS_FROM_TOP else (f"data.{field}" if field else "data")
         raise ConfigError(key, str(exc)) from None
 

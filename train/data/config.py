@@ -7,6 +7,8 @@ import math
 import os
 from typing import Any
 
+from models.config import FieldError
+
 from train.tokenizer import KINDS as TOKENIZER_KINDS, min_vocab_size
 
 OBJECTIVES = ("causal", "mlm")
@@ -75,39 +77,39 @@ class DataConfig:
         self.validate()
 
     def validate(self) -> None:
-        """Raise ValueError naming the first bad field and its value."""
+        """Raise ``FieldError`` (a ValueError) naming the first bad field (``.field``) and its value."""
         if not (self.source in ("embedded", "files") or (self.source.startswith("tfds:") and len(self.source) > 5)):
-            raise ValueError(f"source={self.source!r}: expected 'embedded', 'files' or 'tfds:NAME'")
+            raise FieldError("source", f"source={self.source!r}: expected 'embedded', 'files' or 'tfds:NAME'")
         if self.source == "files" and not self.paths:
-            raise ValueError("source='files' needs paths: expected one or more files or globs")
+            raise FieldError("paths", "source='files' needs paths: expected one or more files or globs")
         if self.objective not in OBJECTIVES:
-            raise ValueError(f"objective={self.objective!r}: expected one of {OBJECTIVES}")
+            raise FieldError("objective", f"objective={self.objective!r}: expected one of {OBJECTIVES}")
         for name in ("seq_len", "batch_size", "vocab_size"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name}={value!r}: expected a positive integer")
+                raise FieldError(name, f"{name}={value!r}: expected a positive integer")
         if self.seq_len < MIN_SEQ_LEN:
-            raise ValueError(f"seq_len={self.seq_len}: expected at least {MIN_SEQ_LEN} tokens per example")
+            raise FieldError("seq_len", f"seq_len={self.seq_len}: expected at least {MIN_SEQ_LEN} tokens per example")
         if self.tokenizer in TOKENIZER_KINDS and self.vocab_size < min_vocab_size(self.tokenizer):
-            raise ValueError(
-                f"vocab_size={self.vocab_size} is too small for the special tokens and base alphabet of a "
+            raise FieldError(
+                "vocab_size", f"vocab_size={self.vocab_size} is too small for the special tokens and base alphabet of a "
                 f"{self.tokenizer} tokenizer; expected at least {min_vocab_size(self.tokenizer)}"
             )
         if not 0.0 < self.mask_prob < 1.0:
-            raise ValueError(f"mask_prob={self.mask_prob}: expected a rate in (0, 1)")
+            raise FieldError("mask_prob", f"mask_prob={self.mask_prob}: expected a rate in (0, 1)")
         mp = self.max_predictions
         if not isinstance(mp, int) or isinstance(mp, bool) or not 0 <= mp <= self.seq_len:
-            raise ValueError(f"max_predictions={mp!r}: expected 0 (= ceil(mask_prob * seq_len)) or a count of "
+            raise FieldError("max_predictions", f"max_predictions={mp!r}: expected 0 (= ceil(mask_prob * seq_len)) or a count of "
                              f"predicted tokens per row in [1, seq_len={self.seq_len}]")
         if not 0.0 <= self.val_fraction < 1.0:
-            raise ValueError(f"val_fraction={self.val_fraction}: expected a fraction in [0, 1)")
+            raise FieldError("val_fraction", f"val_fraction={self.val_fraction}: expected a fraction in [0, 1)")
         if self.num_epochs is not None and self.num_epochs < 1:
-            raise ValueError(f"num_epochs={self.num_epochs}: expected None (forever) or a positive integer")
+            raise FieldError("num_epochs", f"num_epochs={self.num_epochs}: expected None (forever) or a positive integer")
         for name in ("worker_count", "read_threads", "tokenizer_max_docs", "seed"):
             if getattr(self, name) < 0:
-                raise ValueError(f"{name}={getattr(self, name)}: expected >= 0")
+                raise FieldError(name, f"{name}={getattr(self, name)}: expected >= 0")
         if self.prefetch < 1:
-            raise ValueError(f"prefetch={self.prefetch}: expected >= 1")
+            raise FieldError("prefetch", f"prefetch={self.prefetch}: expected >= 1")
 
     @property
     def predictions(self) -> int:
