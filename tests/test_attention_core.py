@@ -15,7 +15,7 @@ from flax import nnx
 
 import models
 from models import get_preset
-from models.layers.attention_core import attend, attention_with_weights, softmax_attention
+from models.layers.attention_core import attend, attention_with_weights, causal_blocks, softmax_attention
 from models.layers.stack import REMAT_POLICIES
 
 BATCH, HEADS, HEAD_DIM = 2, 4, 8
@@ -403,3 +403,32 @@ def test_dots_remat_policy_keeps_the_kernel_residuals(capsys):
     for remat in grads[1:]:
         for a, b in zip(grads[0], remat):
             assert_close(a, b, 1e-6)
+
+
+# ------------------------------------------------------------------------------- causal attention in query blocks
+@pytest.mark.parametrize("q_len, blocks", [(256, 4), (192, 3), (128, 2), (100, 1), (64, 1), (1024, 8)])
+def test_causal_block_count(q_len, blocks):
+    assert causal_blocks(q_len) == blocks
+
+
+@pytest.mark.parametrize("q_len", [256, 192])
+@pytest.mark.parametrize("heads, mask_kind, bias_kind", [("mha", None, None), ("gqa", "keys", "shared"),
+                                                         ("mqa", "heads", None), ("gqa", None, "full")])
+def test_causal_query_blocks_match_dot_product_attention(q_len, heads, mask_kind, bias_kind):
+    """Long causal self-attention runs in query blocks that skip the masked triangle: the output and every
+    gradient still equal ``jax.nn.dot_product_attention``'s, fully masked rows included (they attend uniformly)."""
+    query, key, value = random_inputs(3, q_len, q_len, KV_HEADS[heads])
+    mask = None if mask_kind is None else random_mask(4, q_len, q_len, mask_kind)
+    bias = random_bias(5, bias_kind, q_len, q_len)
+
+    def ours(q, k, v, *b):
+        return softmax_attention(q, k, v, mask, b[0] if b else None, True)
+
+    def reference(q, k, v, *b):
+        return reference_attention(q, k, v, b[0] if b else None, mask=mask, is_causal=True)
+
+    (out, grads), (ref_out, ref_grads) = vjps((ours, (query, key, value, bias)),
+                                              (reference, (query, key, value, bias)))
+    assert_close(out, ref_out, 1e-5, "output")
+    for name, got, want in zip(("query", "key", "value", "bias"), grads, ref_grads):
+        assert_close(got, want, 1e-4, f"{name} gradient")
