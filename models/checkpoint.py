@@ -6,11 +6,11 @@ the items
 * ``state``: a ``StandardSave`` of a dict whose ``"params"`` is ``nnx.to_pure_dict(nnx.state(model, nnx.Param))`` (plus
   the optimizer state, step, RNG ... which only training reads),
 * ``meta``: a ``JsonSave`` of ``{"format": "flaxzoo", "version": 1, "model_class": ..., "config":
-  TransformerConfig.to_dict(), "train_config": {...}}``,
-* ``data``: the Grain iterator state (training only).
+  TransformerConfig.to_dict(), "train_config": {...}, "data_position": ...}`` (the data position: training only;
+  checkpoints of earlier releases also hold a ``data`` item of Grain iterator state, which loading ignores).
 
-Loading a model reads ``meta`` and only ``params`` out of ``state`` (a partial restore: the optimizer state and the
-data item are never opened), onto the local devices whatever mesh wrote them, into either layer layout (blocks per
+Loading a model reads ``meta`` and only ``params`` out of ``state`` (a partial restore: the optimizer state is never
+opened), onto the local devices whatever mesh wrote them, into either layer layout (blocks per
 layer, or stacked ``[num_layers, ...]`` with ``scan_layers``) whichever one wrote them. ``save_checkpoint`` writes the
 same layout with ``state`` holding ``params`` only, at step 0: what ``python -m models.convert ... --to flaxzoo``
 produces.
