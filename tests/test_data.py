@@ -10,6 +10,7 @@ import pathlib
 import subprocess
 import sys
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -229,6 +230,14 @@ def _row_with_segments(batches, at_least):
     raise AssertionError(f"no row with {at_least} segments")
 
 
+def jitted(model):
+    """``model``'s forward pass as one compiled program per input shape (eager mode compiles op by op)."""
+    from flax import nnx
+
+    graphdef, state = nnx.split(model)
+    return jax.jit(lambda *args, **kwargs: nnx.merge(graphdef, state)(*args, **kwargs))
+
+
 def test_packed_causal_row_gives_document_2_its_own_logits(causal_setup, causal_cfg):
     """A tiny GPT on a packed row with its segment_ids: document 2's logits equal document 2 fed alone."""
     tok, sources = causal_setup
@@ -236,11 +245,12 @@ def test_packed_causal_row_gives_document_2_its_own_logits(causal_setup, causal_
     model = models.create_model(models.get_preset("gpt2-tiny", vocab_size=tok.vocab_size), models.GPTForCausalLM,
                                 seed=1)
     ids, segments = row["input_ids"], row["segment_ids"]
-    packed = np.asarray(model(jnp.asarray(ids), segment_ids=jnp.asarray(segments)))
+    run = jitted(model)
+    packed = np.asarray(run(jnp.asarray(ids), segment_ids=jnp.asarray(segments)))
     doc2 = segments[0] == 2
-    alone = np.asarray(model(jnp.asarray(ids[:, doc2])))
+    alone = np.asarray(run(jnp.asarray(ids[:, doc2])))
     np.testing.assert_allclose(packed[0, doc2], alone[0], atol=1e-5, rtol=0)
-    leaky = np.asarray(model(jnp.asarray(ids)))  # the row as one document: document 2 sees document 1
+    leaky = np.asarray(run(jnp.asarray(ids)))  # the row as one document: document 2 sees document 1
     assert np.abs(leaky[0, doc2] - alone[0]).max() > 1e-3
     # document 2's last token is its EOS; its target (document 3's first token) is not scored, the others are
     targets = row["targets"][0, doc2]
@@ -254,13 +264,14 @@ def test_packed_mlm_row_gives_segment_2_its_own_logits(mlm_setup, mlm_cfg):
     model = models.create_model(models.get_preset("bert-tiny", vocab_size=tok.vocab_size), models.BertForMaskedLM,
                                 seed=1)
     args = [jnp.asarray(row[k]) for k in ("input_ids", "attention_mask", "token_type_ids")]
-    packed = np.asarray(model(*args, segment_ids=jnp.asarray(row["segment_ids"])))
+    run = jitted(model)
+    packed = np.asarray(run(*args, segment_ids=jnp.asarray(row["segment_ids"])))
     seg2 = row["segment_ids"][0] == 2
     alone_ids = row["input_ids"][:, seg2]
     assert alone_ids[0, 0] != tok.pad_id
-    alone = np.asarray(model(jnp.asarray(alone_ids), jnp.ones_like(jnp.asarray(alone_ids))))
+    alone = np.asarray(run(jnp.asarray(alone_ids), jnp.ones_like(jnp.asarray(alone_ids))))
     np.testing.assert_allclose(packed[0, seg2], alone[0], atol=1e-5, rtol=0)
-    leaky = np.asarray(model(*args))  # attention_mask only: segment 2 sees segment 1
+    leaky = np.asarray(run(*args))  # attention_mask only: segment 2 sees segment 1
     assert np.abs(leaky[0, seg2] - alone[0]).max() > 1e-3
 
 

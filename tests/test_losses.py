@@ -23,7 +23,7 @@ def tiny_lm(kind: str, seed: int = 0, vocab: int = 97):
     return create_model(get_preset("bert-base-uncased", **sizes), BertForMaskedLM, seed=seed)
 
 
-@pytest.mark.parametrize("seq, chunk", [(24, 8), (23, 8), (24, 5), (24, 24), (24, 0)])
+@pytest.mark.parametrize("seq, chunk", [(24, 8), (23, 5), (24, 24)])
 def test_chunked_cross_entropy_equals_the_whole_sequence_in_value_and_gradient(seq, chunk):
     from flax import nnx
 
@@ -42,8 +42,13 @@ def test_chunked_cross_entropy_equals_the_whole_sequence_in_value_and_gradient(s
                                          loss_chunk=chunk if chunked else 0)
         return total / count
 
-    (whole, g_whole), (parts, g_parts) = (jax.value_and_grad(mean_loss)(params, c) for c in (False, True))
-    logits = np.asarray(model(batch["input_ids"]), np.float64)
+    @jax.jit  # one program for both losses, their gradients and the logits (eager would compile op by op)
+    def run(p):
+        model_logits = nnx.merge(graphdef, p, rest, copy=True)(batch["input_ids"])
+        return [jax.value_and_grad(mean_loss)(p, c) for c in (False, True)], model_logits
+
+    ((whole, g_whole), (parts, g_parts)), logits = run(params)
+    logits = np.asarray(logits, np.float64)
     log_probs = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True)) \
         - logits.max(-1, keepdims=True)
     valid = targets != -100
@@ -70,10 +75,19 @@ def test_masked_lm_loss_on_gathered_positions_equals_the_full_head():
         for slot in range(4):
             if masked_labels[row, slot] != -100:
                 labels[row, positions[row, slot]] = masked_labels[row, slot]
+    from flax import nnx
+
     common = {"input_ids": jnp.asarray(ids), "attention_mask": jnp.ones_like(jnp.asarray(ids))}
-    gathered = masked_lm_loss(model, {**common, "masked_positions": jnp.asarray(positions),
-                                      "masked_labels": jnp.asarray(masked_labels)})
-    full = masked_lm_loss(model, {**common, "labels": jnp.asarray(labels)})
+    graphdef, state = nnx.split(model)
+
+    @jax.jit
+    def both(state):
+        m = nnx.merge(graphdef, state, copy=True)
+        return (masked_lm_loss(m, {**common, "masked_positions": jnp.asarray(positions),
+                                   "masked_labels": jnp.asarray(masked_labels)}),
+                masked_lm_loss(m, {**common, "labels": jnp.asarray(labels)}))
+
+    gathered, full = both(state)
     assert float(gathered[1]) == float(full[1]) == 15
     assert abs(float(gathered[0]) - float(full[0])) < 1e-4 and float(gathered[2]) == float(full[2])
 
