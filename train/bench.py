@@ -55,6 +55,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import resource
 import statistics
 import sys
@@ -193,8 +194,6 @@ def timed(fn: Callable[[], Any], warmup: int, steps: int) -> list[float]:
 
 def hlo_annotations(hlo_text: str) -> dict[str, str]:
     """``{instruction name: "shape  source op"}`` from a compiled program's HLO text, to label profiled operations."""
-    import re
-
     labels = {}
     for line in hlo_text.splitlines():
         match = re.match(r"\s*(?:ROOT )?%([\w.\-]+) = (\S+) ", line)
@@ -280,8 +279,6 @@ def run_train(name: str, spec: dict[str, Any], args: argparse.Namespace, peak: f
 def fused_attention_calls(hlo_text: str) -> list[str]:
     """The fused-attention custom calls of a compiled program (cuDNN's ``__cudnn$fmha...`` targets): the proof, in the
     HLO, that ``attention="cudnn"`` was not only chosen but compiled."""
-    import re
-
     return sorted(set(re.findall(r'custom_call_target="(__cudnn\$fmha[^"]*)"', hlo_text)))
 
 
