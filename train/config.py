@@ -156,7 +156,7 @@ def choice(*choices: Any, **kw: Any) -> Spec:
 BOOL, TEXT = Spec("bool"), Spec("str")
 
 
-def _field(default: Any, spec: Spec | None, **kw: Any) -> Any:
+def checked(default: Any, spec: Spec | None, **kw: Any) -> Any:
     return dataclasses.field(default=default, metadata={"spec": spec} if spec else {}, **kw)
 
 
@@ -210,18 +210,18 @@ class OptimConfig(Section):
     """``optim.*``: AdamW, its schedule, clipping, accumulation, layer-wise LR decay (``train/optim.py``)."""
 
     SECTION: ClassVar[str] = "optim"
-    lr: float = _field(1e-3, number(0.0, low_open=True))
-    schedule: str = _field("cosine", choice(*SCHEDULES))
-    warmup_steps: int = _field(100, integer(0, note="(more than steps: the run ends while warming up)"))
-    min_lr_ratio: float = _field(0.1, number(0.0, 1.0))
-    b1: float = _field(0.9, number(0.0, 1.0, high_open=True))
-    b2: float = _field(0.95, number(0.0, 1.0, high_open=True))
-    eps: float = _field(1e-8, number(0.0))
-    weight_decay: float = _field(0.1, number(0.0))
-    decay_embeddings: bool = _field(False, BOOL)
-    grad_clip: float = _field(1.0, number(0.0, note="(0 = off)"))
-    accum_steps: int = _field(1, integer(1))
-    layer_decay: float = _field(1.0, number(0.0, 1.0, low_open=True, note="(1 = off)"))
+    lr: float = checked(1e-3, number(0.0, low_open=True))
+    schedule: str = checked("cosine", choice(*SCHEDULES))
+    warmup_steps: int = checked(100, integer(0, note="(more than steps: the run ends while warming up)"))
+    min_lr_ratio: float = checked(0.1, number(0.0, 1.0))
+    b1: float = checked(0.9, number(0.0, 1.0, high_open=True))
+    b2: float = checked(0.95, number(0.0, 1.0, high_open=True))
+    eps: float = checked(1e-8, number(0.0))
+    weight_decay: float = checked(0.1, number(0.0))
+    decay_embeddings: bool = checked(False, BOOL)
+    grad_clip: float = checked(1.0, number(0.0, note="(0 = off)"))
+    accum_steps: int = checked(1, integer(1))
+    layer_decay: float = checked(1.0, number(0.0, 1.0, low_open=True, note="(1 = off)"))
 
 
 MESH_AXIS = integer(1, also=(-1,), note="(-1: fill the remaining devices)")
@@ -232,9 +232,9 @@ class MeshConfig(Section):
     """``mesh.*`` resolved: the size of each mesh axis (no −1 left). Built by :meth:`resolve`."""
 
     SECTION: ClassVar[str] = "mesh"
-    data: int = _field(-1, MESH_AXIS)
-    fsdp: int = _field(1, MESH_AXIS)
-    tensor: int = _field(1, MESH_AXIS)
+    data: int = checked(-1, MESH_AXIS)
+    fsdp: int = checked(1, MESH_AXIS)
+    tensor: int = checked(1, MESH_AXIS)
 
     @property
     def shape(self) -> tuple[int, int, int]:
@@ -296,14 +296,14 @@ class PrecisionConfig(Section):
     "auto"."""
 
     SECTION: ClassVar[str] = "precision"
-    compute_dtype: str = _field("auto", choice(*DTYPES, also=("auto",),
+    compute_dtype: str = checked("auto", choice(*DTYPES, also=("auto",),
                                                note="(auto: bfloat16 on GPU / TPU, float32 on CPU)"))
-    param_dtype: str = _field("float32", choice(*DTYPES))
-    remat: str = _field("auto", choice(*REMAT_POLICIES, also=("auto",)))
-    scan_layers: Any = _field("auto", Spec("bool", also=("auto",)))
+    param_dtype: str = checked("float32", choice(*DTYPES))
+    remat: str = checked("auto", choice(*REMAT_POLICIES, also=("auto",)))
+    scan_layers: Any = checked("auto", Spec("bool", also=("auto",)))
     # Positions per cross-entropy chunk: the logits exist one [batch, chunk, vocab] piece at a time (train.step).
-    loss_chunk: int = _field(0, integer(0, note="(0 = the whole sequence at once)"))
-    auto: tuple[str, ...] = _field((), None)
+    loss_chunk: int = checked(0, integer(0, note="(0 = the whole sequence at once)"))
+    auto: tuple[str, ...] = checked((), None)
 
     def resolve(self, backend: str, num_layers: int) -> "PrecisionConfig":
         """The same settings with every "auto" decided for ``backend`` and ``num_layers``."""
@@ -331,10 +331,10 @@ class SampleConfig(Section):
     """``sample.*``: the sample printed at each evaluation."""
 
     SECTION: ClassVar[str] = "sample"
-    prompt: str = _field("The ", TEXT)
-    max_new_tokens: int = _field(48, integer(0, note="(0 = no sample)"))
-    temperature: float = _field(0.8, number(0.0))
-    top_k: int = _field(40, integer(0, note="(0 = off)"))
+    prompt: str = checked("The ", TEXT)
+    max_new_tokens: int = checked(48, integer(0, note="(0 = no sample)"))
+    temperature: float = checked(0.8, number(0.0))
+    top_k: int = checked(40, integer(0, note="(0 = off)"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -353,18 +353,18 @@ class TrainConfig(Section):
     model: TransformerConfig
     model_cls: type
     sample: SampleConfig
-    steps: int = _field(1000, integer(1))
-    seed: int = _field(0, integer(0))
-    log_every: int = _field(10, integer(1))
-    eval_every: int = _field(200, integer(0, note="(0 = only at the end)"))
-    eval_batches: int = _field(0, integer(0, note="(validation batches per evaluation; 0 = the whole split)"))
-    checkpoint_every: int = _field(200, integer(0, note="(0 = only at the end)"))
-    keep_checkpoints: int = _field(3, integer(1))
-    batch_size: int = _field(16, integer(1))
-    seq_len: int = _field(128, integer(1))
-    compilation_cache: bool = _field(True, BOOL)
-    compilation_cache_dir: str = _field("", TEXT)
-    profile_steps: tuple[int, int] | None = _field("", Spec("window"))
+    steps: int = checked(1000, integer(1))
+    seed: int = checked(0, integer(0))
+    log_every: int = checked(10, integer(1))
+    eval_every: int = checked(200, integer(0, note="(0 = only at the end)"))
+    eval_batches: int = checked(0, integer(0, note="(validation batches per evaluation; 0 = the whole split)"))
+    checkpoint_every: int = checked(200, integer(0, note="(0 = only at the end)"))
+    keep_checkpoints: int = checked(3, integer(1))
+    batch_size: int = checked(16, integer(1))
+    seq_len: int = checked(128, integer(1))
+    compilation_cache: bool = checked(True, BOOL)
+    compilation_cache_dir: str = checked("", TEXT)
+    profile_steps: tuple[int, int] | None = checked("", Spec("window"))
     objective: str = dataclasses.field(init=False, default="causal")  # from the model: "causal" | "mlm"
 
     SECTIONS: ClassVar[dict[str, type]] = {"optim": OptimConfig, "mesh": MeshConfig, "precision": PrecisionConfig,
