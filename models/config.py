@@ -59,6 +59,9 @@ class TransformerConfig:
     ``vocab_size`` stays the real vocabulary (the tokenizer's, Hugging Face's ``config.json``): token ids are checked
     against it, padding rows start at zero, and their logits are masked out
     (``models.layers.embeddings.mask_padded_logits``). 1: no padding.
+
+    ``label_names`` are the class names of a classifier head, one per label id (``num_labels`` distinct, non-empty
+    strings; Hugging Face's ``id2label``), or None: the labels are their ids.
     """
 
     vocab_size: int
@@ -86,6 +89,7 @@ class TransformerConfig:
     tie_word_embeddings: bool = True
     type_vocab_size: int = 0
     num_labels: int = 2
+    label_names: tuple[str, ...] | None = None
     dropout: float = 0.0
     attention_dropout: float = 0.0
     position_offset: int = 0
@@ -162,6 +166,7 @@ class TransformerConfig:
             object.__setattr__(self, "eos_token_id", tuple(self.eos_token_id))
         if isinstance(self.eos_token_id, tuple) and not self.eos_token_id:
             raise FieldError("eos_token_id", "eos_token_id=(): expected a token id, several, or None")
+        self._validate_label_names()
         for name in ("pad_token_id", "bos_token_id", "eos_token_id"):
             value = getattr(self, name)
             for token in (value if isinstance(value, tuple) else (value,)):
@@ -169,6 +174,22 @@ class TransformerConfig:
                     continue
                 if not isinstance(token, int) or isinstance(token, bool) or not 0 <= token < self.vocab_size:
                     raise FieldError(name, f"{name}={value!r}: expected a token id in [0, {self.vocab_size})")
+
+    def _validate_label_names(self) -> None:
+        names = self.label_names
+        if isinstance(names, list):  # from JSON (a checkpoint's meta)
+            names = tuple(names)
+            object.__setattr__(self, "label_names", names)
+        if names is None:
+            return
+        expected = f"expected None or a tuple of num_labels={self.num_labels} distinct non-empty strings"
+        if not isinstance(names, tuple) or len(names) != self.num_labels:
+            raise FieldError("label_names", f"label_names={names!r}: {expected}")
+        if any(not isinstance(n, str) or not n.strip() for n in names):
+            raise FieldError("label_names", f"label_names={names!r}: {expected} (an empty or non-string name)")
+        repeated = sorted({n for n in names if names.count(n) > 1})
+        if repeated:
+            raise FieldError("label_names", f"label_names={names!r}: {expected} ({repeated} repeated)")
 
     @property
     def eos_token_ids(self) -> tuple[int, ...]:
@@ -190,12 +211,17 @@ class TransformerConfig:
         derived again from the new ``hidden_size`` / ``num_heads`` unless ``changes`` sets them: otherwise
         ``get_preset("gpt2-tiny", num_heads=8)`` would keep 4 KV heads of width 16 (silently grouped-query attention
         over 128 features of a 64-wide model) and an indivisible ``hidden_size`` would not be reported.
+        Likewise ``label_names`` that no longer fit a new ``num_labels`` (a head re-sized for another task) become
+        None unless ``changes`` sets them.
         """
         if "head_dim" not in changes and ({"hidden_size", "num_heads"} & changes.keys()) and \
                 self.head_dim == self.hidden_size // self.num_heads:
             changes["head_dim"] = None
         if "num_kv_heads" not in changes and "num_heads" in changes and self.num_kv_heads == self.num_heads:
             changes["num_kv_heads"] = None
+        if "label_names" not in changes and self.label_names is not None and \
+                changes.get("num_labels", self.num_labels) != len(self.label_names):
+            changes["label_names"] = None
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:

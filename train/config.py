@@ -572,7 +572,7 @@ def model_fields(preset: str = "", cls: str = "", **fields: Any) -> ConfigDict:
     """
     section = ConfigDict({"preset": preset, "cls": cls})
     for field in dataclasses.fields(TransformerConfig):
-        if field.name in EXECUTION_FIELDS:
+        if field.name in EXECUTION_FIELDS or field.name == "label_names":  # set by fine-tuning code, not flags
             continue
         section[field.name] = placeholder(_field_type(field))
     for name, value in fields.items():
