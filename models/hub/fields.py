@@ -37,6 +37,38 @@ def num_labels(hf: Mapping[str, Any]) -> int:
     return int(hf.get("num_labels", 2))
 
 
+def label_names(hf: Mapping[str, Any]) -> tuple[str, ...] | None:
+    """The class names of ``id2label`` ordered by id, or None when they are all Hugging Face's defaults
+    (``LABEL_i``) or there is no ``id2label``.
+
+    Names flaxzoo cannot keep (ids other than ``0 .. n-1``, repeated or empty names) only matter to reading the
+    predictions, and transformers loads such a checkpoint: they are dropped with a warning naming the value.
+    """
+    id2label = hf.get("id2label")
+    if not id2label:
+        return None
+    try:
+        by_id = {int(i): name for i, name in id2label.items()}
+    except (TypeError, ValueError, AttributeError):
+        by_id = {}
+    names = tuple(by_id.get(i) for i in range(len(id2label)))
+    if names == tuple(f"LABEL_{i}" for i in range(len(names))):
+        return None
+    usable = all(isinstance(n, str) and n.strip() for n in names) and len(set(names)) == len(names)
+    if not usable:
+        warnings.warn(f"config.json: id2label={id2label!r}: expected ids 0..{len(id2label) - 1} with distinct "
+                      "non-empty names; the label names are dropped (predictions are label ids)", stacklevel=4)
+        return None
+    return names
+
+
+def labels_to_hf(config: TransformerConfig) -> dict[str, Any]:
+    """``id2label`` / ``label2id`` for ``config.json``: ``config.label_names``, else Hugging Face's ``LABEL_i``."""
+    names = config.label_names or tuple(f"LABEL_{i}" for i in range(config.num_labels))
+    return {"id2label": {str(i): name for i, name in enumerate(names)},
+            "label2id": {name: i for i, name in enumerate(names)}}
+
+
 def special_ids(hf: Mapping[str, Any], vocab_size: int) -> dict[str, Any]:
     """``pad_token_id`` / ``bos_token_id`` / ``eos_token_id`` (a list of EOS ids kept as a tuple).
 
@@ -69,7 +101,7 @@ def _one_or_several(ids: Sequence[int]) -> int | list[int] | None:
 
 def common_from_hf(hf: Mapping[str, Any]) -> dict[str, Any]:
     """The ``TransformerConfig`` fields every family reads alike: labels, initialiser range, special ids."""
-    return dict(num_labels=num_labels(hf), initializer_range=hf.get("initializer_range", 0.02),
+    return dict(num_labels=num_labels(hf), label_names=label_names(hf), initializer_range=hf.get("initializer_range", 0.02),
                 **special_ids(hf, hf["vocab_size"]))
 
 

@@ -16,7 +16,7 @@ from flax import nnx
 
 from models.bert import BertForSequenceClassification
 from models.config import TransformerConfig
-from models.hub.fields import ACTIVATIONS_TO_HF, common_to_hf
+from models.hub.fields import ACTIVATIONS_TO_HF, common_to_hf, labels_to_hf
 from models.hub.files import (PathLike, checkpoint_kind, read_config, read_weights, resolve_pretrained,
                               weight_files, write_hf_directory)
 from models.hub.llama import gguf_llama_weights
@@ -125,7 +125,9 @@ def from_pretrained(path: PathLike, *, cls: type | str | None = None, allow_pick
       progress: show progress bars while reading large files.
       scan_layers: the layer layout to build (``config.scan_layers``: blocks stacked ``[num_layers, ...]`` and run
         as one scan); None: per layer for Hugging Face / GGUF sources, the stored config's for a flaxzoo checkpoint.
-      num_labels: the number of labels of a classifier head (default: the checkpoint's).
+      num_labels: the number of labels of a classifier head (default: the checkpoint's). The checkpoint's class
+        names (``id2label`` names other than ``LABEL_i``: ``config.label_names``) are kept when they still fit, and
+        dropped (None) for another number of labels.
       pad_vocab_to: pad the vocabulary tables' rows to a multiple of this (``config.pad_vocab_to``; e.g. 128 so
         that GPT-2's 50,257 rows split over an FSDP axis). Hugging Face / GGUF tables get zero padding rows; a
         flaxzoo checkpoint's padding rows are trimmed or extended. The logits keep the padded width with the padding
@@ -192,7 +194,8 @@ def save_pretrained(model: nnx.Module, path: PathLike) -> pathlib.Path:
     Stacked layers (``scan_layers``) are written per layer; tied tables once, as Hugging Face does. A Llama model in
     the interleaved RoPE layout is written in Hugging Face's rotate-half layout (queries and keys permuted, same
     outputs). A padded vocabulary (``config.pad_vocab_to``) is written without its padding rows (``vocab_size`` rows,
-    as ``config.json`` says). One EOS id is written as an int, several as a list. Features Hugging Face's class for
+    as ``config.json`` says). One EOS id is written as an int, several as a list. ``id2label`` / ``label2id`` come from
+    ``config.label_names`` (``LABEL_i`` without them). Features Hugging Face's class for
     ``config.model_type`` cannot express (ALiBi, sinusoidal positions, a different norm placement ...) raise
     ``ValueError`` naming them. Returns the directory.
     """
@@ -222,8 +225,7 @@ def save_pretrained(model: nnx.Module, path: PathLike) -> pathlib.Path:
         tensors[name] = tensors[source].copy()
     hf = {"architectures": [architecture], "model_type": family.model_type, **family.config_to_hf(config),
           **common_to_hf(config), "dtype": "float32", "torch_dtype": "float32"}
-    if cls is BertForSequenceClassification or config.num_labels != 2:
-        hf["id2label"] = {str(i): f"LABEL_{i}" for i in range(config.num_labels)}
-        hf["label2id"] = {f"LABEL_{i}": i for i in range(config.num_labels)}
+    if cls is BertForSequenceClassification or config.num_labels != 2 or config.label_names is not None:
+        hf.update(labels_to_hf(config))
     return write_hf_directory(path, hf, tensors)
 
