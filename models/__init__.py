@@ -15,11 +15,12 @@ __all__ = [
     "DecodeState", "GPTForCausalLM", "GPTModel", "attention_backend", "check_token_ids",
     "PRESETS", "TransformerConfig", "abstract_model", "create_model", "default_model_class", "from_pretrained",
     "generate", "get_preset", "param_count", "save_pretrained", "load_tokenizer", "embed", "generate_text",
+    "classify",
 ]
 
 # Loaded on first use: file formats, tokenizers and orbax are not needed to build and run a model.
 _LAZY = {"from_pretrained": "models.hub", "save_pretrained": "models.hub", "load_tokenizer": "models.tokenizer",
-         "embed": "models.text", "generate_text": "models.text"}
+         "embed": "models.text", "generate_text": "models.text", "classify": "models.text"}
 
 
 def __getattr__(name):

@@ -1,6 +1,7 @@
-"""Text in, text (or vectors) out: sentence embeddings for encoders, text continuation for causal LMs.
+"""Text in, text (or vectors) out: sentence embeddings for encoders, text continuation for causal LMs, labels (and
+probabilities) from a sequence classifier.
 
-Both take a model and a ``tokenizers.Tokenizer`` (``models.load_tokenizer``), tokenize without the tokenizer's own
+All take a model and a ``tokenizers.Tokenizer`` (``models.load_tokenizer``), tokenize without the tokenizer's own
 padding (each batch is padded here to its longest row, rounded up to a multiple of 8 so that few shapes compile), and
 run compiled programs.
 """
@@ -16,13 +17,14 @@ import numpy as np
 import tokenizers
 from flax import nnx
 
-from models.bert import BertModel
+from models.bert import BertForSequenceClassification, BertModel
 from models.generate import generate
 from models.gpt import GPTForCausalLM, GPTModel
 
-__all__ = ["embed", "encode_texts", "generate_text"]
+__all__ = ["classify", "embed", "encode_for_classification", "encode_texts", "generate_text", "truncate_ids"]
 
 _BUCKET = 8
+TRUNCATION_STRATEGIES = ("head", "head_tail")
 
 
 def encode_texts(tokenizer: tokenizers.Tokenizer, texts: Sequence[str], *, add_special_tokens: bool = True
@@ -148,3 +150,114 @@ def generate_text(model: nnx.Module, tokenizer: tokenizers.Tokenizer, prompt: st
             row = row[:ends[0]]
         texts.append(tokenizer.decode(row, skip_special_tokens=skip_special_tokens))
     return texts[0] if single else texts
+
+
+# ----------------------------------------------------------------------------------------------------- classify
+def _check_truncation(max_length: int, strategy: str, head_tokens: int) -> None:
+    """ValueError naming a truncation argument :func:`truncate_ids` cannot work with."""
+    if strategy not in TRUNCATION_STRATEGIES:
+        raise ValueError(f"strategy={strategy!r}: expected one of {TRUNCATION_STRATEGIES}")
+    if not isinstance(max_length, int) or isinstance(max_length, bool) or max_length < 3:
+        raise ValueError(f"max_length={max_length!r}: expected an integer >= 3 (two special tokens and a body)")
+    if not isinstance(head_tokens, int) or isinstance(head_tokens, bool) or not 0 <= head_tokens <= max_length - 2:
+        raise ValueError(f"head_tokens={head_tokens!r}: expected an integer in [0, max_length - 2 = "
+                         f"{max_length - 2}] (0: a quarter of the body)")
+
+
+def truncate_ids(ids: list[int], max_length: int, *, strategy: str = "head", head_tokens: int = 0) -> list[int]:
+    """One encoded text cut to at most ``max_length`` tokens, its first and last token (the special tokens:
+    ``[CLS] … [SEP]``, ``<s> … </s>``) kept.
+
+    ``strategy="head"`` keeps the first ``max_length - 2`` body tokens; ``"head_tail"`` keeps the first ``k`` and the
+    last ``max_length - 2 - k``, with ``k = head_tokens`` or, for ``head_tokens=0``, ``(max_length - 2) // 4``
+    (Sun et al. 2019, "How to fine-tune BERT for text classification", found head + tail best for long documents:
+    128 + 382 of 512; this default gives 127 + 383). A text that fits is returned as it is.
+    """
+    _check_truncation(max_length, strategy, head_tokens)
+    ids = list(ids)
+    if len(ids) <= max_length:
+        return ids
+    first, body, last = ids[0], ids[1:-1], ids[-1]
+    room = max_length - 2
+    if strategy == "head":
+        return [first, *body[:room], last]
+    head = head_tokens or room // 4
+    tail = body[len(body) - (room - head):]  # not body[-0:], which would be the whole body
+    return [first, *body[:head], *tail, last]
+
+
+def encode_for_classification(tokenizer: tokenizers.Tokenizer, texts: Sequence[str], *, max_length: int,
+                              truncation: str = "head", head_tokens: int = 0) -> list[list[int]]:
+    """Token ids of each text with the tokenizer's special tokens, cut by :func:`truncate_ids`.
+
+    The tokenizer's own truncation and padding are ignored (a copy is used; ``tokenizer`` is unchanged): its
+    truncation would cut the tail that ``"head_tail"`` keeps. ValueError naming the index of an empty or
+    whitespace-only text.
+    """
+    texts = list(texts)
+    blank = [i for i, text in enumerate(texts) if not isinstance(text, str) or not text.strip()]
+    if blank:
+        raise ValueError(f"text(s) at index {blank} are empty, whitespace-only or not strings: expected text to "
+                         "classify")
+    _check_truncation(max_length, truncation, head_tokens)
+    plain = tokenizers.Tokenizer.from_str(tokenizer.to_str())
+    plain.no_truncation()
+    plain.no_padding()
+    return [truncate_ids(e.ids, max_length, strategy=truncation, head_tokens=head_tokens)
+            for e in plain.encode_batch(texts, add_special_tokens=True)]
+
+
+@partial(jax.jit, static_argnames=("graphdef",))
+def _class_probabilities(graphdef: nnx.GraphDef, state: nnx.State, ids: jax.Array, mask: jax.Array) -> jax.Array:
+    """Softmax over a classifier's logits: ``[batch, seq]`` → ``[batch, num_labels]`` float32."""
+    return jax.nn.softmax(nnx.merge(graphdef, state)(ids, mask).astype(jnp.float32), axis=-1)
+
+
+def _eval_split(model: nnx.Module) -> tuple[nnx.GraphDef, nnx.State]:
+    """``nnx.split`` of an eval-mode copy of ``model`` (same arrays; the caller's model keeps its mode)."""
+    copy = nnx.merge(*nnx.split(model))
+    copy.eval()
+    return nnx.split(copy)
+
+
+def classify(model: nnx.Module, tokenizer: tokenizers.Tokenizer, texts: str | Sequence[str], *, batch_size: int = 64,
+             max_length: int | None = None, truncation: str = "head", head_tokens: int = 0
+             ) -> tuple[list, np.ndarray]:
+    """Labels and class probabilities of each text from a ``BertForSequenceClassification`` (eval mode: no dropout).
+
+    Texts are encoded by :func:`encode_for_classification` (``max_length`` default: the model's positions,
+    ``max_position_embeddings - position_offset``; ``truncation`` / ``head_tokens`` as :func:`truncate_ids`),
+    batched by ``batch_size`` in order of length, each batch padded on the right to its longest row rounded up to a
+    multiple of 8 (one compiled program per length).
+
+    Returns ``(labels, probabilities [len(texts), num_labels] float32)``: a label is ``config.label_names[i]`` of the
+    most probable class ``i`` when the config has names, else ``i``. A single string gives one-element results.
+    """
+    if not isinstance(model, BertForSequenceClassification):
+        raise ValueError(f"classify needs a sequence classifier (BertForSequenceClassification); got "
+                         f"{type(model).__name__}")
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size={batch_size!r}: expected a positive integer")
+    config = model.config
+    texts = [texts] if isinstance(texts, str) else list(texts)
+    positions = config.max_position_embeddings - config.position_offset
+    max_length = positions if max_length is None else max_length
+    _check_truncation(max_length, truncation, head_tokens)
+    if config.position in ("learned", "sinusoidal") and max_length > positions:
+        raise ValueError(f"max_length={max_length}: expected at most the model's {positions} positions "
+                         "(max_position_embeddings - position_offset)")
+    if not texts:
+        return [], np.zeros((0, config.num_labels), np.float32)
+    rows = encode_for_classification(tokenizer, texts, max_length=max_length, truncation=truncation,
+                                     head_tokens=head_tokens)
+    order = sorted(range(len(rows)), key=lambda i: len(rows[i]))  # similar lengths share a batch: less padding
+    graphdef, state = _eval_split(model)
+    probs = np.zeros((len(rows), config.num_labels), np.float32)
+    for start in range(0, len(order), batch_size):
+        chunk = order[start:start + batch_size]
+        ids, mask = _pad([rows[i] for i in chunk], pad_id=config.pad_token_id or 0, left=False, limit=max_length)
+        model.bert.encoder.check_inputs(ids, mask)  # ids in range: before compiling
+        probs[chunk] = np.asarray(_class_probabilities(graphdef, state, jnp.asarray(ids), jnp.asarray(mask)))
+    best = probs.argmax(axis=-1).tolist()
+    labels = [config.label_names[i] for i in best] if config.label_names is not None else best
+    return labels, probs

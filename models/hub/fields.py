@@ -101,7 +101,8 @@ def _one_or_several(ids: Sequence[int]) -> int | list[int] | None:
 
 def common_from_hf(hf: Mapping[str, Any]) -> dict[str, Any]:
     """The ``TransformerConfig`` fields every family reads alike: labels, initialiser range, special ids."""
-    return dict(num_labels=num_labels(hf), label_names=label_names(hf), initializer_range=hf.get("initializer_range", 0.02),
+    return dict(num_labels=num_labels(hf), label_names=label_names(hf),
+                initializer_range=hf.get("initializer_range", 0.02),
                 **special_ids(hf, hf["vocab_size"]))
 
 
