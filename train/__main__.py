@@ -96,6 +96,9 @@ def main(argv: list[str] | None = None) -> int:
 
     sharding.maybe_initialize_distributed()  # before anything touches a device
 
+    if config.get("task", None) == "classify":
+        return finetune_main(config, workdir)
+
     from train.checkpoint import CheckpointError
     from train.config import ConfigError, TrainConfig
     from train.loop import NonFiniteLossError, Trainer, _say
@@ -136,6 +139,31 @@ def main(argv: list[str] | None = None) -> int:
     if summary.cpu_peak_flops:
         parts.append(f"CPU matmul peak {summary.cpu_peak_flops / 1e9:.1f} GFLOP/s")
     _say("; ".join(parts))
+    return 0
+
+
+def finetune_main(config, workdir: str) -> int:
+    """``task="classify"`` configs (``configs/finetune_cls.py``): fine-tune an encoder into a text classifier."""
+    from train.config import ConfigError
+    from train.finetune.config import FinetuneConfig
+    from train.finetune.trainer import Finetuner
+
+    try:
+        cfg = FinetuneConfig.from_config_dict(config)
+    except ConfigError as exc:
+        print(f"config error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        finetuner = Finetuner(cfg, workdir)
+    except (ValueError, FileNotFoundError) as exc:  # bad data, checkpoint or workdir: nothing was trained
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        finetuner.run()
+    except (ValueError, FloatingPointError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(f"done in {time.perf_counter() - _START:.0f} s wall time")
     return 0
 
 

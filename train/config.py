@@ -597,7 +597,7 @@ def data_fields(**fields: Any) -> ConfigDict:
     return section
 
 
-def _section(cls: type[Section]) -> ConfigDict:
+def section_dict(cls: type[Section]) -> ConfigDict:
     out = ConfigDict()
     for name, value in cls.defaults().items():
         spec = cls.__dataclass_fields__[name].metadata["spec"]
@@ -612,10 +612,10 @@ def base_config() -> ConfigDict:
     c = ConfigDict()
     for name, value in TrainConfig.defaults().items():
         c[name] = value
-    c.mesh = _section(MeshConfig)
-    c.optim = _section(OptimConfig)
-    c.precision = _section(PrecisionConfig)
+    c.mesh = section_dict(MeshConfig)
+    c.optim = section_dict(OptimConfig)
+    c.precision = section_dict(PrecisionConfig)
     c.model = model_fields("gpt2-tiny")
     c.data = data_fields()
-    c.sample = _section(SampleConfig)
+    c.sample = section_dict(SampleConfig)
     return c

@@ -18,7 +18,7 @@ update per step, whatever ``accum_steps`` is.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -94,14 +94,16 @@ def layer_scales(params: Any, num_layers: int, layer_decay: float) -> Any:
     return jax.tree_util.tree_map_with_path(scale, params)
 
 
-def scale_by_tree(scales: Any) -> optax.GradientTransformation:
-    """Multiply each update by its entry of ``scales`` (a tree shaped like the parameters)."""
+def scale_by_layer_decay(num_layers: int, layer_decay: float) -> optax.GradientTransformation:
+    """Multiply each update by its layer's LR multiplier (:func:`layer_scales`), worked out from the update's own
+    tree at each step, so it also applies inside ``optax.multi_transform`` (whose groups see masked trees)."""
     def init(params):
         del params
         return optax.EmptyState()
 
     def update(updates, state, params=None):
         del params
+        scales = layer_scales(updates, num_layers, layer_decay)
         return jax.tree.map(lambda u, s: (u * s).astype(u.dtype), updates, scales), state
 
     return optax.GradientTransformation(init, update)
@@ -135,6 +137,66 @@ def make_optimizer(optim: "OptimConfig", steps: int, params: Any,
         optax.scale_by_adam(b1=optim.b1, b2=optim.b2, eps=optim.eps),
         optax.add_decayed_weights(optim.weight_decay, mask=decay_mask(params, decay_embeddings=optim.decay_embeddings)),
         optax.scale_by_learning_rate(schedule),
-        scale_by_tree(layer_scales(params, num_layers, optim.layer_decay)),
+        scale_by_layer_decay(num_layers, optim.layer_decay),
     )
     return tx, schedule
+
+
+class FrozenUntilState(NamedTuple):
+    count: jax.Array  # updates seen, frozen ones included
+    inner: Any
+
+
+def frozen_until(inner: optax.GradientTransformation, steps: int) -> optax.GradientTransformationExtraArgs:
+    """Zero updates for the first ``steps`` updates, then ``inner``. While frozen, ``inner`` is not called, so its
+    state (Adam's moments and step count, a schedule's count) starts at the first real update as if training began
+    there: no bias-correction jump at the switch."""
+    inner = optax.with_extra_args_support(inner)
+
+    def init(params):
+        return FrozenUntilState(jnp.zeros((), jnp.int32), inner.init(params))
+
+    def update(updates, state, params=None, **extra):
+        def active():
+            return inner.update(updates, state.inner, params, **extra)
+
+        def frozen():
+            return jax.tree.map(jnp.zeros_like, updates), state.inner
+
+        new_updates, inner_state = jax.lax.cond(state.count >= steps, active, frozen)
+        return new_updates, FrozenUntilState(state.count + 1, inner_state)
+
+    return optax.GradientTransformationExtraArgs(init, update)
+
+
+HEAD, BACKBONE = "head", "backbone"
+
+
+def make_finetune_optimizer(optim: "OptimConfig", steps: int, params: Any, num_layers: int, *, freeze_steps: int,
+                            is_head: Callable[[tuple], bool]) -> tuple[optax.GradientTransformation, optax.Schedule]:
+    """``(tx, head schedule)`` for fine-tuning: global-norm clipping, then AdamW with layer-wise LR decay in two
+    groups: the head (``is_head(path keys)``: the parameters above the encoder) learns from the first step on the
+    schedule over ``steps``; the backbone is frozen for ``freeze_steps`` updates, then learns on the same schedule
+    shape over the remaining ``steps - freeze_steps`` (its own warmup from zero)."""
+    del params
+    clip = optim.grad_clip if optim.grad_clip > 0 else math.inf
+
+    def group(schedule: optax.Schedule) -> optax.GradientTransformation:
+        return optax.chain(
+            optax.scale_by_adam(b1=optim.b1, b2=optim.b2, eps=optim.eps),
+            optax.add_decayed_weights(optim.weight_decay,
+                                      mask=lambda p: decay_mask(p, decay_embeddings=optim.decay_embeddings)),
+            optax.scale_by_learning_rate(schedule),
+            scale_by_layer_decay(num_layers, optim.layer_decay),
+        )
+
+    head_schedule = make_schedule(optim, steps)
+    backbone = group(make_schedule(optim, max(steps - freeze_steps, 1)))
+    labels = lambda tree: jax.tree_util.tree_map_with_path(  # noqa: E731
+        lambda path, _: HEAD if is_head(tuple(_keys(path))) else BACKBONE, tree)
+    tx = optax.chain(
+        clip_by_given_norm(clip),
+        optax.multi_transform({HEAD: group(head_schedule),
+                               BACKBONE: frozen_until(backbone, freeze_steps) if freeze_steps else backbone}, labels),
+    )
+    return tx, head_schedule

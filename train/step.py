@@ -121,7 +121,22 @@ def masked_lm_loss(model: nnx.Module, batch: Batch, *, loss_chunk: int = 0,
                                  with_accuracy=with_accuracy)
 
 
-LOSSES: dict[str, Callable[..., Sums]] = {"causal": causal_lm_loss, "mlm": masked_lm_loss}
+def classification_loss(model: nnx.Module, batch: Batch, *, loss_chunk: int = 0,
+                        with_accuracy: bool | jax.Array = True) -> Sums:
+    """Cross-entropy of a ``BertForSequenceClassification`` on ``{"input_ids", "attention_mask", "labels"
+    [batch], "example_weights" [batch]}``: sums weighted by ``example_weights`` (a class weight per row; 0 for the
+    rows that pad the last batch of an epoch), so the step's mean is ``sum(w * loss) / sum(w)`` (PyTorch's
+    ``CrossEntropyLoss(weight=...)``). ``loss_chunk`` does not apply (one prediction per row)."""
+    del loss_chunk
+    logits = model(batch["input_ids"], batch.get("attention_mask"), batch.get("token_type_ids")).astype(jnp.float32)
+    labels, weights = batch["labels"], batch["example_weights"].astype(jnp.float32)
+    losses = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
+    hits = (jnp.argmax(jax.lax.stop_gradient(logits), axis=-1) == labels).astype(jnp.float32)
+    return jnp.sum(losses * weights), jnp.sum(weights), jnp.sum(hits * weights)
+
+
+LOSSES: dict[str, Callable[..., Sums]] = {"causal": causal_lm_loss, "mlm": masked_lm_loss,
+                                          "classify": classification_loss}
 
 
 def global_norm(tree: Any) -> jax.Array:
@@ -165,7 +180,7 @@ def step_key(state: TrainState) -> jax.Array:
 def make_train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, schedule: optax.Schedule, *,
                     objective: str, accum_steps: int = 1, loss_chunk: int = 0,
                     micro_batch_sharding: jax.sharding.Sharding | None = None,
-                    grad_shardings: Any = None) -> Callable:
+                    grad_shardings: Any = None, trainable: Callable[[tuple], bool] | None = None) -> Callable:
     """``train_step(state, rest, batch, with_accuracy=True) -> (state, metrics)``, not yet jitted: the one place a
     loss is differentiated (the training loop and ``train.bench`` both build their step here).
 
@@ -181,6 +196,9 @@ def make_train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, sc
     ``jnp.bool_``) skips the argmax over the vocabulary when false: the loop asks for it at logging steps only.
     ``metrics``: ``loss`` (mean over scored tokens), ``accuracy`` (0 when not asked for), ``tokens`` (scored),
     ``grad_norm`` (before clipping), ``lr`` (of this update).
+
+    ``trainable`` (a predicate on a parameter's path keys): differentiate those parameters only; the others get
+    zero gradients and no backward pass (fine-tuning a head on a frozen encoder).
     """
     loss_of = LOSSES[objective]
 
@@ -190,7 +208,25 @@ def make_train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, sc
         loss_sum, count, correct = loss_of(model, batch, loss_chunk=loss_chunk, with_accuracy=with_accuracy)
         return loss_sum, (count, correct)
 
-    grad_fn = jax.value_and_grad(summed_loss, has_aux=True)
+    full_grad_fn = jax.value_and_grad(summed_loss, has_aux=True)
+
+    def grad_fn(params, rest, batch, key, with_accuracy):
+        if trainable is None:
+            return full_grad_fn(params, rest, batch, key, with_accuracy)
+        flat, tree = jax.tree_util.tree_flatten_with_path(params)
+        chosen = [trainable(tuple(getattr(k, "key", getattr(k, "idx", k)) for k in path)) for path, _ in flat]
+        leaves = [leaf for _, leaf in flat]
+
+        def partial_loss(selected, *args):
+            it = iter(selected)
+            merged = [next(it) if c else jax.lax.stop_gradient(leaf) for c, leaf in zip(chosen, leaves)]
+            return summed_loss(jax.tree_util.tree_unflatten(tree, merged), *args)
+
+        selected = [leaf for c, leaf in zip(chosen, leaves) if c]
+        value, grads = jax.value_and_grad(partial_loss, has_aux=True)(selected, rest, batch, key, with_accuracy)
+        it = iter(grads)
+        return value, jax.tree_util.tree_unflatten(tree, [next(it) if c else jnp.zeros_like(leaf)
+                                                          for c, leaf in zip(chosen, leaves)])
 
     def constrain(tree):
         return tree if grad_shardings is None else jax.lax.with_sharding_constraint(tree, grad_shardings)
@@ -259,5 +295,17 @@ def make_predict_masked(graphdef: nnx.GraphDef) -> Callable:
         logits = model(batch["input_ids"], batch.get("attention_mask"), batch.get("token_type_ids"),
                        segment_ids=batch.get("segment_ids"))
         return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+
+    return predict
+
+
+def make_predict_probabilities(graphdef: nnx.GraphDef) -> Callable:
+    """``predict(params, rest, batch) -> [batch, num_labels]`` class probabilities (float32) of a sequence
+    classifier, dropout off. Not yet jitted."""
+    def predict(params: Any, rest: Any, batch: Batch) -> jax.Array:
+        model = nnx.merge(graphdef, params, rest, copy=True)
+        model.eval()
+        logits = model(batch["input_ids"], batch.get("attention_mask"), batch.get("token_type_ids"))
+        return jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
 
     return predict

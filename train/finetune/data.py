@@ -246,7 +246,7 @@ class FlaxzooLabelled(tfds.core.GeneratorBasedBuilder, skip_registration=True):
 def source_stamp(cfg) -> list[Any]:
     """What the prepared split depends on (files by path, size and modification time)."""
     stamp: list[Any] = [cfg.source, cfg.text_field, cfg.label_field, cfg.test_fraction, cfg.split_seed,
-                        list(cfg.label_names)]
+                        list(cfg.class_names)]
     for path in (cfg.train_path, cfg.test_path):
         if path:
             p = pathlib.Path(path).expanduser().resolve()
@@ -267,8 +267,8 @@ def load_labelled(cfg) -> LabelledSplit:
 
     def make():
         texts, labels, how, dropped = build_split(cfg, data_dir)
-        names = tuple(cfg.label_names) or class_order(labels["train"])
-        if cfg.label_names:
+        names = cfg.class_names or class_order(labels["train"])
+        if cfg.class_names:
             counts = {name: labels["train"].count(name) for name in names}
             empty = [name for name, n in counts.items() if n == 0]
             if empty:

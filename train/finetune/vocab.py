@@ -1,0 +1,134 @@
+"""Vocabulary extension: domain words become whole tokens, their embedding rows starting as the mean of the rows of
+the pieces the tokenizer used to cut them into.
+
+A pretrained WordPiece vocabulary cuts rare domain words ("morientes", "rusedski") into several pieces; the brief's
+news task saw its out-of-vocabulary rate fall from 37% to 4% with the frequent ones added. The words are added as
+``tokenizers.AddedToken(word, single_word=True, normalized=True)``: matched on the normalised (e.g. lower-cased)
+text, as whole words only, before WordPiece runs.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+import tokenizers
+
+from models.modeling import dotted
+
+TOKEN_TABLE = ("embeddings", "tokens", "embedding")  # the last keys of the token embedding's path
+
+
+def plain_copy(tokenizer: tokenizers.Tokenizer) -> tokenizers.Tokenizer:
+    """A copy without truncation or padding (the caller's tokenizer is left as it is)."""
+    copy = tokenizers.Tokenizer.from_str(tokenizer.to_str())
+    copy.no_truncation()
+    copy.no_padding()
+    return copy
+
+
+def words_of(tokenizer: tokenizers.Tokenizer, text: str) -> list[str]:
+    """The words of ``text`` as the tokenizer sees them: normalised, then pre-tokenised (punctuation apart)."""
+    if tokenizer.normalizer is not None:
+        text = tokenizer.normalizer.normalize_str(text)
+    if tokenizer.pre_tokenizer is None:
+        return text.split()
+    return [word for word, _ in tokenizer.pre_tokenizer.pre_tokenize_str(text)]
+
+
+def pieces_of(tokenizer: tokenizers.Tokenizer, words: Sequence[str]) -> list[list[int]]:
+    """The token ids each word is cut into (no special tokens)."""
+    plain = plain_copy(tokenizer)
+    return [e.ids for e in plain.encode_batch(list(words), add_special_tokens=False)]
+
+
+@dataclasses.dataclass(frozen=True)
+class SplitStats:
+    """How a tokenizer cuts the words of some texts: ``split_fraction`` of the word occurrences become ``min_pieces``
+    or more pieces; ``unk_rate``: the share of word occurrences holding the unknown token."""
+
+    words: int
+    split_fraction: float
+    unk_rate: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def word_counts(tokenizer: tokenizers.Tokenizer, texts: Iterable[str]) -> collections.Counter:
+    return collections.Counter(w for text in texts for w in words_of(tokenizer, text))
+
+
+def split_stats(tokenizer: tokenizers.Tokenizer, texts: Sequence[str], min_pieces: int) -> SplitStats:
+    counts = word_counts(tokenizer, texts)
+    words = list(counts)
+    unk = tokenizer.token_to_id("[UNK]")
+    if unk is None:
+        unk = tokenizer.token_to_id("<unk>")
+    split = unknown = 0
+    for word, pieces in zip(words, pieces_of(tokenizer, words)):
+        split += counts[word] * (len(pieces) >= min_pieces)
+        unknown += counts[word] * (unk is not None and unk in pieces)
+    total = max(sum(counts.values()), 1)
+    return SplitStats(words=sum(counts.values()), split_fraction=split / total, unk_rate=unknown / total)
+
+
+def frequent_split_words(tokenizer: tokenizers.Tokenizer, texts: Sequence[str], *, min_count: int, min_pieces: int,
+                         max_new: int) -> list[str]:
+    """Words seen at least ``min_count`` times in ``texts`` that the tokenizer cuts into ``min_pieces`` or more
+    pieces, the most frequent first (ties alphabetical), at most ``max_new``; words of one character or without a
+    letter are left out."""
+    counts = word_counts(tokenizer, texts)
+    candidates = [w for w, n in counts.items() if n >= min_count and len(w) > 1 and any(c.isalpha() for c in w)]
+    cut = [w for w, pieces in zip(candidates, pieces_of(tokenizer, candidates)) if len(pieces) >= min_pieces]
+    return sorted(cut, key=lambda w: (-counts[w], w))[:max_new]
+
+
+def token_table_path(params: dict) -> tuple:
+    """The path of the token embedding table ``[vocab, hidden]`` in a model's parameter dict."""
+    def walk(node, path):
+        if isinstance(node, dict):
+            for key, child in node.items():
+                found = walk(child, path + (key,))
+                if found:
+                    return found
+        return path if path[-3:] == TOKEN_TABLE else None
+
+    found = walk(params, ())
+    if not found:
+        raise ValueError("the model has no token embedding table (…embeddings.tokens.embedding)")
+    return found
+
+
+def extend_vocabulary(tokenizer: tokenizers.Tokenizer, params: dict, vocab_size: int, words: Sequence[str]
+                      ) -> tuple[tokenizers.Tokenizer, dict, int, list[str]]:
+    """Add ``words`` to a copy of ``tokenizer`` and rows for them to the token table of ``params``.
+
+    Returns ``(tokenizer, params, vocab_size, added)``: a word already one token, or already in the vocabulary, is
+    skipped. The row of a new token is the mean of its pieces' rows; the model's ``vocab_size`` grows to hold the
+    largest new id."""
+    pieces = dict(zip(words, pieces_of(tokenizer, words)))
+    vocab = tokenizer.get_vocab(with_added_tokens=True)
+    todo = [w for w in dict.fromkeys(words) if w not in vocab and len(pieces[w]) > 1]
+    extended = tokenizers.Tokenizer.from_str(tokenizer.to_str())
+    extended.add_tokens([tokenizers.AddedToken(w, single_word=True, normalized=True) for w in todo])
+    path = token_table_path(params)
+    node = params
+    for key in path[:-1]:
+        node = node[key]
+    table = np.asarray(node[path[-1]])
+    if table.shape[0] != vocab_size:
+        raise ValueError(f"{dotted(path)} has {table.shape[0]} rows for vocab_size={vocab_size} (padding rows); "
+                         "extend the vocabulary of an unpadded model (pad_vocab_to=1)")
+    ids = [extended.token_to_id(w) for w in todo]
+    if any(i is None for i in ids):
+        raise RuntimeError(f"the tokenizer did not take the words {[w for w, i in zip(todo, ids) if i is None]}")
+    new_size = max([vocab_size, *(i + 1 for i in ids)])
+    rows = np.zeros((new_size, table.shape[1]), table.dtype)
+    rows[:table.shape[0]] = table
+    for word, i in zip(todo, ids):
+        rows[i] = table[pieces[word]].mean(axis=0)
+    node[path[-1]] = rows
+    return extended, params, new_size, todo
