@@ -22,7 +22,9 @@ from train import flops, optim, sharding
 from train.config import ConfigError, MeshConfig, OptimConfig, TrainConfig, execution_defaults
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
-CONFIGS = sorted(p.stem for p in (REPO / "configs").glob("*.py") if not p.stem.startswith("_"))
+ALL_CONFIGS = sorted(p.stem for p in (REPO / "configs").glob("*.py") if not p.stem.startswith("_"))
+FINETUNE_CONFIGS = ("finetune_cls", "headlines_from_scratch")  # task="classify": train/finetune's config
+CONFIGS = [name for name in ALL_CONFIGS if name not in FINETUNE_CONFIGS]
 
 
 def resolve(config, devices, **kw):
