@@ -13,6 +13,8 @@ Keys (``--config.KEY=VALUE``):
 - ``warmup_ratio``: the warmup's share of the steps (``optim.warmup_steps`` is used only when this is 0)
 - ``optim.*``: as for pre-training (``train.config.OptimConfig``), ``optim.layer_decay`` < 1 gives layer-wise LR
   decay (embeddings lowest, the head highest)
+- ``remat``, ``scan_layers``: as ``precision.remat`` / ``precision.scan_layers`` in pre-training ("auto" decides from
+  the backend and the depth)
 - ``compute_dtype``: ``auto`` (bfloat16 on GPU / TPU, float32 on CPU), ``float32``, ``bfloat16``. bfloat16 keeps
   float32's exponent range, so its gradients need no loss scaling; ``float16`` is refused for training: flaxzoo has no
   loss scaling, and float16 gradients underflow without it.
@@ -31,8 +33,9 @@ import jax
 from ml_collections import ConfigDict
 
 from models import TransformerConfig
-from train.config import (BOOL, TEXT, ConfigError, OptimConfig, Section, checked, choice, integer,
-                          model_fields, model_from_values, number, section_dict)
+from models.config import REMAT_POLICIES
+from train.config import (BOOL, TEXT, ConfigError, OptimConfig, Section, Spec, checked, choice,
+                          execution_defaults, integer, model_fields, model_from_values, number, section_dict)
 from train.data.config import default_data_dir
 from train.finetune.data import SOURCES
 
@@ -133,6 +136,8 @@ class FinetuneConfig(Section):
     class_weights: str = checked("none", choice(*CLASS_WEIGHTS))
     warmup_ratio: float = checked(0.1, number(0.0, 1.0))
     compute_dtype: str = checked("auto", choice("auto", "float32", "bfloat16", "float16"))
+    remat: str = checked("auto", choice(*REMAT_POLICIES, also=("auto",)))
+    scan_layers: Any = checked("auto", Spec("bool", also=("auto",)))
     compilation_cache: bool = checked(True, BOOL)
     compilation_cache_dir: str = checked("", TEXT)
 
@@ -157,6 +162,12 @@ class FinetuneConfig(Section):
         if self.compute_dtype != "auto":
             return self.compute_dtype
         return "float32" if jax.default_backend() == "cpu" else "bfloat16"
+
+    def execution(self, num_layers: int) -> tuple[str, bool]:
+        """``(remat, scan_layers)`` with "auto" decided as for pre-training (``train.config.execution_defaults``)."""
+        remat, scan = execution_defaults(jax.default_backend(), num_layers)
+        return (remat if self.remat == "auto" else self.remat,
+                scan if self.scan_layers == "auto" else self.scan_layers)
 
     def cache_dir(self) -> str | None:
         if not self.compilation_cache:

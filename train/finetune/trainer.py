@@ -23,6 +23,7 @@ import math
 import pathlib
 import sys
 import time
+import warnings
 from typing import Any, Sequence
 
 import jax
@@ -112,19 +113,43 @@ def load_classifier(cfg: FinetuneConfig, names: tuple[str, ...]) -> tuple[Any, d
     """``(model config, parameter dict, tokenizer source)`` of the classifier to fine-tune."""
     num_labels = len(names)
     if cfg.init_from == SCRATCH:
-        config = cfg.model.replace(num_labels=num_labels)
+        remat, scan = cfg.execution(cfg.model.num_layers)
+        config = cfg.model.replace(num_labels=num_labels, remat=remat, scan_layers=scan)
         model = jax.jit(lambda: nnx.split(BertForSequenceClassification(config, rngs=nnx.Rngs(cfg.seed)),
                                           nnx.Param, ...)[1])()
         return config, nnx.to_pure_dict(model), cfg.tokenizer
     source = cfg.init_from or packaged_minilm()
     try:
-        model = from_pretrained(source, cls=BertForSequenceClassification, num_labels=num_labels, seed=cfg.seed)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            layers = read_num_layers(source)
+            remat, scan = cfg.execution(layers) if layers else ("none", False)
+            model = from_pretrained(source, cls=BertForSequenceClassification, num_labels=num_labels, seed=cfg.seed,
+                                    scan_layers=scan)
+        for warning in caught:  # the head the encoder checkpoint lacks: expected here, said once
+            say(f"init: {warning.message}")
     except ValueError as exc:
         raise ValueError(f"init_from={str(source)!r} cannot start a text classifier: {exc} (expected an encoder "
                          "checkpoint: a BERT / RoBERTa directory or Hub id, or a flaxzoo MLM work directory)") from None
     if model.config.causal:
         raise ValueError(f"init_from={str(source)!r} is a decoder (causal LM); expected an encoder checkpoint")
-    return model.config, nnx.to_pure_dict(nnx.state(model, nnx.Param)), cfg.tokenizer or source
+    return (model.config.replace(remat=remat), nnx.to_pure_dict(nnx.state(model, nnx.Param)),
+            cfg.tokenizer or source)
+
+
+def read_num_layers(source: str | pathlib.Path) -> int | None:
+    """The depth a checkpoint's config declares (Hugging Face ``num_hidden_layers`` or a flaxzoo meta), without
+    loading it; None when it cannot be told."""
+    path = pathlib.Path(source)
+    hf = path / "config.json"
+    if hf.is_file():
+        return json.loads(hf.read_text()).get("num_hidden_layers")
+    step = find_step_dir(path) if path.exists() else None
+    if step is not None:
+        from models.checkpoint import read_meta
+
+        return read_meta(step)["config"]["num_layers"]
+    return None
 
 
 class Finetuner:
@@ -251,7 +276,8 @@ class Finetuner:
         self._build(steps)
         say(f"model: BertForSequenceClassification from {cfg.init_from or 'the packaged all-MiniLM-L6-v2'}, "
             f"{sum(x.size for x in jax.tree.leaves(self.params)):,} parameters, {self.config.num_labels} labels, "
-            f"compute {self.config.dtype}; {cfg.epochs} epochs x {steps_per_epoch} steps of {cfg.batch_size}"
+            f"compute {self.config.dtype}, remat {self.config.remat}, scan_layers {self.config.scan_layers}; "
+            f"{cfg.epochs} epochs x {steps_per_epoch} steps of {cfg.batch_size}"
             + (f"; head alone for the first {self.freeze_steps} steps" if self.freeze_steps else ""))
         log_path = self.workdir / "metrics.jsonl"
         train_start = time.perf_counter()
