@@ -21,7 +21,7 @@ from models.bert import BertForSequenceClassification, BertModel
 from models.generate import generate
 from models.gpt import GPTForCausalLM, GPTModel
 
-__all__ = ["classify", "embed", "encode_for_classification", "encode_texts", "generate_text", "truncate_ids"]
+__all__ = ["Classifier", "classify", "embed", "encode_for_classification", "encode_texts", "generate_text", "truncate_ids"]
 
 _BUCKET = 8
 TRUNCATION_STRATEGIES = ("head", "head_tail")
@@ -200,9 +200,11 @@ def encode_for_classification(tokenizer: tokenizers.Tokenizer, texts: Sequence[s
         raise ValueError(f"text(s) at index {blank} are empty, whitespace-only or not strings: expected text to "
                          "classify")
     _check_truncation(max_length, truncation, head_tokens)
-    plain = tokenizers.Tokenizer.from_str(tokenizer.to_str())
-    plain.no_truncation()
-    plain.no_padding()
+    plain = tokenizer
+    if tokenizer.truncation is not None or tokenizer.padding is not None:
+        plain = tokenizers.Tokenizer.from_str(tokenizer.to_str())
+        plain.no_truncation()
+        plain.no_padding()
     return [truncate_ids(e.ids, max_length, strategy=truncation, head_tokens=head_tokens)
             for e in plain.encode_batch(texts, add_special_tokens=True)]
 
@@ -220,6 +222,54 @@ def _eval_split(model: nnx.Module) -> tuple[nnx.GraphDef, nnx.State]:
     return nnx.split(copy)
 
 
+class Classifier:
+    """A ``BertForSequenceClassification`` ready to serve: an eval-mode split of the model and a copy of the
+    tokenizer without its own truncation or padding, made once; calling it is :func:`classify` (``classify`` builds
+    one per call: keep one of these to classify many small batches)."""
+
+    def __init__(self, model: nnx.Module, tokenizer: tokenizers.Tokenizer, *, batch_size: int = 64,
+                 max_length: int | None = None, truncation: str = "head", head_tokens: int = 0):
+        if not isinstance(model, BertForSequenceClassification):
+            raise ValueError(f"classify needs a sequence classifier (BertForSequenceClassification); got "
+                             f"{type(model).__name__}")
+        if not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size={batch_size!r}: expected a positive integer")
+        config = model.config
+        positions = config.max_position_embeddings - config.position_offset
+        max_length = positions if max_length is None else max_length
+        _check_truncation(max_length, truncation, head_tokens)
+        if config.position in ("learned", "sinusoidal") and max_length > positions:
+            raise ValueError(f"max_length={max_length}: expected at most the model's {positions} positions "
+                             "(max_position_embeddings - position_offset)")
+        self.config, self.batch_size, self.max_length = config, batch_size, max_length
+        self.truncation, self.head_tokens = truncation, head_tokens
+        self.tokenizer = tokenizers.Tokenizer.from_str(tokenizer.to_str())
+        self.tokenizer.no_truncation()
+        self.tokenizer.no_padding()
+        self.check_inputs = model.bert.encoder.check_inputs
+        self.graphdef, self.state = _eval_split(model)
+
+    def __call__(self, texts: str | Sequence[str]) -> tuple[list, np.ndarray]:
+        config = self.config
+        texts = [texts] if isinstance(texts, str) else list(texts)
+        if not texts:
+            return [], np.zeros((0, config.num_labels), np.float32)
+        rows = encode_for_classification(self.tokenizer, texts, max_length=self.max_length,
+                                         truncation=self.truncation, head_tokens=self.head_tokens)
+        order = sorted(range(len(rows)), key=lambda i: len(rows[i]))  # similar lengths share a batch: less padding
+        probs = np.zeros((len(rows), config.num_labels), np.float32)
+        for start in range(0, len(order), self.batch_size):
+            chunk = order[start:start + self.batch_size]
+            ids, mask = _pad([rows[i] for i in chunk], pad_id=config.pad_token_id or 0, left=False,
+                             limit=self.max_length)
+            self.check_inputs(ids, mask)  # ids in range: before compiling
+            probs[chunk] = np.asarray(_class_probabilities(self.graphdef, self.state, jnp.asarray(ids),
+                                                           jnp.asarray(mask)))
+        best = probs.argmax(axis=-1).tolist()
+        labels = [config.label_names[i] for i in best] if config.label_names is not None else best
+        return labels, probs
+
+
 def classify(model: nnx.Module, tokenizer: tokenizers.Tokenizer, texts: str | Sequence[str], *, batch_size: int = 64,
              max_length: int | None = None, truncation: str = "head", head_tokens: int = 0
              ) -> tuple[list, np.ndarray]:
@@ -228,36 +278,11 @@ def classify(model: nnx.Module, tokenizer: tokenizers.Tokenizer, texts: str | Se
     Texts are encoded by :func:`encode_for_classification` (``max_length`` default: the model's positions,
     ``max_position_embeddings - position_offset``; ``truncation`` / ``head_tokens`` as :func:`truncate_ids`),
     batched by ``batch_size`` in order of length, each batch padded on the right to its longest row rounded up to a
-    multiple of 8 (one compiled program per length).
+    multiple of 8 (one compiled program per length). To classify many small batches, build a :class:`Classifier`
+    once and call it.
 
     Returns ``(labels, probabilities [len(texts), num_labels] float32)``: a label is ``config.label_names[i]`` of the
     most probable class ``i`` when the config has names, else ``i``. A single string gives one-element results.
     """
-    if not isinstance(model, BertForSequenceClassification):
-        raise ValueError(f"classify needs a sequence classifier (BertForSequenceClassification); got "
-                         f"{type(model).__name__}")
-    if not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size={batch_size!r}: expected a positive integer")
-    config = model.config
-    texts = [texts] if isinstance(texts, str) else list(texts)
-    positions = config.max_position_embeddings - config.position_offset
-    max_length = positions if max_length is None else max_length
-    _check_truncation(max_length, truncation, head_tokens)
-    if config.position in ("learned", "sinusoidal") and max_length > positions:
-        raise ValueError(f"max_length={max_length}: expected at most the model's {positions} positions "
-                         "(max_position_embeddings - position_offset)")
-    if not texts:
-        return [], np.zeros((0, config.num_labels), np.float32)
-    rows = encode_for_classification(tokenizer, texts, max_length=max_length, truncation=truncation,
-                                     head_tokens=head_tokens)
-    order = sorted(range(len(rows)), key=lambda i: len(rows[i]))  # similar lengths share a batch: less padding
-    graphdef, state = _eval_split(model)
-    probs = np.zeros((len(rows), config.num_labels), np.float32)
-    for start in range(0, len(order), batch_size):
-        chunk = order[start:start + batch_size]
-        ids, mask = _pad([rows[i] for i in chunk], pad_id=config.pad_token_id or 0, left=False, limit=max_length)
-        model.bert.encoder.check_inputs(ids, mask)  # ids in range: before compiling
-        probs[chunk] = np.asarray(_class_probabilities(graphdef, state, jnp.asarray(ids), jnp.asarray(mask)))
-    best = probs.argmax(axis=-1).tolist()
-    labels = [config.label_names[i] for i in best] if config.label_names is not None else best
-    return labels, probs
+    return Classifier(model, tokenizer, batch_size=batch_size, max_length=max_length, truncation=truncation,
+                      head_tokens=head_tokens)(texts)
