@@ -121,3 +121,16 @@ def test_bench_profile_lists_the_compiled_programs_operations(tmp_path):
     assert profile and all(row["ms_per_call"] >= 0 for row in profile)
     assert any("dot" in row["op"] or "dot_general" in row["label"] for row in profile), profile
     assert list(tmp_path.glob("gpt_train/**/*.trace.json.gz"))
+
+
+def test_bench_classify_serves_the_same_labels_as_transformers():
+    """``--work classify``: the packaged MiniLM with a 5-class head, flaxzoo and transformers on the same weights and
+    headlines (times are the benchmark's business; here: it runs, and both sides give the same labels)."""
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    proc = subprocess.run([sys.executable, "-m", "train.bench", "--work", "classify", "--headlines", "12", "--json"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads([line for line in proc.stdout.splitlines() if line.startswith("{")][-1])
+    assert result["label_agreement"] == 1.0 and result["headlines"] == 12
+    for side in ("flaxzoo", "transformers"):
+        assert result[side]["ms_per_headline_batch1"] > 0 and result[side]["headlines_per_s_batch64"] > 0

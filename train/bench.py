@@ -499,7 +499,10 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     if args.work == "classify":
         from train.classify_bench import run_classify
 
-        return [run_classify(args)]
+        result = run_classify(args)
+        if args.json:
+            print(json.dumps(result), flush=True)
+        return [result]
     if args.profile and "xla_cpu_enable_xprof_traceme" not in os.environ.get("XLA_FLAGS", ""):
         # Must be set before the backend starts (the first jax.devices() below): CPU ops then show in the trace.
         os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_cpu_enable_xprof_traceme=true").strip()

@@ -119,12 +119,14 @@ def run_classify(args) -> dict[str, Any]:
     texts, what = headlines(getattr(args, "headlines", 256))
     print(f"classify [{source}; {what}; {len(texts)} headlines; jax {jax.__version__}, transformers "
           f"{transformers.__version__}, torch {torch.__version__}]", flush=True)
-    rounds = {"flaxzoo": [], "transformers": []}
+    rounds: dict[str, list] = {"flaxzoo": [], "transformers": []}
+    agreement = []
     for index in range(args.rounds):
         ours = flaxzoo_side(model, tokenizer, texts)
         time.sleep(1.0)
         theirs = transformers_side(model, tokenizer, texts)
         agree = float(np.mean(np.asarray(ours["labels"]) == np.asarray(theirs["labels"])))
+        agreement.append(agree)
         for side, r in (("flaxzoo", ours), ("transformers", theirs)):
             rounds[side].append(r)
             first = f", first call {r['first_call_s']:.2f} s" if "first_call_s" in r else ""
@@ -139,4 +141,5 @@ def run_classify(args) -> dict[str, Any]:
           f"ms/headline ({theirs['ms_per_headline_batch1'] / ours['ms_per_headline_batch1']:.2f}x faster); batch 64 "
           f"{ours['headlines_per_s_batch64']:,.0f} vs {theirs['headlines_per_s_batch64']:,.0f} headlines/s "
           f"({ours['headlines_per_s_batch64'] / theirs['headlines_per_s_batch64']:.2f}x)", flush=True)
-    return {"work": "classify", "source": source, "inputs": what, **summary}
+    return {"work": "classify", "source": source, "inputs": what, "headlines": len(texts),
+            "label_agreement": min(agreement), **summary}

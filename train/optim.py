@@ -17,6 +17,7 @@ update per step, whatever ``accum_steps`` is.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
@@ -173,12 +174,15 @@ HEAD, BACKBONE = "head", "backbone"
 
 
 def make_finetune_optimizer(optim: "OptimConfig", steps: int, params: Any, num_layers: int, *, freeze_steps: int,
-                            is_head: Callable[[tuple], bool]) -> tuple[optax.GradientTransformation, optax.Schedule]:
+                            is_head: Callable[[tuple], bool], head_lr: float | None = None
+                            ) -> tuple[optax.GradientTransformation, optax.Schedule]:
     """``(tx, head schedule)`` for fine-tuning: global-norm clipping, then AdamW with layer-wise LR decay in two
     groups: the head (``is_head(path keys)``: the parameters above the encoder) learns from the first step on the
-    schedule over ``steps``; the backbone is frozen for ``freeze_steps`` updates, then learns on the same schedule
-    shape over the remaining ``steps - freeze_steps`` (its own warmup from zero)."""
+    schedule over ``steps`` with peak ``head_lr`` (None: ``optim.lr``); the backbone is frozen for ``freeze_steps``
+    updates, then learns on the same schedule shape with peak ``optim.lr`` over the remaining ``steps -
+    freeze_steps`` (its own warmup from zero)."""
     del params
+    head_optim = optim if head_lr is None else dataclasses.replace(optim, lr=head_lr)
     clip = optim.grad_clip if optim.grad_clip > 0 else math.inf
 
     def group(schedule: optax.Schedule) -> optax.GradientTransformation:
@@ -190,7 +194,7 @@ def make_finetune_optimizer(optim: "OptimConfig", steps: int, params: Any, num_l
             scale_by_layer_decay(num_layers, optim.layer_decay),
         )
 
-    head_schedule = make_schedule(optim, steps)
+    head_schedule = make_schedule(head_optim, steps)
     backbone = group(make_schedule(optim, max(steps - freeze_steps, 1)))
     labels = lambda tree: jax.tree_util.tree_map_with_path(  # noqa: E731
         lambda path, _: HEAD if is_head(tuple(_keys(path))) else BACKBONE, tree)

