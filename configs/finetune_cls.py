@@ -7,8 +7,9 @@ loads as the classifier. Another encoder: ``--config.init_from=PATH_OR_HUB_ID``;
 ``data.text_field`` / ``data.label_field``).
 
 The recipe (each practice one switch; ``train/finetune/RESULTS.md`` has the ablation):
-- layer-wise LR decay 0.8 (embeddings learn at 0.8^7 of the head's rate);
-- the head alone for the first epoch's steps (``freeze_steps``), then everything;
+- layer-wise LR decay 0.8 (embeddings learn at 0.8^7 of ``optim.lr``, the top layer at 0.8);
+- the head alone for about the first epoch (``freeze_steps``) at a 10x higher rate (``head_lr``), then everything
+  (linear probing, then fine-tuning: Kumar et al., 2022);
 - gradient clipping at 1.0, 10% warmup then linear decay;
 - frequent words the tokenizer cuts into 3+ pieces added to the vocabulary;
 - head + tail truncation (no effect on headlines, which are shorter than ``max_len``; it matters for long texts).
@@ -29,7 +30,8 @@ def get_config():
     c.optim.grad_clip = 1.0
     c.optim.layer_decay = 0.8
     c.warmup_ratio = 0.1
-    c.freeze_steps = 50
+    c.freeze_steps = 50  # about one epoch of BBC headlines: the head alone, at head_lr
+    c.head_lr = 2e-3
     c.vocab.frequent = True
     c.data.max_len = 64
     c.data.truncation = "head_tail"
