@@ -362,6 +362,11 @@ def test_unknown_source_and_a_decoder_checkpoint_are_refused(tmp_path, data_dir,
                                                              csv_files):
     with pytest.raises(ConfigError, match="data.source: 'news': expected one of \\['bbc_headlines', 'files'\\]"):
         finetune_config(data_dir, tiny_encoder, minilm_dir, csv_files["train"], **{"data.source": "news"})
+    with pytest.raises(ConfigError, match="model.position: 'alibi' is set but init_from=.* loads its architecture"):
+        finetune_config(data_dir, tiny_encoder, minilm_dir, csv_files["train"], **{"model.position": "alibi"})
+    too_long = finetune_config(data_dir, tiny_encoder, minilm_dir, csv_files["train"], **{"data.max_len": 100})
+    with pytest.raises(ValueError, match="data.max_len=100 exceeds the model's 64 positions"):
+        Finetuner(too_long, tmp_path / "work")
     gpt = tmp_path / "gpt2"
     transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=30522, n_embd=32, n_layer=1, n_head=2,
                                                          n_positions=64)).save_pretrained(gpt)

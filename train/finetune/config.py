@@ -208,8 +208,15 @@ class FinetuneConfig(Section):
         data = ClassifyDataConfig.from_values(values.get("data", {}))
         vocab = VocabConfig.from_values(values.get("vocab", {}))
         model = None
+        model_values = values.get("model", {})
         if top.get("init_from") == SCRATCH:
-            model, _ = model_from_values(values.get("model", {}))
+            model, _ = model_from_values(model_values)
+        else:
+            given = sorted(k for k, v in model_values.items() if v not in (None, ""))
+            if given:
+                raise ConfigError(f"model.{given[0]}", f"{model_values[given[0]]!r} is set but init_from="
+                                                       f"{top.get('init_from', '')!r} loads its architecture from the "
+                                                       "checkpoint; model.* applies to init_from='scratch' only")
         return cls(optim=optim, data=data, vocab=vocab, model=model, **top)
 
 

@@ -203,6 +203,10 @@ class Finetuner:
                                 dtype=cfg.resolved_dtype(), param_dtype="float32")
         if config.pad_token_id is not None and config.pad_token_id >= config.vocab_size:
             config = config.replace(pad_token_id=None)
+        positions = config.max_position_embeddings - config.position_offset
+        if config.position in ("learned", "sinusoidal") and self.max_len > positions:
+            raise ValueError(f"data.max_len={self.max_len} exceeds the model's {positions} positions; expected at "
+                             f"most {positions}")
         self.config = config
         self.encoded = {split: encode_for_classification(self.tokenizer, texts, max_length=self.max_len,
                                                          truncation=cfg.data.truncation,
