@@ -21,9 +21,10 @@ from models.bert import BertForSequenceClassification, BertModel
 from models.generate import generate
 from models.gpt import GPTForCausalLM, GPTModel
 
-__all__ = ["Classifier", "classify", "embed", "encode_for_classification", "encode_texts", "generate_text", "truncate_ids"]
+__all__ = ["Classifier", "PAD_MULTIPLE", "TRUNCATION_STRATEGIES", "classify", "embed", "encode_for_classification",
+           "encode_texts", "generate_text", "pad_batch", "plain_tokenizer", "truncate_ids"]
 
-_BUCKET = 8
+PAD_MULTIPLE = 8  # batches are padded to a multiple of this many tokens
 TRUNCATION_STRATEGIES = ("head", "head_tail")
 
 
@@ -34,16 +35,31 @@ def encode_texts(tokenizer: tokenizers.Tokenizer, texts: Sequence[str], *, add_s
     return [[i for i, real in zip(e.ids, e.attention_mask) if real] for e in encodings]
 
 
-def _pad(rows: Sequence[Sequence[int]], pad_id: int, *, left: bool, limit: int | None = None
-         ) -> tuple[np.ndarray, np.ndarray]:
-    """``rows`` padded to a common length (the longest, rounded up to a multiple of 8, at most ``limit``):
-    ``(ids [batch, length] int32, mask [batch, length] int32)``."""
+def plain_tokenizer(tokenizer: tokenizers.Tokenizer) -> tokenizers.Tokenizer:
+    """``tokenizer`` itself when it neither truncates nor pads, else a copy that does neither (the caller's
+    tokenizer is unchanged)."""
+    if tokenizer.truncation is None and tokenizer.padding is None:
+        return tokenizer
+    plain = tokenizers.Tokenizer.from_str(tokenizer.to_str())
+    plain.no_truncation()
+    plain.no_padding()
+    return plain
+
+
+def pad_batch(rows: Sequence[Sequence[int]], pad_id: int, *, left: bool = False, limit: int | None = None,
+              num_rows: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """``rows`` padded to a common length (the longest, rounded up to a multiple of 8, at most ``limit``), and with
+    all-padding rows up to ``num_rows`` (default: none): ``(ids [num_rows, length] int32, mask [num_rows, length]
+    int32)``. Few distinct shapes, so few compiled programs."""
     longest = max(len(r) for r in rows)
-    length = -(-longest // _BUCKET) * _BUCKET
+    length = -(-longest // PAD_MULTIPLE) * PAD_MULTIPLE
     if limit is not None:
         length = max(longest, min(length, limit))
-    ids = np.full((len(rows), length), pad_id, np.int32)
-    mask = np.zeros((len(rows), length), np.int32)
+    num_rows = len(rows) if num_rows is None else num_rows
+    if num_rows < len(rows):
+        raise ValueError(f"num_rows={num_rows}: expected at least the {len(rows)} rows given")
+    ids = np.full((num_rows, length), pad_id, np.int32)
+    mask = np.zeros((num_rows, length), np.int32)
     for i, row in enumerate(rows):
         span = slice(length - len(row), length) if left else slice(0, len(row))
         ids[i, span], mask[i, span] = row, 1
@@ -94,7 +110,7 @@ def embed(model: nnx.Module, tokenizer: tokenizers.Tokenizer, texts: str | Seque
         rows = encode_texts(tokenizer, texts[start:start + batch_size])
         if min(len(r) for r in rows) == 0:
             raise ValueError("a text encodes to no tokens at all; embed needs at least one token per text")
-        ids, mask = _pad(rows, pad_id=model.config.pad_token_id or 0, left=False, limit=limit)
+        ids, mask = pad_batch(rows, pad_id=model.config.pad_token_id or 0, left=False, limit=limit)
         stack.check_inputs(ids, mask)  # ids in range, length within the positions: before compiling
         out.append(np.asarray(_mean_pooled(graphdef, state, jnp.asarray(ids), jnp.asarray(mask))))
     vectors = np.concatenate(out)
@@ -140,7 +156,7 @@ def generate_text(model: nnx.Module, tokenizer: tokenizers.Tokenizer, prompt: st
         raise ValueError(f"prompt(s) {empty} encode to no tokens; pass add_bos=True to start from the BOS token")
     eos = (config.eos_token_id if eos_token_id is None else eos_token_id) if stop_at_eos else None
     stops = set() if eos is None else ({int(eos)} if isinstance(eos, (int, np.integer)) else set(map(int, eos)))
-    ids, mask = _pad(rows, pad_id=config.pad_token_id or 0, left=True)
+    ids, mask = pad_batch(rows, pad_id=config.pad_token_id or 0, left=True)
     tokens = np.asarray(generate(model, ids, max_new_tokens, attention_mask=mask, temperature=temperature,
                                  top_k=top_k, top_p=top_p, eos_token_id=eos, rng=rng, seed=seed))
     texts = []
@@ -200,11 +216,7 @@ def encode_for_classification(tokenizer: tokenizers.Tokenizer, texts: Sequence[s
         raise ValueError(f"text(s) at index {blank} are empty, whitespace-only or not strings: expected text to "
                          "classify")
     _check_truncation(max_length, truncation, head_tokens)
-    plain = tokenizer
-    if tokenizer.truncation is not None or tokenizer.padding is not None:
-        plain = tokenizers.Tokenizer.from_str(tokenizer.to_str())
-        plain.no_truncation()
-        plain.no_padding()
+    plain = plain_tokenizer(tokenizer)
     return [truncate_ids(e.ids, max_length, strategy=truncation, head_tokens=head_tokens)
             for e in plain.encode_batch(texts, add_special_tokens=True)]
 
@@ -243,9 +255,7 @@ class Classifier:
                              "(max_position_embeddings - position_offset)")
         self.config, self.batch_size, self.max_length = config, batch_size, max_length
         self.truncation, self.head_tokens = truncation, head_tokens
-        self.tokenizer = tokenizers.Tokenizer.from_str(tokenizer.to_str())
-        self.tokenizer.no_truncation()
-        self.tokenizer.no_padding()
+        self.tokenizer = plain_tokenizer(tokenizer)
         self.check_inputs = model.bert.encoder.check_inputs
         self.graphdef, self.state = _eval_split(model)
 
@@ -260,11 +270,12 @@ class Classifier:
         probs = np.zeros((len(rows), config.num_labels), np.float32)
         for start in range(0, len(order), self.batch_size):
             chunk = order[start:start + self.batch_size]
-            ids, mask = _pad([rows[i] for i in chunk], pad_id=config.pad_token_id or 0, left=False,
-                             limit=self.max_length)
+            # rows padded to a power of two (at most batch_size): a short last batch compiles no new program
+            ids, mask = pad_batch([rows[i] for i in chunk], pad_id=config.pad_token_id or 0, limit=self.max_length,
+                                  num_rows=min(self.batch_size, 1 << (len(chunk) - 1).bit_length()))
             self.check_inputs(ids, mask)  # ids in range: before compiling
             probs[chunk] = np.asarray(_class_probabilities(self.graphdef, self.state, jnp.asarray(ids),
-                                                           jnp.asarray(mask)))
+                                                           jnp.asarray(mask)))[:len(chunk)]
         best = probs.argmax(axis=-1).tolist()
         labels = [config.label_names[i] for i in best] if config.label_names is not None else best
         return labels, probs
@@ -278,7 +289,7 @@ def classify(model: nnx.Module, tokenizer: tokenizers.Tokenizer, texts: str | Se
     Texts are encoded by :func:`encode_for_classification` (``max_length`` default: the model's positions,
     ``max_position_embeddings - position_offset``; ``truncation`` / ``head_tokens`` as :func:`truncate_ids`),
     batched by ``batch_size`` in order of length, each batch padded on the right to its longest row rounded up to a
-    multiple of 8 (one compiled program per length). To classify many small batches, build a :class:`Classifier`
+    multiple of 8 and to a power-of-two number of rows (one compiled program per such shape). To classify many small batches, build a :class:`Classifier`
     once and call it.
 
     Returns ``(labels, probabilities [len(texts), num_labels] float32)``: a label is ``config.label_names[i]`` of the

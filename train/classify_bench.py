@@ -72,9 +72,10 @@ def flaxzoo_side(model, tokenizer, texts: list[str]) -> dict[str, float]:
     batched = Classifier(model, tokenizer, batch_size=64)
     batched(texts)
     start = time.perf_counter()
-    labels, _ = batched(texts)
+    _, probabilities = batched(texts)
     return {"ms_per_headline_batch1": 1e3 * statistics.median(per_text), "first_call_s": first_s,
-            "headlines_per_s_batch64": len(texts) / (time.perf_counter() - start), "labels": labels}
+            "headlines_per_s_batch64": len(texts) / (time.perf_counter() - start),
+            "labels": probabilities.argmax(-1).tolist()}
 
 
 def transformers_side(model, tokenizer, texts: list[str]) -> dict[str, float]:
@@ -82,15 +83,13 @@ def transformers_side(model, tokenizer, texts: list[str]) -> dict[str, float]:
     import transformers
 
     from models import save_pretrained
+    from models.text import plain_tokenizer
 
     torch.set_num_threads(os.cpu_count() or 1)
     with tempfile.TemporaryDirectory() as folder:
         save_pretrained(model, folder)
         hf = transformers.AutoModelForSequenceClassification.from_pretrained(folder).eval()
-    plain = type(tokenizer).from_str(tokenizer.to_str())
-    plain.no_padding()
-    plain.no_truncation()
-    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=plain, pad_token="[PAD]")
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=plain_tokenizer(tokenizer), pad_token="[PAD]")
 
     def run(batch: list[str]) -> list[int]:
         encoded = fast(batch, padding=True, truncation=True, max_length=512, return_tensors="pt")

@@ -34,6 +34,7 @@ import jax
 from ml_collections import ConfigDict
 
 from models import TransformerConfig
+from models.text import TRUNCATION_STRATEGIES
 from models.config import REMAT_POLICIES
 from train.config import (BOOL, TEXT, ConfigError, OptimConfig, Section, Spec, checked, choice,
                           execution_defaults, integer, model_fields, model_from_values, number, section_dict)
@@ -42,7 +43,6 @@ from train.finetune.data import SOURCES
 
 TASK = "classify"
 SCRATCH = "scratch"
-TRUNCATIONS = ("head", "head_tail")
 CLASS_WEIGHTS = ("none", "balanced")
 
 
@@ -70,7 +70,7 @@ class ClassifyDataConfig(Section):
     split_seed: int = checked(0, integer(0))
     data_dir: str = checked("", TEXT)
     max_len: int = checked(128, integer(3))
-    truncation: str = checked("head", choice(*TRUNCATIONS))
+    truncation: str = checked("head", choice(*TRUNCATION_STRATEGIES))
     head_tokens: int = checked(0, integer(0, note="(0 = a quarter of max_len - 2)"))
 
     def _validate(self) -> None:
@@ -83,6 +83,9 @@ class ClassifyDataConfig(Section):
         if self.head_tokens > self.max_len - 2:
             raise ConfigError("data.head_tokens", f"{self.head_tokens}: expected at most max_len - 2 = "
                                                   f"{self.max_len - 2} (the [CLS] and [SEP] tokens stay)")
+        if self.head_tokens and self.truncation != "head_tail":
+            raise ConfigError("data.head_tokens", f"{self.head_tokens} is set but data.truncation="
+                                                  f"{self.truncation!r} keeps no tail; expected 'head_tail' (or 0)")
         names = names_list(self.label_names)
         if len(set(names)) != len(names):
             raise ConfigError("data.label_names", f"{self.label_names!r} names a class twice")
@@ -159,6 +162,9 @@ class FinetuneConfig(Section):
                                            "tokenizer.json / vocab.txt)")
         if self.init_from == SCRATCH and self.model is None:
             raise ConfigError("model", "init_from='scratch' needs model.* (a preset or every field)")
+        if self.optim.accum_steps != 1:
+            raise ConfigError("optim.accum_steps", f"{self.optim.accum_steps}: fine-tuning takes one batch per step; "
+                                                   "expected 1 (lower batch_size instead)")
         if self.warmup_ratio and self.optim.warmup_steps:
             raise ConfigError("optim.warmup_steps", f"{self.optim.warmup_steps} and warmup_ratio="
                                                     f"{self.warmup_ratio} are both set; expected one of them (the "
@@ -177,6 +183,12 @@ class FinetuneConfig(Section):
         remat, scan = ("none", False) if backend == "cpu" else execution_defaults(backend, num_layers)
         return (remat if self.remat == "auto" else self.remat,
                 scan if self.scan_layers == "auto" else self.scan_layers)
+
+    def execution_without_depth(self) -> tuple[str, bool]:
+        """``(remat, scan_layers)`` for a checkpoint whose depth is not known before loading (a Hub id): the set
+        values, "auto" meaning no remat and unrolled layers."""
+        return ("none" if self.remat == "auto" else self.remat,
+                False if self.scan_layers == "auto" else self.scan_layers)
 
     def cache_dir(self) -> str | None:
         if not self.compilation_cache:
@@ -232,6 +244,3 @@ def base_config() -> ConfigDict:
     c.model = model_fields("")
     return c
 
-
-def is_finetune_config(config: ConfigDict | Mapping[str, Any]) -> bool:
-    return config.get("task", None) == TASK

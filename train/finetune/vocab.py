@@ -17,16 +17,9 @@ import numpy as np
 import tokenizers
 
 from models.modeling import dotted
+from models.text import plain_tokenizer
 
 TOKEN_TABLE = ("embeddings", "tokens", "embedding")  # the last keys of the token embedding's path
-
-
-def plain_copy(tokenizer: tokenizers.Tokenizer) -> tokenizers.Tokenizer:
-    """A copy without truncation or padding (the caller's tokenizer is left as it is)."""
-    copy = tokenizers.Tokenizer.from_str(tokenizer.to_str())
-    copy.no_truncation()
-    copy.no_padding()
-    return copy
 
 
 def words_of(tokenizer: tokenizers.Tokenizer, text: str) -> list[str]:
@@ -40,7 +33,7 @@ def words_of(tokenizer: tokenizers.Tokenizer, text: str) -> list[str]:
 
 def pieces_of(tokenizer: tokenizers.Tokenizer, words: Sequence[str]) -> list[list[int]]:
     """The token ids each word is cut into (no special tokens)."""
-    plain = plain_copy(tokenizer)
+    plain = plain_tokenizer(tokenizer)
     return [e.ids for e in plain.encode_batch(list(words), add_special_tokens=False)]
 
 
