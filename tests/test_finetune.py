@@ -432,6 +432,12 @@ def test_unknown_source_and_a_decoder_checkpoint_are_refused(tmp_path, data_dir,
     too_long = finetune_config(data_dir, tiny_encoder, minilm_dir, csv_files["train"], **{"data.max_len": 100})
     with pytest.raises(ValueError, match="data.max_len=100 exceeds the model's 64 positions"):
         Finetuner(too_long, tmp_path / "work")
+    small = tmp_path / "small_vocab"
+    transformers.BertModel(transformers.BertConfig(vocab_size=1000, hidden_size=32, num_hidden_layers=1,
+                                                   num_attention_heads=2, intermediate_size=64,
+                                                   max_position_embeddings=64)).save_pretrained(small)
+    with pytest.raises(ValueError, match="has 30522 tokens but the model's vocab_size is 1000"):
+        Finetuner(finetune_config(data_dir, small, minilm_dir, csv_files["train"]), tmp_path / "work")
     gpt = tmp_path / "gpt2"
     transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=30522, n_embd=32, n_layer=1, n_head=2,
                                                          n_positions=64)).save_pretrained(gpt)

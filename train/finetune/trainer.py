@@ -203,6 +203,10 @@ class Finetuner:
         config = config.replace(vocab_size=self.vocab_size, label_names=names,
                                 **({} if cfg.dropout < 0 else {"dropout": cfg.dropout}),
                                 dtype=cfg.resolved_dtype(), param_dtype="float32")
+        if self.tokenizer.get_vocab_size() > config.vocab_size:
+            raise ValueError(f"the tokenizer ({tokenizer_source}) has {self.tokenizer.get_vocab_size()} tokens but the "
+                             f"model's vocab_size is {config.vocab_size}; expected a tokenizer whose ids fit the "
+                             "model's embedding table (the model's own tokenizer)")
         positions = config.max_position_embeddings - config.position_offset
         if config.position in ("learned", "sinusoidal") and self.max_len > positions:
             raise ValueError(f"data.max_len={self.max_len} exceeds the model's {positions} positions; expected at "
