@@ -77,23 +77,31 @@ def finetune_row(name: str, config_name: str, changes: dict[str, Any], seed: int
             "wall_s": m["wall_s"], "train_s": m["train_s"], "steps": m["steps"], "workdir": str(workdir)}
 
 
-def bbc_rows(seeds: Sequence[int], root: pathlib.Path, include_baselines: bool = True) -> list[dict[str, Any]]:
+def bbc_rows(seeds: Sequence[int], root: pathlib.Path, include_baselines: bool = True,
+             methods: Sequence[str] | None = None) -> list[dict[str, Any]]:
+    """The rows of the BBC table (``methods``: only these: "tfidf", "frozen", "plain", the ablation names, "torch";
+    None: all)."""
     from train.finetune import baselines
     from train.finetune.config import ClassifyDataConfig
     from train.finetune.data import load_labelled
 
     rows = []
+    wanted = lambda name: methods is None or name in methods  # noqa: E731
     for seed in seeds:
-        if include_baselines:
-            split = load_labelled(ClassifyDataConfig.from_values({"split_seed": seed}))
-            rows += [{**baselines.tfidf_baseline(split), "seed": seed},
-                     {**baselines.frozen_encoder_baseline(split), "seed": seed}]
-        rows.append(finetune_row("plain full fine-tune", "finetune_cls", PLAIN, seed, root))
+        split = load_labelled(ClassifyDataConfig.from_values({"split_seed": seed}))
+        if include_baselines and wanted("tfidf"):
+            rows.append({**baselines.tfidf_baseline(split), "seed": seed})
+        if include_baselines and wanted("frozen"):
+            rows.append({**baselines.frozen_encoder_baseline(split), "seed": seed})
+        if wanted("plain"):
+            rows.append(finetune_row("plain full fine-tune", "finetune_cls", PLAIN, seed, root))
         for name, changes in ABLATIONS.items():
+            if not wanted(name):
+                continue
             rows.append(finetune_row(name, "finetune_cls", changes, seed, root))
             print(f"  {name} (seed {seed}): macro-F1 {rows[-1]['macro_f1']:.4f}, {rows[-1]['wall_s']:.0f} s",
                   file=sys.stderr, flush=True)
-        if include_baselines:
+        if include_baselines and wanted("torch"):
             rows.append({**baselines.torch_finetune_baseline(split, seed), "seed": seed})
     return rows
 
@@ -138,6 +146,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("table", choices=["bbc", "positions"])
     parser.add_argument("--seeds", default=None, help="comma-separated (bbc: 0,1; positions: 0,1,2)")
     parser.add_argument("--no-baselines", action="store_true", help="bbc: the fine-tunes only")
+    parser.add_argument("--methods", default=None,
+                        help="bbc: a comma-separated subset of the rows: 'tfidf', 'frozen', 'plain', 'recipe', "
+                             "'recipe - ...', 'torch' (default: all)")
     parser.add_argument("--out", default=None, help="JSON lines of the rows")
     parser.add_argument("--workdir", default=None, help="where the runs go (default: a temporary directory)")
     args = parser.parse_args(argv)
@@ -147,7 +158,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         root = pathlib.Path(args.workdir or tmp)
         try:
-            rows = (bbc_rows(seeds, root, not args.no_baselines) if args.table == "bbc"
+            methods = [m.strip() for m in args.methods.split(",")] if args.methods else None
+            rows = (bbc_rows(seeds, root, not args.no_baselines, methods) if args.table == "bbc"
                     else positions_rows(seeds, root))
         except ConfigError as exc:
             print(f"config error: {exc}", file=sys.stderr)
