@@ -6,7 +6,7 @@ loads as the classifier. Another encoder: ``--config.init_from=PATH_OR_HUB_ID``;
 ``--config.data.source=files --config.data.train_path=FILE.csv`` (``text`` / ``label`` columns, or set
 ``data.text_field`` / ``data.label_field``).
 
-The recipe (each practice one switch; ``train/finetune/RESULTS.md`` has the ablation):
+The recipe (each practice one switch; the README has the ablation, ``train/finetune/RESULTS.md`` the lab notes):
 - layer-wise LR decay 0.8 (embeddings learn at 0.8^7 of ``optim.lr``, the top layer at 0.8);
 - the head alone for about the first epoch (``freeze_steps``) at a 10x higher rate (``head_lr``), then everything
   (linear probing, then fine-tuning: Kumar et al., 2022);
