@@ -464,10 +464,7 @@ class TrainConfig(Section):
 
     def cache_dir(self) -> str | None:
         """Where the persistent compilation cache lives, or None when ``compilation_cache`` is off."""
-        if not self.compilation_cache:
-            return None
-        return (self.compilation_cache_dir or os.environ.get("FLAXZOO_JAX_CACHE")
-                or os.path.join(os.path.expanduser("~"), ".cache", "flaxzoo", "jax"))
+        return compilation_cache_path(self.compilation_cache, self.compilation_cache_dir)
 
     def to_json_dict(self) -> dict[str, Any]:
         """The config as plain JSON-able values (what a checkpoint's meta keeps): sections as dicts, the model
@@ -481,6 +478,15 @@ class TrainConfig(Section):
                 value = dataclasses.asdict(value)
             out[f.name] = _plain(value)
         return out
+
+
+def compilation_cache_path(enabled: bool, directory: str) -> str | None:
+    """The persistent compilation cache's directory: ``directory``, else ``$FLAXZOO_JAX_CACHE``, else
+    ``~/.cache/flaxzoo/jax``; None when ``enabled`` is false."""
+    if not enabled:
+        return None
+    return (directory or os.environ.get("FLAXZOO_JAX_CACHE")
+            or os.path.join(os.path.expanduser("~"), ".cache", "flaxzoo", "jax"))
 
 
 def _plain(value: Any) -> Any:

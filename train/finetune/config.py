@@ -27,7 +27,6 @@ Keys (``--config.KEY=VALUE``):
 from __future__ import annotations
 
 import dataclasses
-import os
 from typing import Any, ClassVar, Mapping
 
 import jax
@@ -36,7 +35,7 @@ from ml_collections import ConfigDict
 from models import TransformerConfig
 from models.text import TRUNCATION_STRATEGIES
 from models.config import REMAT_POLICIES
-from train.config import (BOOL, TEXT, ConfigError, OptimConfig, Section, Spec, checked, choice,
+from train.config import (BOOL, TEXT, ConfigError, OptimConfig, Section, Spec, checked, choice, compilation_cache_path,
                           execution_defaults, integer, model_fields, model_from_values, number, section_dict)
 from train.data.config import default_data_dir
 from train.finetune.data import SOURCES
@@ -191,10 +190,7 @@ class FinetuneConfig(Section):
                 False if self.scan_layers == "auto" else self.scan_layers)
 
     def cache_dir(self) -> str | None:
-        if not self.compilation_cache:
-            return None
-        return (self.compilation_cache_dir or os.environ.get("FLAXZOO_JAX_CACHE")
-                or os.path.join(os.path.expanduser("~"), ".cache", "flaxzoo", "jax"))
+        return compilation_cache_path(self.compilation_cache, self.compilation_cache_dir)
 
     def to_json_dict(self) -> dict[str, Any]:
         out = {}

@@ -40,6 +40,7 @@ from train.finetune import vocab as vocablib
 from train.finetune.config import SCRATCH, FinetuneConfig
 from train.finetune.data import LabelledSplit, load_labelled, stratified_split
 from train.finetune.report import scores, write_report
+from train.loop import setup_compilation_cache
 from train.optim import make_finetune_optimizer
 from train.step import make_predict_probabilities, make_train_step
 
@@ -182,10 +183,7 @@ class Finetuner:
             raise ValueError(f"{self.workdir} holds a fine-tuned checkpoint already ({existing}); choose another "
                              "--workdir or delete it")
         self.workdir.mkdir(parents=True, exist_ok=True)
-        directory = cfg.cache_dir()
-        if directory:
-            jax.config.update("jax_compilation_cache_dir", directory)
-            jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+        setup_compilation_cache(cfg)
         self.data = load_labelled(cfg.data)
         names = self.data.label_names
         if cfg.num_labels and cfg.num_labels != len(names):
