@@ -379,9 +379,9 @@ def test_mlm_masking_is_per_example_whatever_the_batch_size_and_rows(mlm_setup):
     masking = {"vocab_size": tok.vocab_size, "mask_id": tok.mask_id, "pad_id": tok.pad_id,
                "special_ids": tuple(tok.special_ids), "prob": 0.15, "max_predictions": 10}
     common = dict(shuffle=True, seed=5, num_epochs=None, objective="mlm", masking=masking)
-    eight = data.BatchSource(sources["train"], global_batch=8, row_start=0, row_stop=8, **common)
-    four = data.BatchSource(sources["train"], global_batch=4, row_start=0, row_stop=4, **common)
-    second_half = data.BatchSource(sources["train"], global_batch=8, row_start=4, row_stop=8, **common)
+    eight = data.BatchSource(sources["train"], global_batch=8, rows=range(0, 8), **common)
+    four = data.BatchSource(sources["train"], global_batch=4, rows=range(0, 4), **common)
+    second_half = data.BatchSource(sources["train"], global_batch=8, rows=range(4, 8), **common)
     for g in (0, 3):
         whole = eight[g]
         halves = [four[2 * g], four[2 * g + 1]]
@@ -452,11 +452,17 @@ def test_evaluation_reads_the_whole_split_and_pads_the_last_batch(objective, cau
 def test_process_rows_compose_the_global_batch(causal_setup):
     _, sources = causal_setup
     common = dict(global_batch=8, shuffle=True, seed=3, num_epochs=None, objective="causal")
-    full = data.BatchSource(sources["train"], row_start=0, row_stop=8, **common)
-    halves = [data.BatchSource(sources["train"], row_start=r, row_stop=r + 4, **common) for r in (0, 4)]
+    full = data.BatchSource(sources["train"], rows=range(0, 8), **common)
+    halves = [data.BatchSource(sources["train"], rows=range(r, r + 4), **common) for r in (0, 4)]
+    # Interleaved rows (a mesh whose batch axes alternate between processes): each row is the global batch's row.
+    interleaved = [data.BatchSource(sources["train"], rows=[r, r + 2, r + 4, r + 6], **common) for r in (0, 1)]
     for g in (0, 7, full.batches_per_epoch + 2):
         joined = np.concatenate([h[g]["input_ids"] for h in halves])
         np.testing.assert_array_equal(joined, full[g]["input_ids"])
+        for r, part in enumerate(interleaved):
+            np.testing.assert_array_equal(part[g]["input_ids"], full[g]["input_ids"][r::2])
+    with pytest.raises(ValueError, match=r"rows=\[3, 1\]: expected ascending distinct row indices in \[0, 8\)"):
+        data.BatchSource(sources["train"], rows=[3, 1], **common)
 
 
 def test_same_seed_same_batches_in_two_processes_different_seed_differs(causal_setup, causal_cfg, tmp_path):

@@ -295,20 +295,61 @@ def test_optimizer_state_follows_parameter_shardings():
 
 
 def test_multi_process_detection(monkeypatch):
-    for name in ("JAX_COORDINATOR_ADDRESS", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE",
-                 "TPU_WORKER_HOSTNAMES", "MEGASCALE_COORDINATOR_ADDRESS", "FLAXZOO_DISTRIBUTED"):
+    from train import multihost
+
+    for name in [*multihost.EXPLICIT_VARIABLES, "SLURM_NTASKS", "SLURM_JOB_ID", "SLURM_STEP_NODELIST", "SLURM_PROCID",
+                 "SLURM_LOCALID", "OMPI_COMM_WORLD_SIZE", "OMPI_MCA_orte_hnp_uri", "PMI_SIZE", "PMIX_SIZE",
+                 "WORLD_SIZE", "TPU_WORKER_HOSTNAMES", "MEGASCALE_COORDINATOR_ADDRESS", "FLAXZOO_DISTRIBUTED"]:
         monkeypatch.delenv(name, raising=False)
-    assert sharding.multi_process_environment() is None
+    assert multihost.launch_kind() is None
+    assert multihost.initialize() is False  # one process: nothing to start
     monkeypatch.setenv("SLURM_NTASKS", "1")
-    assert sharding.multi_process_environment() is None
-    monkeypatch.setenv("SLURM_NTASKS", "16")
-    assert sharding.multi_process_environment() == "SLURM_NTASKS"
+    assert multihost.launch_kind() is None
+    monkeypatch.setenv("SLURM_NTASKS", "16")  # sbatch's allocation without an srun job step
+    with pytest.raises(multihost.LaunchError, match=r"SLURM_NTASKS=16 but .*SLURM_STEP_NODELIST.* start the "
+                                                    r"processes with srun"):
+        multihost.launch_kind()
+    for name, value in (("SLURM_JOB_ID", "7"), ("SLURM_STEP_NODELIST", "n[1-4]"), ("SLURM_PROCID", "3"),
+                        ("SLURM_LOCALID", "0")):
+        monkeypatch.setenv(name, value)
+    assert multihost.launch_kind() == "slurm"
     monkeypatch.setenv("FLAXZOO_DISTRIBUTED", "0")
-    assert sharding.multi_process_environment() is None
+    assert multihost.launch_kind() is None
     monkeypatch.delenv("SLURM_NTASKS")
     monkeypatch.delenv("FLAXZOO_DISTRIBUTED")
     monkeypatch.setenv("TPU_WORKER_HOSTNAMES", "t1k-0,t1k-1")
-    assert sharding.multi_process_environment() == "TPU_WORKER_HOSTNAMES"
+    assert multihost.launch_kind() == "tpu"
+    monkeypatch.delenv("TPU_WORKER_HOSTNAMES")
+    # MPICH / Intel MPI and torchrun-style launchers: jax.distributed cannot detect them, so they are refused
+    monkeypatch.setenv("PMI_SIZE", "4")
+    with pytest.raises(multihost.LaunchError, match=r"PMI_SIZE=4 .*MPICH.* set JAX_COORDINATOR_ADDRESS, "
+                                                    r"JAX_NUM_PROCESSES, JAX_PROCESS_ID .*PMI_RANK"):
+        multihost.launch_kind()
+    # ... unless the explicit variables are all set, which always win
+    for name, value in zip(multihost.EXPLICIT_VARIABLES, ("10.0.0.1:1234", "4", "2")):
+        monkeypatch.setenv(name, value)
+    assert multihost.launch_kind() == "explicit"
+    monkeypatch.delenv("PMI_SIZE")
+    monkeypatch.delenv("JAX_PROCESS_ID")
+    with pytest.raises(multihost.LaunchError, match="JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES set but "
+                                                    "JAX_PROCESS_ID not"):
+        multihost.launch_kind()
+    for name in multihost.EXPLICIT_VARIABLES[:2]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "2")
+    with pytest.raises(multihost.LaunchError, match="OMPI_COMM_WORLD_SIZE=2 but OMPI_MCA_orte_hnp_uri"):
+        multihost.launch_kind()
+    monkeypatch.setenv("OMPI_MCA_orte_hnp_uri", "1531576320.0;tcp://10.96.0.1:34911")
+    assert multihost.launch_kind() == "openmpi"
+    monkeypatch.delenv("OMPI_COMM_WORLD_SIZE")
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    with pytest.raises(multihost.LaunchError, match="WORLD_SIZE=8 .*torchrun"):
+        multihost.launch_kind()
+    monkeypatch.setenv("FLAXZOO_HEARTBEAT_TIMEOUT_S", "soon")
+    monkeypatch.setenv("FLAXZOO_DISTRIBUTED", "1")
+    monkeypatch.delenv("WORLD_SIZE")
+    with pytest.raises(multihost.LaunchError, match="FLAXZOO_HEARTBEAT_TIMEOUT_S='soon': expected a whole number"):
+        multihost.initialize()
 
 
 # -------------------------------------------------------------------------------------------------------- optimizer

@@ -92,9 +92,13 @@ def main(argv: list[str] | None = None) -> int:
     config = config_flag.value
     workdir = flag_values.workdir or str(pathlib.Path("runs") / _config_name(argv))
 
-    from train import sharding
+    from train import multihost
 
-    sharding.maybe_initialize_distributed()  # before anything touches a device
+    try:
+        multihost.initialize()  # before anything touches a device
+    except multihost.LaunchError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
 
     if config.get("task", None) == "classify":
         return finetune_main(config, workdir)

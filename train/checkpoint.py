@@ -33,6 +33,17 @@ data settings (``train.data.loader``), so resuming reads ``data_position`` and s
 Grain's iterator internals is stored. A checkpoint of the earlier layout (a ``data/`` item holding Grain iterator
 state, no ``data_position``) resumes at its step, which is where that loop's iterator stood.
 
+``WORKDIR`` is a local path or an object-store URI (``gs://bucket/run``): paths go through ``etils.epath``, which
+orbax takes as is (:func:`resolve_workdir`).
+
+**Several processes** decide every restore together. Process 0 lists the steps; each process reads its part of a
+candidate (meta, then its shards of the state) with up to :data:`READ_ATTEMPTS` attempts (a transient NFS / FUSE
+error is retried after 1, then 2 seconds); then the outcomes are gathered and the candidate is taken only if it read
+back on every process. A checkpoint unreadable on any process is damaged for all: process 0 alone moves it aside,
+every process waits at the same barrier, and all try the previous step. The reads use orbax's handlers directly
+(``StandardCheckpointHandler`` / ``JsonCheckpointHandler``), not ``CheckpointManager.restore``, whose closing barrier
+a process that failed would never reach.
+
 Saves are asynchronous: ``save`` returns once the arrays are copied off the devices, and the files are written in
 a background thread while training goes on; a step directory appears only when complete (orbax writes to a
 temporary directory and renames it). Restores build the target from the current mesh, so a checkpoint written on
@@ -43,19 +54,24 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import pathlib
-import shutil
+import os
 import time
 from typing import Any
 
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+from etils import epath
+
+from train import multihost
 
 log = logging.getLogger(__name__)
 
 FORMAT = "flaxzoo"
 VERSION = 1
+READ_ATTEMPTS = 3  # reads of a checkpoint before it is called damaged
+RETRY_DELAY_S = 1.0  # before the second attempt; doubled before each later one
+_OK, _DAMAGED, _INCOMPATIBLE = 0, 1, 2  # a process's outcome of reading one checkpoint
 ITEMS = ("state", "meta")
 # Data settings that decide which records global batch g holds: a resumed run must have the same ones.
 DATA_POSITION_FIELDS = ("source", "paths", "text_field", "tokenizer", "vocab_size", "lowercase", "tokenizer_max_docs",
@@ -65,6 +81,21 @@ DATA_POSITION_FIELDS = ("source", "paths", "text_field", "tokenizer", "vocab_siz
 
 class CheckpointError(RuntimeError):
     """No usable checkpoint (all damaged), or one written by a different model."""
+
+
+class _NotFinite(ValueError):
+    """Restored values that are NaN / infinite: damaged bytes (a retry reads the same)."""
+
+
+def is_remote(path: Any) -> bool:
+    """Whether ``path`` is an object-store URI (``gs://``, ``s3://``, ...) rather than a local path."""
+    return "://" in os.fspath(path)
+
+
+def resolve_workdir(workdir: str | os.PathLike) -> epath.Path:
+    """``workdir`` as an ``epath.Path``: URIs as given, local paths made absolute (``~`` expanded)."""
+    text = os.fspath(workdir)
+    return epath.Path(text if is_remote(text) else os.path.abspath(os.path.expanduser(text)))
 
 
 @dataclasses.dataclass
@@ -104,8 +135,8 @@ _NOT_DAMAGE = (TypeError, AttributeError, NameError, AssertionError, NotImplemen
 class Checkpointer:
     """Saves and restores ``{state, meta}`` under ``workdir/checkpoints``, keeping the last ``keep``."""
 
-    def __init__(self, workdir: str | pathlib.Path, *, keep: int = 3, async_save: bool = True):
-        self.workdir = pathlib.Path(workdir).absolute()
+    def __init__(self, workdir: str | os.PathLike, *, keep: int = 3, async_save: bool = True):
+        self.workdir = resolve_workdir(workdir)
         self.directory = self.workdir / "checkpoints"
         self.damaged_directory = self.workdir / "damaged_checkpoints"
         options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=async_save,
@@ -141,33 +172,39 @@ class Checkpointer:
     # --------------------------------------------------------------------------------------------------- restore
     def restore_latest(self, target: Any, *, model_class: str, config: dict[str, Any],
                        data: dict[str, Any] | None = None) -> Restored | None:
-        """Restore the newest checkpoint that reads back whole, or None when there is none.
+        """Restore the newest checkpoint that reads back whole (on every process), or None when there is none.
 
         ``target``: the train state as ``jax.ShapeDtypeStruct`` with the shardings wanted now. ``data``: this run's
         ``DataConfig.to_dict()``; a checkpoint whose data settings put other records in its batches
         (:data:`DATA_POSITION_FIELDS`) raises :class:`CheckpointError`. ``Restored.data_position`` is where the train
-        data resumes (``make_iterator(..., start=data_position)``). A checkpoint that fails to read is *damaged*: it
-        is reported, moved to ``damaged_checkpoints/`` (so that it is neither retried nor counted among the kept ones)
-        and the previous one is tried. When checkpoints exist but none reads back, raises :class:`CheckpointError` (a fresh start would
+        data resumes (``make_iterator(..., start=data_position)``). A checkpoint that fails to read (after
+        :data:`READ_ATTEMPTS` attempts, on any process) is *damaged*: it is reported, moved to
+        ``damaged_checkpoints/`` (so that it is neither retried nor counted among the kept ones) and the previous one
+        is tried. When checkpoints exist but none reads back, raises :class:`CheckpointError` (a fresh start would
         silently throw the run away). A checkpoint of a different model raises :class:`CheckpointError` untouched.
+        With several processes every decision is taken together (module docstring).
         """
         damaged: list[tuple[int, str]] = []
-        for step in sorted(self.manager.all_steps(), reverse=True):
-            try:
-                meta = self._read_meta(step)
-                self._check_compatible(step, meta, target, model_class, config)
-                position = self._data_position(step, meta, data)
-                state = self._read_state(step, target)
-            except (CheckpointError, *_NOT_DAMAGE):
-                raise
-            except Exception as exc:  # orbax / tensorstore / JSON / OS errors: the files are damaged
-                reason = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
+        for step in multihost.from_process_zero(sorted(self.manager.all_steps(), reverse=True)):
+            outcome, result = self._read(step, target, model_class, config, data)
+            outcomes = multihost.gather([outcome])[:, 0]
+            if (outcomes == _INCOMPATIBLE).any():
+                if outcome == _INCOMPATIBLE:
+                    raise result
+                raise CheckpointError(f"{self.directory / str(step)} does not fit this run on process(es) "
+                                      f"{np.flatnonzero(outcomes == _INCOMPATIBLE).tolist()} (see their message)")
+            if (outcomes == _DAMAGED).any():
+                where = np.flatnonzero(outcomes == _DAMAGED).tolist()
+                reason = result if outcome == _DAMAGED else "unreadable on another process"
+                if multihost.is_multi_process():
+                    reason += f" (unreadable on process(es) {where})"
                 log.error("checkpoint at step %d is damaged (%s); moving it to %s and trying the previous one",
                           step, reason, self.damaged_directory)
                 damaged.append((step, reason))
                 self._quarantine(step)
                 continue
-            return Restored(state=state, step=step, meta=meta, damaged=damaged, data_position=position)
+            result.damaged = damaged
+            return result
         if damaged:
             steps = ", ".join(str(s) for s, _ in damaged)
             raise CheckpointError(
@@ -176,8 +213,34 @@ class Checkpointer:
                 "--workdir elsewhere")
         return None
 
+    def _read(self, step: int, target: Any, model_class: str, config: dict[str, Any],
+              data: dict[str, Any] | None) -> tuple[int, Any]:
+        """This process's outcome of reading checkpoint ``step``: ``(_OK, Restored)``, ``(_DAMAGED, reason)`` or
+        ``(_INCOMPATIBLE, CheckpointError)``; transient errors are retried."""
+        reason = ""
+        for attempt in range(READ_ATTEMPTS):
+            try:
+                meta = self._read_meta(step)
+                self._check_compatible(step, meta, target, model_class, config)
+                position = self._data_position(step, meta, data)
+                state = self._read_state(step, target)
+                return _OK, Restored(state=state, step=step, meta=meta, damaged=[], data_position=position)
+            except CheckpointError as exc:
+                return _INCOMPATIBLE, exc
+            except _NOT_DAMAGE:
+                raise
+            except Exception as exc:  # orbax / tensorstore / JSON / OS errors: the files are damaged or unreachable
+                reason = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
+                if isinstance(exc, _NotFinite) or attempt == READ_ATTEMPTS - 1:
+                    break
+                delay = RETRY_DELAY_S * 2 ** attempt
+                log.warning("reading checkpoint %d failed (%s); attempt %d of %d in %.0f s", step, reason,
+                            attempt + 2, READ_ATTEMPTS, delay)
+                time.sleep(delay)
+        return _DAMAGED, reason
+
     def _read_meta(self, step: int) -> dict[str, Any]:
-        meta = self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
+        meta = ocp.JsonCheckpointHandler().restore(self.directory / str(step) / "meta", args=ocp.args.JsonRestore())
         if not isinstance(meta, dict) or meta.get("format") != FORMAT:
             raise ValueError(f"meta of step {step} is not a {FORMAT} checkpoint description")
         return meta
@@ -187,7 +250,7 @@ class Checkpointer:
         if meta.get("model_class") != model_class:
             raise CheckpointError(f"{self.directory / str(step)} holds a {meta.get('model_class')} but this run "
                                   f"trains a {model_class}; use another --workdir")
-        stored = self.manager.item_metadata(step)["state"]
+        stored = ocp.StandardCheckpointHandler().metadata(self.directory / str(step) / "state")
         stored_tree = getattr(stored, "tree", stored)
         want = _param_shapes(target["params"])
         have = _param_shapes(stored_tree["params"])
@@ -219,28 +282,29 @@ class Checkpointer:
         return position
 
     def _read_state(self, step: int, target: Any) -> Any:
-        restored = self.manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target)))
-        state = restored.state
+        handler = ocp.StandardCheckpointHandler()
+        try:
+            state = handler.restore(self.directory / str(step) / "state", args=ocp.args.StandardRestore(target))
+        finally:
+            handler.close()
         for leaf in jax.tree.leaves(state):
             if not np.issubdtype(leaf.dtype, np.floating):
                 continue
             # A restored array that is not finite can only come from damaged bytes: saves are refused for NaNs.
             if not bool(jax.numpy.isfinite(leaf).all()):
-                raise ValueError(f"step {step} holds non-finite values")
+                raise _NotFinite(f"step {step} holds non-finite values")
         return state
 
     def _quarantine(self, step: int) -> None:
+        """Process 0 moves step ``step`` to ``damaged_checkpoints/``; every process waits for it at one barrier."""
         source = self.directory / str(step)
         if jax.process_index() == 0 and source.exists():
             self.damaged_directory.mkdir(parents=True, exist_ok=True)
             destination = self.damaged_directory / str(step)
             if destination.exists():
                 destination = self.damaged_directory / f"{step}-{time.strftime('%Y%m%d-%H%M%S')}"
-            shutil.move(str(source), str(destination))
-        if jax.process_count() > 1:
-            from jax.experimental import multihost_utils
-
-            multihost_utils.sync_global_devices(f"flaxzoo_quarantine_{step}")
+            source.rename(destination)
+        multihost.barrier(f"flaxzoo_quarantine_{step}")
         self.manager.reload()
 
 
@@ -249,9 +313,9 @@ def _plain(value: Any) -> Any:
     return list(value) if isinstance(value, tuple) else value
 
 
-def read_meta(workdir: str | pathlib.Path, step: int | None = None) -> tuple[int, dict[str, Any]]:
+def read_meta(workdir: str | os.PathLike, step: int | None = None) -> tuple[int, dict[str, Any]]:
     """``(step, meta)`` of the checkpoint ``step`` (default: the latest) in ``workdir``."""
-    directory = pathlib.Path(workdir).absolute() / "checkpoints"
+    directory = resolve_workdir(workdir) / "checkpoints"
     with ocp.CheckpointManager(directory, item_handlers=_item_handlers(),
                                options=ocp.CheckpointManagerOptions(create=False, read_only=True)) as manager:
         step = manager.latest_step() if step is None else step
@@ -261,7 +325,7 @@ def read_meta(workdir: str | pathlib.Path, step: int | None = None) -> tuple[int
     return step, meta
 
 
-def load_params(workdir: str | pathlib.Path, step: int | None = None):
+def load_params(workdir: str | os.PathLike, step: int | None = None):
     """``(model, step)``: the model of a training checkpoint (default: the latest), on the default device.
 
     The reading itself is ``models.checkpoint.load_checkpoint`` (what ``from_pretrained`` uses), pointed at one step.
@@ -269,4 +333,4 @@ def load_params(workdir: str | pathlib.Path, step: int | None = None):
     from models.checkpoint import load_checkpoint
 
     step, _ = read_meta(workdir, step)
-    return load_checkpoint(pathlib.Path(workdir).absolute() / "checkpoints" / str(step)), step
+    return load_checkpoint(resolve_workdir(workdir) / "checkpoints" / str(step)), step

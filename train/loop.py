@@ -22,7 +22,6 @@ import json
 import logging
 import math
 import os
-import pathlib
 import signal
 import sys
 import threading
@@ -32,6 +31,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from etils import epath
 from flax import nnx
 from ml_collections import ConfigDict
 from tqdm.auto import tqdm
@@ -40,8 +40,9 @@ from models.generate import generate
 from models.modeling import abstract_model
 from train import data as datalib
 from train import flops as flopslib
+from train import multihost
 from train import sharding as shardlib
-from train.checkpoint import Checkpointer
+from train.checkpoint import Checkpointer, is_remote, resolve_workdir
 from train.config import ConfigError, TrainConfig
 from train.optim import make_optimizer
 from train.step import make_eval_step, make_predict_masked, make_train_step
@@ -93,6 +94,14 @@ def _say(message: str) -> None:
         sys.stdout.flush()
 
 
+def _say_everywhere(message: str) -> None:
+    """A line on stdout from every process (prefixed ``process i:`` when there are several)."""
+    if multihost.is_multi_process():
+        message = f"process {jax.process_index()}: {message}"
+    tqdm.write(message, file=sys.stdout)
+    sys.stdout.flush()
+
+
 def setup_compilation_cache(cfg: TrainConfig) -> str | None:
     directory = cfg.cache_dir()
     if directory:
@@ -138,39 +147,49 @@ def unigram_baseline(sources: dict[str, Any], vocab_size: int, objective: str, *
 
 
 class MetricsWriter:
-    """``metrics.jsonl`` (one JSON object per logged step) and TensorBoard events, on process 0.
+    """``metrics.jsonl`` (one JSON object per logged step) and TensorBoard events, on process 0 only.
 
     On resume from step ``start_step`` rows after it (written by the interrupted run past its last checkpoint) are
-    dropped, and TensorBoard purges its events after it, so both show the resumed trajectory once.
+    dropped, and TensorBoard purges its events after it, so both show the resumed trajectory once. On an object
+    store (``gs://``, ``s3://``: no appends) the whole file is rewritten at each row; TensorBoard events go through
+    tensorboardX's own ``gs://`` / ``s3://`` writers where their client libraries are installed, else are skipped
+    with a warning.
     """
 
-    def __init__(self, workdir: pathlib.Path, start_step: int):
+    def __init__(self, workdir: epath.Path, start_step: int):
         self.enabled = _is_main()
         self.path = workdir / "metrics.jsonl"
         self.tb = None
+        self.file = None
+        self.lines: list[str] = []
         if not self.enabled:
             return
         if self.path.exists():
-            kept = []
             for line in self.path.read_text().splitlines():
                 try:
                     if json.loads(line).get("step", 0) <= start_step:
-                        kept.append(line)
+                        self.lines.append(line)
                 except ValueError:  # a line cut short by a killed process
                     continue
-            self.path.write_text("".join(line + "\n" for line in kept))
-        self.file = open(self.path, "a", buffering=1)
+            self.path.write_text("".join(line + "\n" for line in self.lines))
+        if not is_remote(self.path):
+            self.file = open(self.path, "a", buffering=1)
         try:
             from tensorboardX import SummaryWriter
 
             self.tb = SummaryWriter(str(workdir / "tensorboard"), purge_step=start_step + 1 if start_step else None)
-        except ImportError:  # pragma: no cover - tensorboardX is a dependency
-            log.warning("tensorboardX is not installed: no TensorBoard events")
+        except Exception as exc:  # tensorboardX without the object store's client library
+            log.warning("no TensorBoard events in %s: %s", workdir, exc)
 
     def write(self, row: dict[str, Any]) -> None:
         if not self.enabled:
             return
-        self.file.write(json.dumps(row) + "\n")
+        line = json.dumps(row)
+        if self.file is not None:
+            self.file.write(line + "\n")
+        else:
+            self.lines.append(line)
+            self.path.write_text("".join(item + "\n" for item in self.lines))
         if self.tb is not None:
             step = row["step"]
             for key, value in row.items():
@@ -185,22 +204,30 @@ class MetricsWriter:
     def close(self) -> None:
         if not self.enabled:
             return
-        self.file.close()
+        if self.file is not None:
+            self.file.close()
         if self.tb is not None:
             self.tb.close()
 
 
 class StopSignal:
     """Turns the first SIGTERM / SIGINT into a request to stop after the current step (a second one acts as
-    usual: SIGINT raises KeyboardInterrupt, SIGTERM terminates)."""
+    usual: SIGINT raises KeyboardInterrupt, SIGTERM terminates).
+
+    With several processes the stop is agreed: SIGTERM is left to JAX's preemption notifier (installed by
+    ``jax.distributed.initialize``), a SIGINT is passed on to it as a SIGTERM to this process, and :meth:`agreed`
+    is true on every process at the same step (:func:`train.multihost.preemption_agreed`), however many processes
+    got a signal and when.
+    """
 
     def __init__(self) -> None:
         self.name: str | None = None
         self._previous: dict[int, Any] = {}
+        self.multi_process = multihost.is_multi_process()
 
     def __enter__(self) -> "StopSignal":
         if threading.current_thread() is threading.main_thread():
-            for signum in (signal.SIGTERM, signal.SIGINT):
+            for signum in (signal.SIGINT,) if self.multi_process else (signal.SIGTERM, signal.SIGINT):
                 self._previous[signum] = signal.signal(signum, self._handle)
         return self
 
@@ -208,6 +235,17 @@ class StopSignal:
         del frame
         self.name = signal.Signals(signum).name
         signal.signal(signum, signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL)
+        if self.multi_process:
+            os.kill(os.getpid(), signal.SIGTERM)  # JAX's notifier starts the agreement
+
+    def agreed(self, step: int) -> bool:
+        """Whether to stop after ``step`` (call once per step; with several processes, on all of them)."""
+        if self.multi_process:
+            if multihost.preemption_agreed(step):
+                self.name = self.name or "SIGTERM"
+                return True
+            return False
+        return self.name is not None
 
     def __exit__(self, *exc) -> None:
         for signum, handler in self._previous.items():
@@ -231,8 +269,10 @@ class Trainer:
             raise ConfigError("mesh", f"{config.mesh.shape} spans {math.prod(config.mesh.shape)} devices; this "
                                       f"trainer has {len(self.devices)}")
         self.cfg = config
-        self.workdir = pathlib.Path(workdir).absolute()
-        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.workdir = resolve_workdir(workdir)
+        if _is_main():
+            self.workdir.mkdir(parents=True, exist_ok=True)
+        multihost.barrier("flaxzoo_workdir")
         setup_compilation_cache(config)
         self.model_config, self.model_cls = config.model, config.model_cls
         self.steps = config.steps
@@ -250,14 +290,23 @@ class Trainer:
     def _prepare_data(self) -> None:
         cfg = self.cfg.data
         start = time.perf_counter()
-        self.tokenizer = datalib.build_tokenizer(cfg)
-        self.sources = datalib.prepare(cfg, self.tokenizer)
+        # Process 0 trains the tokenizer and packs the data into data_dir's cache; the others wait, then read it.
+        if _is_main():
+            self.tokenizer = datalib.build_tokenizer(cfg)
+            self.sources = datalib.prepare(cfg, self.tokenizer)
+        multihost.barrier("flaxzoo_data_prepared")
+        if not _is_main():
+            self.tokenizer = datalib.build_tokenizer(cfg)
+            self.sources = datalib.prepare(cfg, self.tokenizer)
         if self.tokenizer.vocab_size > self.model_config.vocab_size:
             raise ValueError(f"the tokenizer has {self.tokenizer.vocab_size} tokens but model.vocab_size="
                              f"{self.model_config.vocab_size}: the embedding table needs a row per token id; raise "
                              f"model.vocab_size to at least {self.tokenizer.vocab_size} (or lower data.vocab_size)")
         if _is_main():
-            self.tokenizer.save(self.workdir / "tokenizer.json")
+            if is_remote(self.workdir):
+                (self.workdir / "tokenizer.json").write_text(self.tokenizer.tokenizer.to_str())
+            else:
+                self.tokenizer.save(self.workdir / "tokenizer.json")
         ignore = self.tokenizer.special_ids if self.cfg.objective == "mlm" else ()
         self.unigram_ppl = unigram_baseline(self.sources, self.model_config.vocab_size, self.cfg.objective,
                                             ignore_ids=ignore)
@@ -268,7 +317,8 @@ class Trainer:
 
     def train_iterator(self, start: int = 0):
         """The train batches from global batch ``start`` on (the data position is the step)."""
-        return datalib.make_iterator(self.cfg.data, "train", self.tokenizer, sources=self.sources, start=start)
+        return datalib.make_iterator(self.cfg.data, "train", self.tokenizer, sources=self.sources, start=start,
+                                     rows=self.placement.rows)
 
     # --------------------------------------------------------------------------------------------------- state
     def _build_state(self) -> None:
@@ -304,6 +354,7 @@ class Trainer:
         }
         self.replicated = replicated
         self.batch_sharding = shardlib.batch_sharding(mesh)
+        self.placement = shardlib.BatchPlacement(self.batch_sharding, self.cfg.batch_size)
         self._init = jax.jit(init, out_shardings=(self.state_shardings, replicated))
         self._init_rest = jax.jit(lambda: init()[1], out_shardings=replicated)
         self.target = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract_state,
@@ -342,7 +393,7 @@ class Trainer:
             return None
         try:
             iterator = datalib.make_iterator(self.cfg.data, "validation", self.tokenizer, sources=self.sources,
-                                             num_epochs=1, shuffle=False, pad_last=True)
+                                             num_epochs=1, shuffle=False, pad_last=True, rows=self.placement.rows)
         except ValueError as exc:
             log.warning("no evaluation: %s", exc)
             return None
@@ -351,7 +402,7 @@ class Trainer:
         for i, batch in enumerate(iterator):
             if limit and i >= limit:
                 break
-            out = self._eval_step(params, rest, shardlib.global_batch(batch, self.batch_sharding))
+            out = self._eval_step(params, rest, self.placement.place(batch))
             totals = out if totals is None else jax.tree.map(jnp.add, totals, out)
         if totals is None:
             return None
@@ -383,13 +434,14 @@ class Trainer:
             return None
         try:
             batch = next(datalib.make_iterator(self.cfg.data, "validation", self.tokenizer, sources=self.sources,
-                                               num_epochs=1, shuffle=False))
+                                               num_epochs=1, shuffle=False, rows=self.placement.rows))
         except (ValueError, StopIteration):
             return None
-        predicted = np.asarray(self._predict(params, rest, shardlib.global_batch(batch, self.batch_sharding)))
+        predicted = np.asarray(self._predict(params, rest, self.placement.place(batch)))
+        row = int(self.placement.rows[0])  # this process's first row (the sample is printed by process 0: row 0)
         ids, labels, keep = batch["input_ids"][0], batch["labels"][0], batch["attention_mask"][0].astype(bool)
         masked = labels != datalib.IGNORE_INDEX
-        filled = np.where(masked, predicted[0], ids)
+        filled = np.where(masked, predicted[row], ids)
         truth = np.where(masked, labels, ids)
         mask_id = self.tokenizer.mask_id
         shown = [f"[{self.tokenizer.decode([p])}|{self.tokenizer.decode([t])}]" if m else self.tokenizer.decode([i])
@@ -412,8 +464,9 @@ class Trainer:
             state, rest = restored.state, self._init_rest()
             start = int(restored.step)
             for step, reason in restored.damaged:
-                _say(f"checkpoint at step {step} is damaged ({reason}); moved to {checkpointer.damaged_directory}")
-            _say(f"resumed from checkpoint at step {start} ({checkpointer.directory / str(start)})")
+                _say_everywhere(f"checkpoint at step {step} is damaged ({reason}); moved to "
+                                f"{checkpointer.damaged_directory}")
+            _say_everywhere(f"resumed from checkpoint at step {start} ({checkpointer.directory / str(start)})")
         else:
             state, rest = self.initial_state()
             start = 0
@@ -480,7 +533,7 @@ class Trainer:
                 if profile is not None and step == profile[0]:
                     jax.profiler.start_trace(str(self.workdir / "profile"))
                     tracing = True
-                batch = shardlib.global_batch(next(iterator), self.batch_sharding)
+                batch = self.placement.place(next(iterator))
                 with_accuracy = step % cfg.log_every == 0 or step == self.steps
                 if with_accuracy:
                     accuracy_steps.add(step)
@@ -492,7 +545,8 @@ class Trainer:
                     _say(f"profile of steps {profile[0]}..{profile[1]}: {self.workdir / 'profile'} (TensorBoard's "
                          "profile plugin)")
                 pending.append((step, metrics))
-                final = step == self.steps or stop.name is not None
+                stopping = stop.agreed(step)
+                final = step == self.steps or stopping
                 do_log = step % cfg.log_every == 0 or final
                 do_eval = (cfg.eval_every and step % cfg.eval_every == 0) or step == self.steps
                 do_save = (cfg.checkpoint_every and step % cfg.checkpoint_every == 0) or final
@@ -542,13 +596,15 @@ class Trainer:
                     last_saved = step
                 paused += time.perf_counter() - pause_start
                 summary.last_step = step
-                if stop.name is not None:
-                    if last_saved != step:  # the signal came after this step's save decision
+                if not stopping and not stop.multi_process and stop.name is not None:
+                    stopping = True  # the signal came during this step's eval / save (one process: no agreement)
+                if stopping:
+                    if last_saved != step:
                         flush(keep_last=False)
                         checkpointer.save(step, state, iterator.position, self.meta())
                         last_saved = step
                     summary.stopped_by = stop.name
-                    _say(f"{stop.name} received: stopped after step {step}, checkpoint saved")
+                    _say_everywhere(f"{stop.name} received: stopped after step {step}, checkpoint saved")
                     break
         finally:
             if tracing:  # the run ended (or failed) inside the profiled window: keep what was traced

@@ -1,4 +1,4 @@
-"""The device mesh, the logical-axis rules that place parameters and optimizer state on it, multi-host start-up.
+"""The device mesh, the logical-axis rules that place parameters and optimizer state on it, batch placement.
 
 The mesh has three axes, ``("data", "fsdp", "tensor")``, all ``AxisType.Auto`` (Explicit axes break the embedding
 gather). The batch is split over ``data`` × ``fsdp``; parameters are split over ``fsdp`` (ZeRO-3 style: each device
@@ -10,16 +10,12 @@ unsplit on that axis (e.g. 4 heads on ``tensor=8``), so any mesh runs any model.
 
 from __future__ import annotations
 
-import logging
 import math
-import os
 from typing import Any, Mapping, Sequence
 
 import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
-
-log = logging.getLogger(__name__)
 
 MESH_AXES = ("data", "fsdp", "tensor")
 BATCH_AXES = ("data", "fsdp")
@@ -142,61 +138,47 @@ def replicated(mesh: Mesh) -> NamedSharding:
 
 
 def global_batch(local: Mapping[str, np.ndarray], sharding: NamedSharding) -> dict[str, jax.Array]:
-    """This process's rows (``[global_batch / process_count, ...]``, as ``train.data`` yields them) → global arrays
-    sharded by ``sharding``."""
+    """This process's contiguous block of rows (``[global_batch / process_count, ...]``) → global arrays sharded by
+    ``sharding``. Right when each process's devices hold one such block (one process; ``data`` × ``fsdp`` laid out
+    process by process); :class:`BatchPlacement` is right for any mesh."""
     return {k: jax.make_array_from_process_local_data(sharding, np.asarray(v)) for k, v in local.items()}
+
+
+class BatchPlacement:
+    """Which rows of a global batch this process loads, and how they become global arrays, for any mesh.
+
+    The rows are those the process's addressable devices hold under ``sharding`` (from
+    ``sharding.addressable_devices_indices_map``), in ascending order: a contiguous block when the mesh's batch axes
+    are laid out process by process, interleaved blocks when they are not (devices ordered across processes), and
+    every row on each process when only non-batch axes (``tensor``) span the processes. ``rows`` is what the input
+    pipeline reads (``train.data.make_iterator(..., rows=placement.rows)``); :meth:`place` turns the loaded
+    ``[len(rows), ...]`` arrays into global ``[global_rows, ...]`` arrays, each device taking its slice.
+    """
+
+    def __init__(self, sharding: NamedSharding, global_rows: int):
+        self.sharding, self.global_rows = sharding, int(global_rows)
+        taken = np.zeros(self.global_rows, bool)
+        for index in sharding.addressable_devices_indices_map((self.global_rows,)).values():
+            taken[index[0]] = True
+        self.rows = np.flatnonzero(taken)
+
+    def place(self, local: Mapping[str, np.ndarray]) -> dict[str, jax.Array]:
+        """``{key: [len(rows), ...]}`` numpy arrays (this process's rows, in :attr:`rows` order) → global arrays."""
+        out = {}
+        for key, value in local.items():
+            value = np.asarray(value)
+            if value.shape[0] != len(self.rows):
+                raise ValueError(f"batch[{key!r}] has {value.shape[0]} rows; this process loads {len(self.rows)} "
+                                 f"(rows {self.rows[:4].tolist()}... of {self.global_rows})")
+            shape = (self.global_rows, *value.shape[1:])
+
+            def shard(index, value=value):
+                wanted = np.arange(self.global_rows)[index[0]]
+                return value[np.searchsorted(self.rows, wanted)][(slice(None), *index[1:])]
+
+            out[key] = jax.make_array_from_callback(shape, self.sharding, shard)
+        return out
 
 
 def describe(mesh: Mesh) -> str:
     return " x ".join(f"{name}={size}" for name, size in mesh.shape.items())
-
-
-# ===================================================================================================== multi-host
-# Variables that launchers set when a job spans several processes (hosts).
-_MULTI_PROCESS_ENV = {
-    "JAX_COORDINATOR_ADDRESS": None,   # explicit: jax.distributed.initialize reads it with JAX_NUM_PROCESSES etc.
-    "SLURM_NTASKS": "int>1",           # srun
-    "OMPI_COMM_WORLD_SIZE": "int>1",   # mpirun (Open MPI)
-    "PMI_SIZE": "int>1",               # mpiexec (MPICH)
-    "TPU_WORKER_HOSTNAMES": "list>1",  # Cloud TPU pod slices (one process per host)
-    "MEGASCALE_COORDINATOR_ADDRESS": None,
-}
-
-
-def multi_process_environment() -> str | None:
-    """The name of the launcher variable that says this is one process of many, or None (single process).
-    ``FLAXZOO_DISTRIBUTED=1`` / ``0`` forces the answer."""
-    forced = os.environ.get("FLAXZOO_DISTRIBUTED")
-    if forced is not None:
-        return "FLAXZOO_DISTRIBUTED" if forced.strip().lower() in ("1", "true", "yes") else None
-    for name, kind in _MULTI_PROCESS_ENV.items():
-        value = os.environ.get(name)
-        if not value:
-            continue
-        if kind is None:
-            return name
-        if kind == "int>1" and value.isdigit() and int(value) > 1:
-            return name
-        if kind == "list>1" and len([h for h in value.split(",") if h.strip()]) > 1:
-            return name
-    return None
-
-
-def maybe_initialize_distributed() -> bool:
-    """Call ``jax.distributed.initialize()`` (which reads the cluster's own variables: SLURM, Open MPI, Cloud TPU,
-    Kubernetes) when a multi-process launch is detected; a launch by hand sets ``JAX_COORDINATOR_ADDRESS``
-    (``host:port`` of process 0), ``JAX_NUM_PROCESSES`` and ``JAX_PROCESS_ID`` on every process. Must run before anything touches a JAX device. Returns True when it initialised."""
-    source = multi_process_environment()
-    if source is None:
-        return False
-    if os.environ.get("JAX_PLATFORMS", "").startswith("cpu"):
-        # CPU processes need a collectives implementation to form one mesh (tests, debugging).
-        jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    kwargs = {}
-    if os.environ.get("JAX_NUM_PROCESSES") and os.environ.get("JAX_PROCESS_ID"):
-        # A hand-made launch (no cluster manager): JAX reads the coordinator address itself, not these two.
-        kwargs = {"num_processes": int(os.environ["JAX_NUM_PROCESSES"]),
-                  "process_id": int(os.environ["JAX_PROCESS_ID"])}
-    log.info("multi-process launch detected (%s): jax.distributed.initialize(%s)", source, kwargs or "")
-    jax.distributed.initialize(**kwargs)
-    return True

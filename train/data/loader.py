@@ -6,9 +6,10 @@ epoch); global batch ``g`` holds the next ``batch_size`` records of that order; 
 A batch's records are read with one ``__getitems__`` call where the source has it (ArrayRecord sources do) and the
 batch is large enough for that to pay (:data:`BATCHED_READ_MIN`), and stacked per field.
 
-Per-process sharding: ``grain.sharding.ShardByJaxProcess`` gives this process's index ``p`` of ``P``, and the
-process keeps rows ``[p*B/P, (p+1)*B/P)`` of every global batch, so together the processes read each global batch
-exactly once and the global batch does not depend on ``P``. MLM masking is keyed by ``(seed, e, i)`` for the record
+Per-process rows: ``rows`` (the training loop passes ``train.sharding.BatchPlacement.rows``: the rows this
+process's devices hold under the batch sharding, for any mesh) or by default ``grain.sharding.ShardByJaxProcess``'s
+contiguous block ``[p*B/P, (p+1)*B/P)`` for process ``p`` of ``P``; either way the global batch does not depend on
+``P``. MLM masking is keyed by ``(seed, e, i)`` for the record
 at position ``i`` of epoch ``e``'s order (:mod:`train.data.masking`). ``worker_count`` > 0 produces batches in Grain
 worker processes, ``read_threads`` > 0 in reader threads, ``prefetch`` batches ahead; the batches are the same for
 any of these settings.
@@ -17,8 +18,8 @@ any of these settings.
 needs only a number: ``make_iterator(..., start=g)`` yields global batches ``g, g + 1, ...``, and the iterator's
 ``position`` is the next one it will yield (a training checkpoint stores it; after step ``s`` it is ``s``).
 
-Batches are dicts of int32 numpy arrays with the keys of ``train.batches`` (B = this process's rows,
-``batch_size // process_count``; T = ``seq_len``; :func:`batch_shapes` gives the shapes):
+Batches are dicts of int32 numpy arrays with the keys of ``train.batches`` (B = this process's rows:
+``batch_size // process_count`` by default, ``len(rows)`` when given; T = ``seq_len``; :func:`batch_shapes` gives the shapes):
 
 - ``causal`` (``CAUSAL_KEYS``): ``input_ids`` [B, T]; ``targets`` [B, T], the next token of each position
   (``targets[:, t] == input_ids[:, t + 1]``; the last one is the token after the window), ``IGNORE_INDEX`` where the
@@ -32,7 +33,7 @@ Batches are dicts of int32 numpy arrays with the keys of ``train.batches`` (B = 
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from typing import Any, Sequence
 
 import grain
 import numpy as np
@@ -81,19 +82,22 @@ class BatchSource:
     Item ``g`` is global batch ``g``: epoch ``e = g // batches_per_epoch`` visits the records in the order of a
     seeded permutation (``np.random.default_rng([seed, e])``; the identity when ``shuffle`` is off), global batch ``g``
     holds the next ``global_batch`` records of that order (the incomplete last batch of an epoch is dropped, or with
-    ``pad_last`` completed with rows that score nothing), and this process keeps rows ``[row_start, row_stop)`` of
-    it. The data of global batch ``g`` therefore depends neither on the number of processes nor on Grain's workers.
+    ``pad_last`` completed with rows that score nothing), and this process keeps rows ``rows`` (ascending indices
+    into the global batch) of it. The data of global batch ``g`` therefore depends neither on the number of processes nor on Grain's workers.
     ``masking`` (MLM): ``vocab_size``, ``mask_id``, ``pad_id``, ``special_ids``, ``prob``, ``max_predictions``.
     """
 
-    def __init__(self, records: Any, *, global_batch: int, row_start: int, row_stop: int, shuffle: bool, seed: int,
+    def __init__(self, records: Any, *, global_batch: int, rows: Sequence[int], shuffle: bool, seed: int,
                  num_epochs: int | None, objective: str, masking: dict[str, Any] | None = None,
                  pad_last: bool = False):
         if objective == "mlm" and masking is None:
             raise ValueError("objective='mlm' needs masking settings (vocab_size, mask_id, pad_id, ...)")
         self.records = records
         self.global_batch = global_batch
-        self.row_start, self.row_stop = row_start, row_stop
+        self.rows = np.asarray(rows, np.int64).reshape(-1)
+        if not len(self.rows) or np.any(np.diff(self.rows) <= 0) or self.rows[0] < 0 or self.rows[-1] >= global_batch:
+            raise ValueError(f"rows={self.rows.tolist()[:8]}: expected ascending distinct row indices in "
+                             f"[0, {global_batch})")
         self.shuffle, self.seed, self.num_epochs = shuffle, seed, num_epochs
         self.objective, self.masking = objective, masking
         self.pad_last = pad_last
@@ -114,7 +118,7 @@ class BatchSource:
 
     def __repr__(self) -> str:
         return (f"BatchSource(records={len(self.records)}, global_batch={self.global_batch}, "
-                f"rows=[{self.row_start}, {self.row_stop}), shuffle={self.shuffle}, seed={self.seed}, "
+                f"rows={_describe_rows(self.rows)}, shuffle={self.shuffle}, seed={self.seed}, "
                 f"num_epochs={self.num_epochs}, objective={self.objective!r})")
 
     def __getstate__(self) -> dict[str, Any]:
@@ -134,7 +138,7 @@ class BatchSource:
         epoch, b = divmod(int(g), self.batches_per_epoch)
         order = self.order(epoch)
         first = b * self.global_batch
-        positions = np.arange(first + self.row_start, first + self.row_stop)
+        positions = first + self.rows
         real = int(np.count_nonzero(positions < len(order)))  # rows past the split's end are padding (pad_last)
         fill = 0 if self.objective == "causal" else self.masking["pad_id"]
         ids = np.full((len(positions), self.width), fill, np.int32)
@@ -154,6 +158,12 @@ class BatchSource:
         return {"input_ids": masked["input_ids"], "attention_mask": (segments > 0).astype(np.int32),
                 "token_type_ids": np.zeros_like(ids), "segment_ids": segments, "labels": masked["labels"],
                 "masked_positions": masked["masked_positions"], "masked_labels": masked["masked_labels"]}
+
+
+def _describe_rows(rows: np.ndarray) -> str:
+    if len(rows) and rows[-1] - rows[0] + 1 == len(rows):
+        return f"[{rows[0]}, {rows[-1] + 1})"
+    return str(rows.tolist())
 
 
 class _From:
@@ -198,16 +208,17 @@ def _allow_unparsed_absl_flags() -> None:
 
 
 def make_loader(cfg: DataConfig, split: str = "train", tokenizer: TextTokenizer | None = None, *,
-                sources: dict[str, Any] | None = None, pad_last: bool = False, start: int = 0, **overrides: Any):
+                sources: dict[str, Any] | None = None, pad_last: bool = False, start: int = 0,
+                rows: Sequence[int] | None = None, **overrides: Any):
     """A Grain ``DataLoader`` yielding this process's part of each global batch of ``split``, from global batch
     ``start`` on.
 
     ``overrides`` replace ``cfg`` fields (e.g. ``num_epochs=1, shuffle=False`` for evaluation). ``sources`` (from
     :func:`~train.data.packing.prepare`) skips the cache lookup. ``pad_last`` (evaluation, with ``num_epochs``): the
     last partial batch of an epoch is completed with rows that score nothing (targets / labels ``IGNORE_INDEX``,
-    segment 0), so the whole split is read, even one smaller than a batch. The process's rows come from
-    ``grain.sharding.ShardByJaxProcess``: process ``p`` of ``P`` takes rows ``[p * B / P, (p + 1) * B / P)`` of every
-    global batch of ``B`` records.
+    segment 0), so the whole split is read, even one smaller than a batch. ``rows``: the rows of every global
+    batch this process loads (``train.sharding.BatchPlacement.rows``); by default ``grain.sharding.ShardByJaxProcess``'s
+    block: process ``p`` of ``P`` takes rows ``[p * B / P, (p + 1) * B / P)`` of every global batch of ``B`` records.
     """
     if overrides:
         cfg = cfg.replace(**overrides)
@@ -218,9 +229,12 @@ def make_loader(cfg: DataConfig, split: str = "train", tokenizer: TextTokenizer 
     if split not in sources:
         raise ValueError(f"split={split!r}: the prepared data has splits {sorted(sources)}")
     records = sources[split]
-    shard = grain.sharding.ShardByJaxProcess(drop_remainder=True)
-    if cfg.batch_size % shard.shard_count:
-        raise ValueError(f"batch_size={cfg.batch_size} is not divisible by the {shard.shard_count} JAX processes")
+    if rows is None:
+        shard = grain.sharding.ShardByJaxProcess(drop_remainder=True)
+        if cfg.batch_size % shard.shard_count:
+            raise ValueError(f"batch_size={cfg.batch_size} is not divisible by the {shard.shard_count} JAX processes")
+        per_process = cfg.batch_size // shard.shard_count
+        rows = range(shard.shard_index * per_process, (shard.shard_index + 1) * per_process)
     if pad_last and cfg.num_epochs is None:
         raise ValueError("pad_last needs num_epochs (an epoch to complete): evaluation reads the split once")
     if len(records) < (1 if pad_last else cfg.batch_size):
@@ -228,7 +242,6 @@ def make_loader(cfg: DataConfig, split: str = "train", tokenizer: TextTokenizer 
                          f"of batch_size={cfg.batch_size}; lower batch_size or seq_len, or add text")
     if "segment_ids" not in records[0]:
         raise ValueError(f"split={split!r}: records without segment_ids (an old packed dataset); prepare() again")
-    per_process = cfg.batch_size // shard.shard_count
     masking = None
     if cfg.objective == "mlm":
         if tokenizer is None:
@@ -237,8 +250,7 @@ def make_loader(cfg: DataConfig, split: str = "train", tokenizer: TextTokenizer 
         masking = {"vocab_size": tokenizer.vocab_size, "mask_id": roles["mask"], "pad_id": roles["pad"],
                    "special_ids": tuple(tokenizer.special_ids), "prob": cfg.mask_prob,
                    "max_predictions": cfg.predictions}
-    source = BatchSource(records, global_batch=cfg.batch_size, row_start=shard.shard_index * per_process,
-                         row_stop=(shard.shard_index + 1) * per_process, shuffle=cfg.shuffle, seed=cfg.seed,
+    source = BatchSource(records, global_batch=cfg.batch_size, rows=rows, shuffle=cfg.shuffle, seed=cfg.seed,
                          num_epochs=cfg.num_epochs, objective=cfg.objective, masking=masking, pad_last=pad_last)
     if not 0 <= start <= len(source):
         raise ValueError(f"start={start}: expected a global batch index in [0, {len(source)}]")
@@ -255,8 +267,9 @@ def make_loader(cfg: DataConfig, split: str = "train", tokenizer: TextTokenizer 
 
 def make_iterator(cfg: DataConfig, split: str = "train", tokenizer: TextTokenizer | None = None, *,
                   sources: dict[str, Any] | None = None, pad_last: bool = False, start: int = 0,
-                  **overrides: Any) -> BatchIterator:
+                  rows: Sequence[int] | None = None, **overrides: Any) -> BatchIterator:
     """An iterator of batches (dicts of numpy arrays, see the module docstring) from global batch ``start`` on;
     its ``position`` is the next global batch index (what a checkpoint stores to resume)."""
-    loader = make_loader(cfg, split, tokenizer, sources=sources, pad_last=pad_last, start=start, **overrides)
+    loader = make_loader(cfg, split, tokenizer, sources=sources, pad_last=pad_last, start=start, rows=rows,
+                         **overrides)
     return BatchIterator(loader, start)

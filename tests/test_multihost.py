@@ -1,0 +1,271 @@
+"""Several processes as one job, on loopback only (127.0.0.1): ``python -m train.launch``, 2 processes x 2 CPU devices
+over Gloo. Meshes whose axes do and do not follow the processes give the one-device losses; checkpoints cross
+process counts; SIGTERM to one process stops both after the same step; a killed process is reported by the other;
+a checkpoint unreadable on one process is judged the same way by all. Marked ``multiprocess``."""
+
+import json
+import os
+import pathlib
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from train_helper import as_flags, overrides  # noqa: E402
+
+pytestmark = pytest.mark.multiprocess
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+TESTS = REPO / "tests"
+STEPS = 8  # GPT runs: 8 steps, checkpoints at 4 and 8
+BERT_STEPS = 5
+GPT = {"steps": STEPS, "checkpoint_every": 4, "sample.max_new_tokens": 0}
+BERT = {"steps": BERT_STEPS, "checkpoint_every": 0, "sample.max_new_tokens": 0}
+MESHES = ((4, 1, 1), (2, 2, 1), (1, 2, 2))
+
+
+@pytest.fixture(scope="session")
+def data_dir(tmp_path_factory):
+    return str(tmp_path_factory.getbasetemp() / "train_data")
+
+
+def env(**extra):
+    out = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "XLA_FLAGS"))}
+    return {**out, "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(TESTS), **extra}
+
+
+def launch(*args, timeout=400, **extra_env):
+    """``python -m train.launch --processes 2 --devices-per-process 2 ARGS``; the CompletedProcess."""
+    return subprocess.run([sys.executable, "-m", "train.launch", "--processes", "2", "--devices-per-process", "2",
+                           *args], cwd=REPO, env=env(**extra_env), capture_output=True, text=True, timeout=timeout)
+
+
+def train_command(workdir, data_dir, kind="gpt", **extra):
+    return [*as_flags(kind, overrides(kind, data_dir, **{**GPT, **extra})), "--workdir", str(workdir)]
+
+
+def losses(workdir):
+    rows = [json.loads(line) for line in (pathlib.Path(workdir) / "metrics.jsonl").read_text().splitlines()]
+    return {row["step"]: row["loss"] for row in rows}
+
+
+def checkpoint_steps(workdir):
+    return sorted(int(p.name) for p in (pathlib.Path(workdir) / "checkpoints").iterdir() if p.name.isdigit())
+
+
+def keep_only_step(source, destination, step):
+    """A copy of the work directory ``source`` holding only checkpoint ``step`` (as if the run had stopped there)."""
+    shutil.copytree(source, destination)
+    for other in checkpoint_steps(destination):
+        if other != step:
+            shutil.rmtree(pathlib.Path(destination) / "checkpoints" / str(other))
+
+
+def runs_of(kind_meshes):
+    runs = []
+    for kind, mesh, interleave in kind_meshes:
+        name = f"{kind}{''.join(map(str, mesh))}{'i' if interleave else ''}"
+        runs.append({"name": name, "kind": kind, "mesh": list(mesh), "interleave": interleave,
+                     "extra": GPT if kind == "gpt" else BERT})
+    return runs
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, data_dir):
+    """One process, one device: the tiny GPT (8 steps, checkpoints at 4 and 8) and the tiny BERT (5 steps)."""
+    root = tmp_path_factory.mktemp("one_device")
+    args = {"data_dir": data_dir, "root": str(root), "out": str(root / "report"),
+            "runs": runs_of([("gpt", (1, 1, 1), False), ("bert", (1, 1, 1), False)])}
+    proc = subprocess.run([sys.executable, "-m", "multihost_helper", "meshes", json.dumps(args)], cwd=REPO,
+                          env=env(JAX_NUM_CPU_DEVICES="1"), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    return {"gpt": root / "gpt111", "bert": root / "bert111"}
+
+
+@pytest.fixture(scope="module")
+def two_processes(tmp_path_factory):
+    """2 processes x 2 devices, a fresh data directory (process 0 prepares it): GPT and BERT on the three meshes,
+    and GPT on (4,1,1) and (1,2,2) with the devices interleaved across the processes."""
+    root = tmp_path_factory.mktemp("two_processes")
+    data = root / "data"
+    plan = [("gpt", m, False) for m in MESHES] + [("gpt", (4, 1, 1), True), ("gpt", (1, 2, 2), True)] + [
+        ("bert", m, False) for m in MESHES]
+    args = {"data_dir": str(data), "root": str(root / "runs"), "out": str(root / "report"), "runs": runs_of(plan)}
+    start = time.perf_counter()
+    proc = launch("--module", "multihost_helper", "--", "meshes", json.dumps(args), timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    reports = [json.loads((root / f"report.p{i}.json").read_text()) for i in range(2)]
+    return {"root": root / "runs", "data": data, "reports": reports, "stdout": proc.stdout,
+            "seconds": time.perf_counter() - start}
+
+
+def test_every_mesh_over_two_processes_gives_the_one_device_losses(reference, two_processes):
+    for run in two_processes["reports"][0]["runs"]:
+        kind = "gpt" if run.startswith("gpt") else "bert"
+        expected, got = losses(reference[kind]), losses(two_processes["root"] / run)
+        assert sorted(got) == list(range(1, (STEPS if kind == "gpt" else BERT_STEPS) + 1)), run
+        assert max(abs(got[s] - expected[s]) for s in got) < 1e-5, (run, got, expected)
+    assert "devices: 4 x cpu (2 process(es)); mesh data=1 x fsdp=2 x tensor=2" in two_processes["stdout"]
+
+
+def test_each_process_loads_the_rows_its_devices_hold(two_processes):
+    """Batch rows follow the batch sharding, not the process index: 8 rows over the mesh's data x fsdp devices."""
+    rows = [report["runs"] for report in two_processes["reports"]]
+    assert [r["gpt411"]["rows"] for r in rows] == [[0, 1, 2, 3], [4, 5, 6, 7]]  # contiguous blocks
+    assert [r["gpt122"]["rows"] for r in rows] == [[0, 1, 2, 3], [4, 5, 6, 7]]  # fsdp over processes
+    # devices p0d0, p1d0, p0d1, p1d1 along data: each process holds two blocks that are not neighbours
+    assert [r["gpt411i"]["rows"] for r in rows] == [[0, 1, 4, 5], [2, 3, 6, 7]]
+    # tensor spans the processes: each process holds both fsdp blocks, i.e. every row
+    assert [r["gpt122i"]["rows"] for r in rows] == [list(range(8))] * 2
+
+
+def test_one_process_writes_logs_tokenizer_and_data(two_processes):
+    """Process 1 opens no file for writing but its own orbax shard metadata and the data directory's locks; the
+    files process 0 writes (metrics, TensorBoard, tokenizer, the prepared data) exist once."""
+    written = [report["written"] for report in two_processes["reports"]]
+    allowed = [p for p in written[1] if p.endswith("/.flaxzoo.lock") or "/array_metadatas/process_1" in p]
+    assert sorted(written[1]) == sorted(allowed), written[1]
+    assert not set(written[0]) & set(written[1]) - {p for p in allowed if p.endswith(".flaxzoo.lock")}
+    zero = "\n".join(written[0])
+    for part in ("gpt411/metrics.jsonl", "gpt411/tokenizer.json", "gpt411/tensorboard/", "flaxzoo_packed/",
+                 "tokenizers/"):
+        assert part in zero, part
+
+
+def test_checkpoints_cross_process_counts(reference, two_processes, data_dir, tmp_path):
+    """Step 4 of the 2-process run resumed by one process of 4 devices (the same device count: the same losses
+    bit for bit), and step 4 of the one-device run resumed by 2 processes (<= 1e-5)."""
+    two = two_processes["root"] / "gpt411"
+    keep_only_step(two, tmp_path / "a", 4)
+    proc = subprocess.run([sys.executable, "-m", "train", *train_command(tmp_path / "a", data_dir, **{
+        "mesh.data": 4})], cwd=REPO, env=env(JAX_NUM_CPU_DEVICES="4"), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    assert "resumed from checkpoint at step 4" in proc.stdout
+    uninterrupted = losses(two)
+    assert [losses(tmp_path / "a")[s] for s in range(5, STEPS + 1)] == [uninterrupted[s] for s in range(5, STEPS + 1)]
+
+    keep_only_step(reference["gpt"], tmp_path / "b", 4)
+    proc = launch("--", *train_command(tmp_path / "b", data_dir, **{"mesh.data": 4}))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    assert "[p1] process 1: resumed from checkpoint at step 4" in proc.stdout
+    one_device, got = losses(reference["gpt"]), losses(tmp_path / "b")
+    assert max(abs(got[s] - one_device[s]) for s in range(5, STEPS + 1)) < 1e-5
+
+
+def test_sigterm_to_one_process_stops_both_after_the_same_step(two_processes, data_dir, tmp_path):
+    workdir, pids = tmp_path / "w", tmp_path / "pids"
+    rng = random.Random()
+    target, at_step = rng.choice([0, 1]), rng.randint(2, 5)
+    proc = subprocess.Popen([sys.executable, "-m", "train.launch", "--processes", "2", "--devices-per-process", "2",
+                             "--module", "multihost_helper", "--", "train",
+                             *train_command(workdir, data_dir, checkpoint_every=0, **{"mesh.data": 4})],
+                            cwd=REPO, env=env(FLAXZOO_TEST_STEP_DELAY="0.4", FLAXZOO_TEST_PID_DIR=str(pids)),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines = []
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            if line.startswith(f"[p0] step {at_step}/"):
+                os.kill(int((pids / f"p{target}").read_text()), signal.SIGTERM)
+                break
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    out = "".join(lines) + out
+    assert proc.returncode == 0, (target, at_step, out[-3000:], err[-5000:])
+    stopped = {}
+    for line in out.splitlines():
+        for i in range(2):
+            prefix = f"[p{i}] process {i}: SIGTERM received: stopped after step "
+            if line.startswith(prefix):
+                stopped[i] = int(line[len(prefix):].split(",")[0])
+    assert len(stopped) == 2 and stopped[0] == stopped[1], (target, at_step, stopped, out[-3000:])
+    step = stopped[0]
+    assert at_step <= step < STEPS and checkpoint_steps(workdir) == [step]
+    # the restart (2 processes again) continues with the uninterrupted run's losses
+    proc = launch("--", *train_command(workdir, data_dir, checkpoint_every=0, **{"mesh.data": 4}))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    uninterrupted, got = losses(two_processes["root"] / "gpt411"), losses(workdir)
+    assert [got[s] for s in range(1, STEPS + 1)] == [uninterrupted[s] for s in range(1, STEPS + 1)]
+
+
+def test_a_killed_process_is_reported_by_the_other_within_a_minute(data_dir, tmp_path):
+    from train.launch import free_port
+
+    port = free_port()
+    command = [sys.executable, "-m", "multihost_helper", "train",
+               *train_command(tmp_path / "w", data_dir, steps=40, checkpoint_every=0, **{"mesh.data": 4})]
+    procs = [subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env(
+        JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES="2", JAX_PROCESS_ID=str(i),
+        JAX_NUM_CPU_DEVICES="2", FLAXZOO_TEST_STEP_DELAY="0.2")) for i in range(2)]
+    try:
+        for line in procs[0].stdout:
+            if line.startswith("step 3/"):
+                break
+        procs[1].kill()
+        killed = time.monotonic()
+        _, err = procs[0].communicate(timeout=120)
+        elapsed = time.monotonic() - killed
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    assert procs[0].returncode != 0
+    assert elapsed < 60, elapsed
+    assert "The following tasks are unhealthy (stopped sending heartbeats):\n1\n" in err, err[-3000:]
+    print(f"survivor exited {procs[0].returncode} {elapsed:.1f} s after the kill")
+
+
+def test_a_checkpoint_unreadable_on_one_process_is_judged_alike_everywhere(two_processes, data_dir, tmp_path):
+    """Process 1 cannot read step 8 at all and fails its first read of step 4 (a transient error): both processes
+    set step 8 aside (process 0 moves it, once) and resume from step 4 after process 1's retry."""
+    workdir = tmp_path / "w"
+    shutil.copytree(two_processes["root"] / "gpt411", workdir)
+    proc = launch("--module", "multihost_helper", "--", "train", *train_command(workdir, data_dir, **{
+        "mesh.data": 4}), FLAXZOO_TEST_UNREADABLE="1:8:0,1:4:1")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    for i in range(2):
+        assert f"[p{i}] process {i}: checkpoint at step 8 is damaged" in proc.stdout
+        assert f"[p{i}] process {i}: resumed from checkpoint at step 4" in proc.stdout
+    assert "unreadable on process(es) [1]" in proc.stdout
+    assert "reading checkpoint 4 failed (OSError: injected read error" in proc.stderr
+    assert "attempt 2 of 3" in proc.stderr
+    assert sorted(p.name for p in (workdir / "damaged_checkpoints").iterdir()) == ["8"]
+    assert checkpoint_steps(workdir) == [4, 8]  # 8 written afresh by the resumed run
+    uninterrupted, got = losses(two_processes["root"] / "gpt411"), losses(workdir)
+    assert [got[s] for s in range(5, STEPS + 1)] == [uninterrupted[s] for s in range(5, STEPS + 1)]
+
+
+def test_launcher_prefixes_lines_forwards_signals_and_returns_the_first_failure(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-m", "train.launch", "--processes", "2", "--devices-per-process", "3",
+                             "--module", "multihost_helper", "--", "sleeper", "0"], cwd=REPO, env=env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    seen = []
+    for line in proc.stdout:
+        seen.append(line)
+        if len(seen) == 2:
+            break
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    out = "".join(seen) + out
+    assert proc.returncode == 0, (out, err)
+    for i in range(2):
+        assert f"[p{i}] process {i} of 2 at 127.0.0.1:" in out and ", 3 devices" in out
+        assert f"[p{i}] process {i} got SIGTERM" in out
+        assert f"[p{i}] stderr line of process {i}" in err
+    # process 1 exits 3 at once; process 0 waits for a signal: killed after the grace period, exit code 3
+    proc = subprocess.run([sys.executable, "-m", "train.launch", "--processes", "2", "--grace-s", "1", "--module",
+                           "multihost_helper", "--", "sleeper", "3"], cwd=REPO, env=env(), capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 3, (proc.stdout, proc.stderr)
+    assert "[launch] process 1 ended first with exit code 3" in proc.stderr
+    assert "[launch] process 0 still running 1 s later: killed" in proc.stderr
+    bad = subprocess.run([sys.executable, "-m", "train.launch", "--processes", "0"], cwd=REPO, env=env(),
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "--processes=0: expected at least 1" in bad.stderr
