@@ -132,22 +132,25 @@ def test_one_process_writes_logs_tokenizer_and_data(two_processes):
     assert sorted(written[1]) == sorted(allowed), written[1]
     assert not set(written[0]) & set(written[1]) - {p for p in allowed if p.endswith(".flaxzoo.lock")}
     zero = "\n".join(written[0])
-    for part in ("gpt411/metrics.jsonl", "gpt411/tokenizer.json", "gpt411/tensorboard/", "flaxzoo_packed/",
+    for part in ("gpt411/metrics.jsonl", "gpt411/.tokenizer-", "gpt411/tensorboard/", "flaxzoo_packed/",
                  "tokenizers/"):
         assert part in zero, part
 
 
 def test_checkpoints_cross_process_counts(reference, two_processes, data_dir, tmp_path):
-    """Step 4 of the 2-process run resumed by one process of 4 devices (the same device count: the same losses
-    bit for bit), and step 4 of the one-device run resumed by 2 processes (<= 1e-5)."""
+    """Step 4 of the 2-process run resumed by one process of 4 devices, and step 4 of the one-device run resumed by
+    2 processes: the uninterrupted runs' losses within 1e-5. Not bit for bit even at 4 devices both ways: Gloo's
+    all-reduce sums the devices' partial losses and gradients in another order than XLA's in-process all-reduce
+    (measured: 1 float32 ulp, 4.8e-7, on the first resumed step's loss). With the same processes the resumed run is
+    bit-identical (the SIGTERM and unreadable-checkpoint tests)."""
     two = two_processes["root"] / "gpt411"
     keep_only_step(two, tmp_path / "a", 4)
     proc = subprocess.run([sys.executable, "-m", "train", *train_command(tmp_path / "a", data_dir, **{
         "mesh.data": 4})], cwd=REPO, env=env(JAX_NUM_CPU_DEVICES="4"), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     assert "resumed from checkpoint at step 4" in proc.stdout
-    uninterrupted = losses(two)
-    assert [losses(tmp_path / "a")[s] for s in range(5, STEPS + 1)] == [uninterrupted[s] for s in range(5, STEPS + 1)]
+    uninterrupted, got = losses(two), losses(tmp_path / "a")
+    assert max(abs(got[s] - uninterrupted[s]) for s in range(5, STEPS + 1)) < 1e-5
 
     keep_only_step(reference["gpt"], tmp_path / "b", 4)
     proc = launch("--", *train_command(tmp_path / "b", data_dir, **{"mesh.data": 4}))
@@ -196,6 +199,9 @@ def test_sigterm_to_one_process_stops_both_after_the_same_step(two_processes, da
 
 
 def test_a_killed_process_is_reported_by_the_other_within_a_minute(data_dir, tmp_path):
+    """SIGKILL to process 1: process 0 (blocked in a collective with it) is ended by the runtime once process 1's
+    heartbeats stop, with a message naming it. Run with a 10 s heartbeat timeout to keep the test short; with the
+    default (30 s) the survivor exits about 31 s after the kill."""
     from train.launch import free_port
 
     port = free_port()
@@ -203,7 +209,7 @@ def test_a_killed_process_is_reported_by_the_other_within_a_minute(data_dir, tmp
                *train_command(tmp_path / "w", data_dir, steps=40, checkpoint_every=0, **{"mesh.data": 4})]
     procs = [subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env(
         JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES="2", JAX_PROCESS_ID=str(i),
-        JAX_NUM_CPU_DEVICES="2", FLAXZOO_TEST_STEP_DELAY="0.2")) for i in range(2)]
+        JAX_NUM_CPU_DEVICES="2", FLAXZOO_TEST_STEP_DELAY="0.2", FLAXZOO_HEARTBEAT_TIMEOUT_S="10")) for i in range(2)]
     try:
         for line in procs[0].stdout:
             if line.startswith("step 3/"):

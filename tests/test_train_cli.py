@@ -206,39 +206,6 @@ def test_bert_pretraining_reports_masked_token_accuracy(data_dir, tmp_path):
     assert checkpoint_steps(tmp_path / "w") == [10]
 
 
-def free_port():
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def test_two_processes_form_one_mesh_and_a_single_process_resumes_their_checkpoint(baseline, data_dir, tmp_path):
-    """A multi-host launch by hand (JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID): 2 processes x 2
-    CPU devices train as one 4-device mesh, each reading its half of every batch; then one process resumes."""
-    workdir = tmp_path / "w"
-    port = free_port()
-    cmd = command(workdir, data_dir, steps=5, checkpoint_every=5, **{"sample.max_new_tokens": 0})
-    procs = [subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={
-        **env(), "XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_COORDINATOR_ADDRESS":
-        f"127.0.0.1:{port}", "JAX_NUM_PROCESSES": "2", "JAX_PROCESS_ID": str(i)}) for i in range(2)]
-    outputs = [p.communicate(timeout=300) for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], outputs
-    assert "devices: 4 x cpu (2 process(es)); mesh data=4" in outputs[0][0]
-    # One device, 40 steps: the same learning rates up to update 5 (warmup 5 steps, then the decay's start).
-    expected = losses(baseline[0])
-    got = losses(workdir)
-    assert sorted(got) == [1, 2, 3, 4, 5]
-    assert max(abs(got[s] - expected[s]) for s in got) < 1e-5
-    meta = json.loads((workdir / "checkpoints" / "5" / "meta" / "metadata").read_text())
-    assert meta["data_position"] == 5  # one number for all processes: each reads its rows of global batch 5
-    proc = run(workdir, data_dir, steps=6, checkpoint_every=2)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-    assert "resumed from checkpoint at step 5" in proc.stdout
-    assert abs(losses(workdir)[6] - expected[6]) < 1e-5
-
-
 def test_an_error_after_the_first_step_exits_1_and_before_it_2(data_dir, tmp_path):
     """Exit code 2 means nothing was computed (a bad config or input); a ValueError once training runs is a run
     failure (1). The failure is simulated by a metrics writer that raises, in a real ``python -m train`` process."""

@@ -462,3 +462,45 @@ def test_the_loop_and_the_bench_measure_the_same_cpu_peak():
     assert bench.parse_args(["--work", "gpt_train"]).peak_size == flops.CPU_PEAK_SIZE
     peak, source = flops.device_peak(jax.devices()[:1], cpu_size=256)
     assert peak > 1e8 and source == "measured fp32 matmul peak (256^3, best of 5)"
+
+
+# ------------------------------------------------------------------------------------------- object-store workdirs
+def test_an_object_store_work_directory_is_used_as_a_uri(tmp_path, monkeypatch):
+    """``gs://`` work directories stay URIs (not ``$PWD/gs:/...``), and the files process 0 writes there
+    (metrics.jsonl, rewritten whole as object stores cannot append) go through etils.epath. Run with epath's own
+    mock backend mapping gs://bucket to a local folder; orbax's array writes to gs:// (tensorstore's GCS driver)
+    need the network and are not run here."""
+    from etils.epath import backend, testing as epath_testing
+
+    from train.checkpoint import is_remote, resolve_workdir
+    from train.loop import MetricsWriter
+
+    monkeypatch.chdir(tmp_path)
+    assert str(resolve_workdir("gs://bucket/run")) == "gs://bucket/run" and is_remote(resolve_workdir("gs://b/r"))
+    assert str(resolve_workdir("runs/a")) == str(tmp_path / "runs" / "a") and not is_remote(resolve_workdir("x"))
+
+    def local(path):
+        return os.fspath(path).replace("gs://bucket", str(tmp_path / "bucket"))
+
+    calls = []
+
+    def redirect(name):
+        def call(original, path, *args, **kwargs):
+            del original
+            calls.append((name, os.fspath(path)))
+            args = [local(a) if isinstance(a, (str, os.PathLike)) and "gs://" in os.fspath(a) else a for a in args]
+            return getattr(backend.os_backend, name)(local(path), *args, **kwargs)
+        return call
+
+    names = ("open", "exists", "isdir", "makedirs", "mkdir", "listdir", "glob", "remove", "rename", "replace",
+             "rmtree", "stat", "walk", "copy")
+    (tmp_path / "bucket" / "run").mkdir(parents=True)
+    (tmp_path / "bucket" / "run" / "metrics.jsonl").write_text('{"step": 1, "loss": 3.0}\n{"step": 2, "loss": 9}\n')
+    with epath_testing.mock_epath(**{name: redirect(name) for name in names}):
+        writer = MetricsWriter(resolve_workdir("gs://bucket/run"), start_step=1)  # resumed at step 1
+        writer.write({"step": 2, "loss": 2.5})
+        writer.write({"step": 3, "loss": 2.0})
+        writer.close()
+    rows = [json.loads(line) for line in (tmp_path / "bucket" / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert rows == [{"step": 1, "loss": 3.0}, {"step": 2, "loss": 2.5}, {"step": 3, "loss": 2.0}]
+    assert ("open", "gs://bucket/run/metrics.jsonl") in calls

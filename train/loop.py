@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import logging
 import math
@@ -146,6 +147,13 @@ def unigram_baseline(sources: dict[str, Any], vocab_size: int, objective: str, *
     return float(math.exp(cross_entropy))
 
 
+def _has_module(name: str) -> bool:
+    try:
+        return bool(name) and importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:  # a parent package is missing
+        return False
+
+
 class MetricsWriter:
     """``metrics.jsonl`` (one JSON object per logged step) and TensorBoard events, on process 0 only.
 
@@ -174,12 +182,14 @@ class MetricsWriter:
             self.path.write_text("".join(line + "\n" for line in self.lines))
         if not is_remote(self.path):
             self.file = open(self.path, "a", buffering=1)
-        try:
-            from tensorboardX import SummaryWriter
+        if is_remote(workdir) and not _has_module({"gs": "google.cloud.storage", "s3": "boto3"}.get(
+                str(workdir).split("://")[0], "")):
+            log.warning("no TensorBoard events in %s: tensorboardX writes gs:// with google-cloud-storage and s3:// "
+                        "with boto3 installed", workdir)
+            return
+        from tensorboardX import SummaryWriter
 
-            self.tb = SummaryWriter(str(workdir / "tensorboard"), purge_step=start_step + 1 if start_step else None)
-        except Exception as exc:  # tensorboardX without the object store's client library
-            log.warning("no TensorBoard events in %s: %s", workdir, exc)
+        self.tb = SummaryWriter(str(workdir / "tensorboard"), purge_step=start_step + 1 if start_step else None)
 
     def write(self, row: dict[str, Any]) -> None:
         if not self.enabled:
