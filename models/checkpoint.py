@@ -27,6 +27,7 @@ from typing import Any, Mapping
 
 import jax
 import numpy as np
+from etils import epath
 from flax import nnx
 
 from models.bert import BertModel
@@ -55,8 +56,9 @@ def _steps(root: pathlib.Path) -> list[int]:
 
 def find_step_dir(path: str | pathlib.Path) -> pathlib.Path | None:
     """The step directory to load from ``path``: ``path`` itself when it is one, else the latest step of
-    ``path/checkpoints`` (a work directory) or of ``path`` (a CheckpointManager root); None when there is none."""
-    path = pathlib.Path(path)
+    ``path/checkpoints`` (a work directory) or of ``path`` (a CheckpointManager root); None when there is none.
+    ``path`` may be an object-store URI (``gs://...``: read through ``etils.epath``, as orbax does)."""
+    path = epath.Path(path) if "://" in str(path) else pathlib.Path(path)
     if (path / META).is_dir() and (path / STATE).is_dir():
         return path
     for root in (path / CHECKPOINT_DIR, path):

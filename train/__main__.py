@@ -148,10 +148,16 @@ def main(argv: list[str] | None = None) -> int:
 
 def finetune_main(config, workdir: str) -> int:
     """``task="classify"`` configs (``configs/finetune_cls.py``): fine-tune an encoder into a text classifier."""
+    import jax
+
     from train.config import ConfigError
     from train.finetune.config import FinetuneConfig
     from train.finetune.trainer import Finetuner
 
+    if jax.process_count() > 1:
+        print(f"error: fine-tuning (task='classify') runs in one process; this launch has {jax.process_count()} "
+              "(start it without a multi-process launcher, on one host's devices)", file=sys.stderr)
+        return 2
     try:
         cfg = FinetuneConfig.from_config_dict(config)
     except ConfigError as exc:

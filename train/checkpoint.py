@@ -250,7 +250,11 @@ class Checkpointer:
         if meta.get("model_class") != model_class:
             raise CheckpointError(f"{self.directory / str(step)} holds a {meta.get('model_class')} but this run "
                                   f"trains a {model_class}; use another --workdir")
-        stored = ocp.StandardCheckpointHandler().metadata(self.directory / str(step) / "state")
+        handler = ocp.StandardCheckpointHandler()
+        try:
+            stored = handler.metadata(self.directory / str(step) / "state")
+        finally:
+            handler.close()
         stored_tree = getattr(stored, "tree", stored)
         want = _param_shapes(target["params"])
         have = _param_shapes(stored_tree["params"])
@@ -291,7 +295,9 @@ class Checkpointer:
             if not np.issubdtype(leaf.dtype, np.floating):
                 continue
             # A restored array that is not finite can only come from damaged bytes: saves are refused for NaNs.
-            if not bool(jax.numpy.isfinite(leaf).all()):
+            # Checked on this process's shards only: a check over the global array would be a collective, which a
+            # process whose read failed never joins.
+            if not all(np.isfinite(np.asarray(shard.data)).all() for shard in leaf.addressable_shards):
                 raise _NotFinite(f"step {step} holds non-finite values")
         return state
 

@@ -421,17 +421,16 @@ class TrainConfig(Section):
     # ---------------------------------------------------------------------------------------------------- build
     @classmethod
     def from_config_dict(cls, config: ConfigDict | Mapping[str, Any], device_count: int | None = None, *,
-                         backend: str | None = None, process_count: int | None = None) -> "TrainConfig":
+                         backend: str | None = None) -> "TrainConfig":
         """Check every value of ``config`` and work out what it means. Raises :class:`ConfigError` naming the key.
 
         ``device_count`` (default: all devices) fills a −1 mesh axis; ``backend`` (default ``jax.default_backend()``)
-        decides the "auto" precision settings; ``process_count`` (default ``jax.process_count()``) must divide the
-        batch.
+        decides the "auto" precision settings. (Any number of processes divides any batch: each process loads the
+        rows its devices hold, ``train.sharding.BatchPlacement``.)
         """
         values = config.to_dict() if isinstance(config, ConfigDict) else _plain(dict(config))
         device_count = jax.device_count() if device_count is None else device_count
         backend = jax.default_backend() if backend is None else backend
-        process_count = jax.process_count() if process_count is None else process_count
         _no_unknown("", values, [*cls.keys(), *cls.SECTIONS])
         for section in cls.SECTIONS:
             if not isinstance(values.get(section), Mapping):
@@ -443,9 +442,6 @@ class TrainConfig(Section):
 
         optim = OptimConfig.from_values(values["optim"])
         mesh = MeshConfig.resolve(values["mesh"], device_count)
-        batch = top.get("batch_size", cls.__dataclass_fields__["batch_size"].default)
-        if batch % process_count:
-            raise ConfigError("batch_size", f"{batch} is not divisible by the {process_count} JAX processes")
         precision = PrecisionConfig.from_values(values["precision"])
         model, model_cls = model_from_values(values["model"])
         precision = precision.resolve(backend, model.num_layers)

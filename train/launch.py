@@ -6,7 +6,9 @@ would start one per host: each gets ``JAX_COORDINATOR_ADDRESS`` (127.0.0.1 and a
 
 - ``--platform cpu`` (default): ``JAX_PLATFORMS=cpu`` and ``JAX_NUM_CPU_DEVICES=K`` (default 1) in each process;
   their collectives run over Gloo. ``gpu``: process ``i`` gets local GPUs ``i*K .. i*K+K-1``
-  (``JAX_LOCAL_DEVICE_IDS``; all of them when K is not given and N is 1). ``auto``: nothing is forced.
+  (``JAX_LOCAL_DEVICE_IDS``; K is required with N > 1, else every process would claim every GPU; without it one
+  process sees them all). ``auto``: nothing is forced.
+- The processes die with the launcher (Linux: ``PR_SET_PDEATHSIG``), even when it is killed outright.
 - Every line a process writes is printed with its id in front (``[p1] step 4/5 ...``; stderr to stderr).
 - SIGINT / SIGTERM to the launcher go to every process (the training loop agrees on a step to stop after, saves one
   checkpoint and exits 0).
@@ -19,6 +21,7 @@ would start one per host: each gets ``JAX_COORDINATOR_ADDRESS`` (127.0.0.1 and a
 from __future__ import annotations
 
 import argparse
+import ctypes
 import os
 import signal
 import socket
@@ -51,6 +54,14 @@ def process_environment(index: int, args: argparse.Namespace, port: int) -> dict
         k = args.devices_per_process
         env["JAX_LOCAL_DEVICE_IDS"] = ",".join(str(d) for d in range(index * k, (index + 1) * k))
     return env
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGKILL when the launcher dies (Linux; elsewhere nothing)."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
 
 
 def _pump(stream, prefix: str, out) -> None:
@@ -96,6 +107,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
         parser.error(f"--devices-per-process={args.devices_per_process}: expected at least 1")
     if args.grace_s < 0:
         parser.error(f"--grace-s={args.grace_s}: expected seconds >= 0")
+    if args.platform == "gpu" and args.processes > 1 and args.devices_per_process is None:
+        parser.error(f"--platform gpu with --processes={args.processes} needs --devices-per-process (the GPUs each "
+                     "process takes), else every process would claim every GPU")
     args.rest = rest
     return args
 
@@ -106,14 +120,6 @@ def main(argv: list[str] | None = None) -> int:
     command = [sys.executable, "-m", args.module, *args.rest]
     procs: list[subprocess.Popen] = []
     pumps: list[threading.Thread] = []
-    for i in range(args.processes):
-        proc = subprocess.Popen(command, env=process_environment(i, args, port), stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, bufsize=1, start_new_session=True)
-        procs.append(proc)
-        for stream, out in ((proc.stdout, sys.stdout), (proc.stderr, sys.stderr)):
-            thread = threading.Thread(target=_pump, args=(stream, f"[p{i}] ", out), daemon=True)
-            thread.start()
-            pumps.append(thread)
 
     def forward(signum, frame) -> None:
         del frame
@@ -121,7 +127,17 @@ def main(argv: list[str] | None = None) -> int:
             if proc.poll() is None:
                 proc.send_signal(signum)
 
-    previous = {signum: signal.signal(signum, forward) for signum in _SIGNALS}
+    previous = {signum: signal.signal(signum, forward) for signum in _SIGNALS}  # before the first child starts
+    for i in range(args.processes):
+        proc = subprocess.Popen(command, env=process_environment(i, args, port), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, bufsize=1, start_new_session=True,
+                                preexec_fn=_die_with_parent)
+        procs.append(proc)
+    for i, proc in enumerate(procs):
+        for stream, out in ((proc.stdout, sys.stdout), (proc.stderr, sys.stderr)):
+            thread = threading.Thread(target=_pump, args=(stream, f"[p{i}] ", out), daemon=True)
+            thread.start()
+            pumps.append(thread)
     first: tuple[int, int] | None = None  # (process, return code) of the first failure
     deadline = None
     try:

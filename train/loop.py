@@ -159,13 +159,17 @@ class MetricsWriter:
 
     On resume from step ``start_step`` rows after it (written by the interrupted run past its last checkpoint) are
     dropped, and TensorBoard purges its events after it, so both show the resumed trajectory once. On an object
-    store (``gs://``, ``s3://``: no appends) the whole file is rewritten at each row; TensorBoard events go through
+    store (``gs://``, ``s3://``: no appends, about one write per second per object) the whole file is rewritten at
+    most every :attr:`REMOTE_FLUSH_S` seconds and at the end; TensorBoard events go through
     tensorboardX's own ``gs://`` / ``s3://`` writers where their client libraries are installed, else are skipped
     with a warning.
     """
 
+    REMOTE_FLUSH_S = 10.0
+
     def __init__(self, workdir: epath.Path, start_step: int):
         self.enabled = _is_main()
+        self.flushed_at = time.monotonic()
         self.path = workdir / "metrics.jsonl"
         self.tb = None
         self.file = None
@@ -199,13 +203,20 @@ class MetricsWriter:
             self.file.write(line + "\n")
         else:
             self.lines.append(line)
-            self.path.write_text("".join(item + "\n" for item in self.lines))
+            if time.monotonic() - self.flushed_at >= self.REMOTE_FLUSH_S:
+                self.flush()
         if self.tb is not None:
             step = row["step"]
             for key, value in row.items():
                 if key != "step" and isinstance(value, (int, float)) and math.isfinite(value):
                     group = "eval" if key.startswith("val_") else "train"
                     self.tb.add_scalar(f"{group}/{key.removeprefix('val_')}", value, step)
+
+    def flush(self) -> None:
+        """Rewrite the object-store copy of ``metrics.jsonl`` with every row so far."""
+        if self.enabled and self.file is None:
+            self.path.write_text("".join(item + "\n" for item in self.lines))
+            self.flushed_at = time.monotonic()
 
     def text(self, tag: str, text: str, step: int) -> None:
         if self.enabled and self.tb is not None:
@@ -216,6 +227,8 @@ class MetricsWriter:
             return
         if self.file is not None:
             self.file.close()
+        else:
+            self.flush()
         if self.tb is not None:
             self.tb.close()
 
@@ -225,9 +238,10 @@ class StopSignal:
     usual: SIGINT raises KeyboardInterrupt, SIGTERM terminates).
 
     With several processes the stop is agreed: SIGTERM is left to JAX's preemption notifier (installed by
-    ``jax.distributed.initialize``), a SIGINT is passed on to it as a SIGTERM to this process, and :meth:`agreed`
-    is true on every process at the same step (:func:`train.multihost.preemption_agreed`), however many processes
-    got a signal and when.
+    ``jax.distributed.initialize``; it only records the notice, so later SIGTERMs do not end the process either), a
+    SIGINT is passed on to it as a SIGTERM to this process, and :meth:`agreed` is true on every process at the same
+    step (:func:`train.multihost.preemption_agreed`), however many processes got a signal and when. A second
+    SIGINT raises KeyboardInterrupt in that process alone; the others then end on the runtime's lost-process error.
     """
 
     def __init__(self) -> None:
@@ -300,11 +314,22 @@ class Trainer:
     def _prepare_data(self) -> None:
         cfg = self.cfg.data
         start = time.perf_counter()
-        # Process 0 trains the tokenizer and packs the data into data_dir's cache; the others wait, then read it.
+        # Process 0 trains the tokenizer and packs the data into data_dir's cache; the others wait, then read it. A
+        # failure there (bad paths, an unfit tokenizer) is raised on every process, not left for them to wait on.
+        failure = None
         if _is_main():
-            self.tokenizer = datalib.build_tokenizer(cfg)
-            self.sources = datalib.prepare(cfg, self.tokenizer)
+            try:
+                self.tokenizer = datalib.build_tokenizer(cfg)
+                self.sources = datalib.prepare(cfg, self.tokenizer)
+            except (ValueError, FileNotFoundError) as exc:
+                if not multihost.is_multi_process():
+                    raise
+                failure = exc
         multihost.barrier("flaxzoo_data_prepared")
+        if multihost.from_process_zero([failure is not None])[0]:
+            if failure is not None:
+                raise failure
+            raise ValueError("process 0 could not prepare the data (its message says why)")
         if not _is_main():
             self.tokenizer = datalib.build_tokenizer(cfg)
             self.sources = datalib.prepare(cfg, self.tokenizer)
@@ -313,10 +338,7 @@ class Trainer:
                              f"{self.model_config.vocab_size}: the embedding table needs a row per token id; raise "
                              f"model.vocab_size to at least {self.tokenizer.vocab_size} (or lower data.vocab_size)")
         if _is_main():
-            if is_remote(self.workdir):
-                (self.workdir / "tokenizer.json").write_text(self.tokenizer.tokenizer.to_str())
-            else:
-                self.tokenizer.save(self.workdir / "tokenizer.json")
+            self.tokenizer.save(self.workdir / "tokenizer.json")
         ignore = self.tokenizer.special_ids if self.cfg.objective == "mlm" else ()
         self.unigram_ppl = unigram_baseline(self.sources, self.model_config.vocab_size, self.cfg.objective,
                                             ignore_ids=ignore)

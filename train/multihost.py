@@ -6,7 +6,8 @@ CPU). With one process every function is a cheap no-op, so the training loop cal
 
 Start-up (:func:`initialize`) happens only when the environment says this process is one of several, and only for
 launches ``jax.distributed.initialize()`` can complete: the cluster managers JAX detects itself (SLURM job steps,
-Open MPI's ``mpirun``, Cloud TPU pod slices, Kubernetes with its client library) or a launch by hand that sets
+Open MPI's ``mpirun``, Cloud TPU pod slices; Kubernetes with its client library once ``FLAXZOO_DISTRIBUTED=1``
+says the job spans processes) or a launch by hand that sets
 ``JAX_COORDINATOR_ADDRESS`` (``host:port`` of process 0), ``JAX_NUM_PROCESSES`` and ``JAX_PROCESS_ID`` on every
 process (``python -m train.launch`` does this on one machine). Other launchers (MPICH / Intel MPI's ``PMI_*``,
 torchrun's ``WORLD_SIZE``, ``sbatch`` without ``srun``) are refused with a message saying what to set: a bare
@@ -119,6 +120,9 @@ def initialize() -> bool:
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
     kwargs = {}
     if kind == "explicit":  # JAX reads the coordinator address itself, not these two
+        for name in EXPLICIT_VARIABLES[1:]:
+            if not os.environ[name].strip().isdigit():
+                raise LaunchError(f"{name}={os.environ[name]!r}: expected a whole number")
         kwargs = {"num_processes": int(os.environ["JAX_NUM_PROCESSES"]),
                   "process_id": int(os.environ["JAX_PROCESS_ID"])}
     log.info("multi-process launch (%s): jax.distributed.initialize(%s)", kind, {**kwargs, **timeouts})
@@ -132,7 +136,8 @@ def is_multi_process() -> bool:
 
 
 def barrier(name: str) -> None:
-    """Every process waits here until all have arrived (``name`` must be the same everywhere and used once)."""
+    """Every process waits here until all have arrived (``name``: the same on every process, to catch processes
+    that took different paths)."""
     if is_multi_process():
         from jax.experimental import multihost_utils
 

@@ -140,7 +140,15 @@ class TextTokenizer:
         return self.vocab_size - before
 
     def save(self, path: str | os.PathLike) -> pathlib.Path:
-        """Write ``tokenizer.json`` (``path`` is a directory or a ``.json`` file name), atomically."""
+        """Write ``tokenizer.json`` (``path`` is a directory or a ``.json`` file name), atomically; an object-store
+        URI (``gs://...``) is written through ``etils.epath`` in one piece."""
+        if "://" in os.fspath(path):
+            from etils import epath
+
+            target = epath.Path(os.fspath(path))
+            target = target if target.suffix == ".json" else target / "tokenizer.json"
+            target.write_text(self.tokenizer.to_str())
+            return target
         path = pathlib.Path(path)
         if path.suffix != ".json":
             path = path / "tokenizer.json"

@@ -33,7 +33,7 @@ class DataConfig:
     lowercase: WordPiece normalisation (training, and loading a ``vocab.txt`` without ``tokenizer_config.json``).
     tokenizer_max_docs: train the tokenizer on at most this many documents (an evenly strided subset); 0 = all.
     seq_len: tokens per example (>= 8).
-    batch_size: global batch size (split evenly over JAX processes).
+    batch_size: global batch size (each JAX process loads the rows its devices hold).
     objective: ``"causal"`` | ``"mlm"``; mask_prob: MLM masking rate (the share of a row's non-special tokens
         predicted); max_predictions: at most this many predicted tokens per MLM row, the width of
         ``masked_positions`` / ``masked_labels`` (0 = ``ceil(mask_prob * seq_len)``; see :attr:`predictions`).

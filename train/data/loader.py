@@ -96,8 +96,8 @@ class BatchSource:
         self.global_batch = global_batch
         self.rows = np.asarray(rows, np.int64).reshape(-1)
         if not len(self.rows) or np.any(np.diff(self.rows) <= 0) or self.rows[0] < 0 or self.rows[-1] >= global_batch:
-            raise ValueError(f"rows={self.rows.tolist()[:8]}: expected ascending distinct row indices in "
-                             f"[0, {global_batch})")
+            shown = str(self.rows.tolist()[:8])[:-1] + (", ...]" if len(self.rows) > 8 else "]")
+            raise ValueError(f"rows={shown}: expected ascending distinct row indices in [0, {global_batch})")
         self.shuffle, self.seed, self.num_epochs = shuffle, seed, num_epochs
         self.objective, self.masking = objective, masking
         self.pad_last = pad_last
