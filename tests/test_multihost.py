@@ -71,7 +71,7 @@ def runs_of(kind_meshes):
     for kind, mesh, interleave in kind_meshes:
         name = f"{kind}{''.join(map(str, mesh))}{'i' if interleave else ''}"
         extra = dict(GPT if kind == "gpt" else BERT)
-        if mesh == (2, 2, 1):  # a sample at the end too: generation / mask filling over both processes' devices
+        if kind == "bert" and mesh == (2, 2, 1):  # a sample at the end too: mask filling over both processes
             extra["sample.max_new_tokens"] = 8
         runs.append({"name": name, "kind": kind, "mesh": list(mesh), "interleave": interleave, "extra": extra})
     return runs
@@ -91,12 +91,13 @@ def reference(tmp_path_factory, data_dir):
 
 @pytest.fixture(scope="module")
 def two_processes(tmp_path_factory):
-    """2 processes x 2 devices, a fresh data directory (process 0 prepares it): GPT and BERT on the three meshes,
-    and GPT on (4,1,1) and (1,2,2) with the devices interleaved across the processes."""
+    """2 processes x 2 devices, a fresh data directory (process 0 prepares it): BERT on the three meshes; GPT on
+    them too, (1,2,2) with the devices interleaved across the processes (p0d0, p1d0, p0d1, p1d1: tensor spans the
+    processes), and on (4,1,1) interleaved as well (each process holds two blocks of rows that are not neighbours)."""
     root = tmp_path_factory.mktemp("two_processes")
     data = root / "data"
-    plan = [("gpt", m, False) for m in MESHES] + [("gpt", (4, 1, 1), True), ("gpt", (1, 2, 2), True)] + [
-        ("bert", m, False) for m in MESHES]
+    plan = [("gpt", (4, 1, 1), False), ("gpt", (2, 2, 1), False), ("gpt", (1, 2, 2), True),
+            ("gpt", (4, 1, 1), True)] + [("bert", m, False) for m in MESHES]
     args = {"data_dir": str(data), "root": str(root / "runs"), "out": str(root / "report"), "runs": runs_of(plan)}
     start = time.perf_counter()
     proc = launch("--module", "multihost_helper", "--", "meshes", json.dumps(args), timeout=600)
@@ -114,7 +115,6 @@ def test_every_mesh_over_two_processes_gives_the_one_device_losses(reference, tw
         assert max(abs(got[s] - expected[s]) for s in got) < 1e-5, (run, got, expected)
     out = two_processes["stdout"]
     assert "devices: 4 x cpu (2 process(es)); mesh data=1 x fsdp=2 x tensor=2" in out
-    assert f"[p0] sample at step {STEPS}: '" in out
     assert f"[p0] sample at step {BERT_STEPS}: 'masked positions as [predicted|original]" in out
 
 
@@ -122,7 +122,7 @@ def test_each_process_loads_the_rows_its_devices_hold(two_processes):
     """Batch rows follow the batch sharding, not the process index: 8 rows over the mesh's data x fsdp devices."""
     rows = [report["runs"] for report in two_processes["reports"]]
     assert [r["gpt411"]["rows"] for r in rows] == [[0, 1, 2, 3], [4, 5, 6, 7]]  # contiguous blocks
-    assert [r["gpt122"]["rows"] for r in rows] == [[0, 1, 2, 3], [4, 5, 6, 7]]  # fsdp over processes
+    assert [r["bert122"]["rows"] for r in rows] == [[0, 1, 2, 3], [4, 5, 6, 7]]  # fsdp over processes
     # devices p0d0, p1d0, p0d1, p1d1 along data: each process holds two blocks that are not neighbours
     assert [r["gpt411i"]["rows"] for r in rows] == [[0, 1, 4, 5], [2, 3, 6, 7]]
     # tensor spans the processes: each process holds both fsdp blocks, i.e. every row

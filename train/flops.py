@@ -25,6 +25,8 @@ from the vendors' data sheets. On CPU there is no data sheet: :func:`measure_cpu
 
 from __future__ import annotations
 
+import functools
+
 import time
 
 import jax
@@ -84,9 +86,11 @@ def peak_flops(device: jax.Device) -> float | None:
 CPU_PEAK_SIZE = 2048  # the matmul the CPU peak is measured on, for the training loop and the benchmark alike
 
 
+@functools.lru_cache(maxsize=None)
 def measure_cpu_peak(size: int = CPU_PEAK_SIZE, dtype=jnp.float32, repeats: int = 5) -> float:
     """FLOP/s of the best of ``repeats`` timed ``[size, size] @ [size, size]`` matmuls on the default device (all of
-    the host's cores, as XLA's CPU backend uses them)."""
+    the host's cores, as XLA's CPU backend uses them). Measured once per process and settings (runs that build
+    several trainers in one process share it)."""
     a = jnp.asarray(np.random.default_rng(0).standard_normal((size, size)), dtype)
     matmul = jax.jit(lambda x: x @ x)
     matmul(a).block_until_ready()
