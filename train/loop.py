@@ -316,11 +316,14 @@ class Trainer:
         start = time.perf_counter()
         # Process 0 trains the tokenizer and packs the data into data_dir's cache; the others wait, then read it. A
         # failure there (bad paths, an unfit tokenizer) is raised on every process, not left for them to wait on.
+        def load() -> None:
+            self.tokenizer = datalib.build_tokenizer(cfg)
+            self.sources = datalib.prepare(cfg, self.tokenizer)
+
         failure = None
         if _is_main():
             try:
-                self.tokenizer = datalib.build_tokenizer(cfg)
-                self.sources = datalib.prepare(cfg, self.tokenizer)
+                load()
             except (ValueError, FileNotFoundError) as exc:
                 if not multihost.is_multi_process():
                     raise
@@ -331,8 +334,7 @@ class Trainer:
                 raise failure
             raise ValueError("process 0 could not prepare the data (its message says why)")
         if not _is_main():
-            self.tokenizer = datalib.build_tokenizer(cfg)
-            self.sources = datalib.prepare(cfg, self.tokenizer)
+            load()
         if self.tokenizer.vocab_size > self.model_config.vocab_size:
             raise ValueError(f"the tokenizer has {self.tokenizer.vocab_size} tokens but model.vocab_size="
                              f"{self.model_config.vocab_size}: the embedding table needs a row per token id; raise "
