@@ -171,7 +171,7 @@ class Checkpointer:
 
     # --------------------------------------------------------------------------------------------------- restore
     def restore_latest(self, target: Any, *, model_class: str, config: dict[str, Any],
-                       data: dict[str, Any] | None = None) -> Restored | None:
+                       data: dict[str, Any] | None = None, base: dict[str, Any] | None = None) -> Restored | None:
         """Restore the newest checkpoint that reads back whole (on every process), or None when there is none.
 
         ``target``: the train state as ``jax.ShapeDtypeStruct`` with the shardings wanted now. ``data``: this run's
@@ -182,11 +182,13 @@ class Checkpointer:
         ``damaged_checkpoints/`` (so that it is neither retried nor counted among the kept ones) and the previous one
         is tried. When checkpoints exist but none reads back, raises :class:`CheckpointError` (a fresh start would
         silently throw the run away). A checkpoint of a different model raises :class:`CheckpointError` untouched.
-        With several processes every decision is taken together (module docstring).
+        With several processes every decision is taken together (module docstring). ``base``: the pretrained
+        weights this run starts from (``{"path", "fingerprint"}``; LoRA keeps them out of the checkpoint): a
+        checkpoint written on other base weights (another fingerprint) raises :class:`CheckpointError`.
         """
         damaged: list[tuple[int, str]] = []
         for step in multihost.from_process_zero(sorted(self.manager.all_steps(), reverse=True)):
-            outcome, result = self._read(step, target, model_class, config, data)
+            outcome, result = self._read(step, target, model_class, config, data, base)
             outcomes = multihost.gather([outcome])[:, 0]
             if (outcomes == _INCOMPATIBLE).any():
                 if outcome == _INCOMPATIBLE:
@@ -214,7 +216,7 @@ class Checkpointer:
         return None
 
     def _read(self, step: int, target: Any, model_class: str, config: dict[str, Any],
-              data: dict[str, Any] | None) -> tuple[int, Any]:
+              data: dict[str, Any] | None, base: dict[str, Any] | None = None) -> tuple[int, Any]:
         """This process's outcome of reading checkpoint ``step``: ``(_OK, Restored)``, ``(_DAMAGED, reason)`` or
         ``(_INCOMPATIBLE, CheckpointError)``; transient errors are retried."""
         reason = ""
@@ -222,6 +224,7 @@ class Checkpointer:
             try:
                 meta = self._read_meta(step)
                 self._check_compatible(step, meta, target, model_class, config)
+                self._check_base(step, meta, base)
                 position = self._data_position(step, meta, data)
                 state = self._read_state(step, target)
                 return _OK, Restored(state=state, step=step, meta=meta, damaged=[], data_position=position)
@@ -266,6 +269,21 @@ class Checkpointer:
             raise CheckpointError(
                 f"{self.directory / str(step)} was written by a different model (config changes {changed}; "
                 f"parameters {diffs[:3]}{' ...' if len(diffs) > 3 else ''}); use another --workdir to start a new run")
+
+    def _check_base(self, step: int, meta: dict[str, Any], base: dict[str, Any] | None) -> None:
+        stored = meta.get("base")
+        if (stored or {}).get("fingerprint") == (base or {}).get("fingerprint"):
+            return
+        where = self.directory / str(step)
+        if stored is None:
+            raise CheckpointError(f"{where} was trained from a random initialisation, but this run starts from "
+                                  f"{base['path']}; use another --workdir")
+        if base is None:
+            raise CheckpointError(f"{where} was trained from {stored['path']} ({stored['fingerprint']}), but this "
+                                  "run has no init_from; set init_from to that base or use another --workdir")
+        raise CheckpointError(f"{where} was trained on other base weights: {stored['path']} "
+                              f"({stored['fingerprint']}), but init_from={base['path']} is {base['fingerprint']}; "
+                              "resume with the same base, or use another --workdir")
 
     def _data_position(self, step: int, meta: dict[str, Any], data: dict[str, Any] | None) -> int:
         if data is not None and isinstance(meta.get("data"), dict):

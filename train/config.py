@@ -3,7 +3,8 @@ before any work, into one frozen, typed, validated :class:`TrainConfig`.
 
 Public, stable keys (``--config.KEY=VALUE`` on the command line):
 
-- ``steps``, ``seed``, ``log_every``, ``eval_every``, ``eval_batches``, ``checkpoint_every``, ``keep_checkpoints``
+- ``steps``, ``seed``, ``log_every``, ``eval_every``, ``eval_batches``, ``eval_at_start`` (evaluate before the first
+  step too: the starting point of a fine-tune), ``checkpoint_every``, ``keep_checkpoints``
 - ``batch_size`` (global, all micro-batches of a step), ``seq_len``
 - ``mesh.data``, ``mesh.fsdp``, ``mesh.tensor``: the device mesh; one of them may be −1 (fills the remaining devices)
 - ``optim.*``: ``lr``, ``schedule`` (cosine | linear | constant), ``warmup_steps``, ``min_lr_ratio``, ``b1``, ``b2``,
@@ -21,6 +22,16 @@ Public, stable keys (``--config.KEY=VALUE`` on the command line):
 - ``sample.*``: ``prompt``, ``max_new_tokens``, ``temperature``, ``top_k`` (0 = off)
 - ``compilation_cache`` (bool), ``compilation_cache_dir`` ("" = ``$FLAXZOO_JAX_CACHE`` or ``~/.cache/flaxzoo/jax``)
 - ``profile_steps``: "a:b" traces steps a..b into ``WORKDIR/profile``; "" = none
+- ``init_from``: start from pretrained weights instead of a random initialisation: a Hugging Face directory, a GGUF
+  file, a flaxzoo work directory or a Hub id (``models.from_pretrained``'s sources). The model is the source's (the
+  ``model`` section must then set nothing but ``cls``), and ``data.tokenizer`` ("bpe" / "wordpiece": train one)
+  becomes the source's tokenizer. The checkpoints record the source's path and fingerprint.
+- ``lora.*``: LoRA (``models/lora.py``, computed by qwix): ``rank`` (0 = off: every parameter trains), ``alpha``
+  (updates scaled by alpha / rank), ``targets`` (comma-separated: ``attention``, ``mlp``, ``query`` ... ``down``,
+  ``head``, or module-path regular expressions), ``base_dtype`` (float32 | bfloat16 | int8: the frozen base weights),
+  ``train_fully`` (comma-separated modules trained in full beside the adapters, as PEFT's ``modules_to_save``; e.g.
+  ``head``). The base weights get no gradients and no optimizer state; checkpoints hold the adapters only (plus
+  ``train_fully``'s parameters) and the base's reference (``init_from`` and its fingerprint)
 
 :meth:`TrainConfig.from_config_dict` builds the typed config or raises :class:`ConfigError` naming the dotted key, the
 value and what was expected; it needs only the device count, so a bad value stops the run before any data
@@ -46,6 +57,7 @@ from ml_collections import ConfigDict, FieldReference
 from ml_collections.config_dict import placeholder
 
 from models import PRESETS, TransformerConfig, get_preset
+from models.lora import BASE_DTYPES as LORA_BASE_DTYPES, LoraConfig, LoraError
 from models.config import DTYPES, REMAT_POLICIES
 from models.modeling import MODEL_CLASSES, default_model_class
 from train.data import DataConfig
@@ -337,6 +349,50 @@ class SampleConfig(Section):
     top_k: int = checked(40, integer(0, note="(0 = off)"))
 
 
+def names_list(text: str) -> tuple[str, ...]:
+    """``"a, b,c"`` → ``("a", "b", "c")`` (empty items dropped)."""
+    return tuple(item.strip() for item in text.split(",") if item.strip())
+
+
+@dataclasses.dataclass(frozen=True)
+class LoraSettings(Section):
+    """``lora.*``: low-rank adapters on the frozen model (``models.lora``); ``rank`` 0 = off."""
+
+    SECTION: ClassVar[str] = "lora"
+    rank: int = checked(0, integer(0, note="(0 = off: every parameter trains)"))
+    alpha: float = checked(16.0, number(0.0, low_open=True))
+    targets: str = checked("attention,mlp", TEXT)
+    base_dtype: str = checked("float32", choice(*LORA_BASE_DTYPES))
+    train_fully: str = checked("", TEXT)
+
+    def _validate(self) -> None:
+        if self.rank == 0:
+            changed = [k for k, v in self.defaults().items() if k != "rank" and getattr(self, k) != v]
+            if changed:
+                raise ConfigError("lora.rank", f"0 turns LoRA off, but lora.{changed[0]} is set "
+                                               f"({getattr(self, changed[0])!r}); set lora.rank >= 1 to use LoRA")
+            return
+        self.spec()
+
+    @property
+    def enabled(self) -> bool:
+        return self.rank > 0
+
+    def spec(self) -> LoraConfig | None:
+        """The ``models.lora.LoraConfig`` (None when off); its errors are reported on ``lora.FIELD``."""
+        if not self.enabled:
+            return None
+        try:
+            return LoraConfig(rank=self.rank, alpha=self.alpha, targets=names_list(self.targets),
+                              base_dtype=self.base_dtype)
+        except LoraError as exc:
+            raise ConfigError(f"lora.{exc.field}", str(exc)) from None
+
+    @property
+    def fully_trained(self) -> tuple[str, ...]:
+        return names_list(self.train_fully)
+
+
 @dataclasses.dataclass(frozen=True)
 class TrainConfig(Section):
     """The whole, checked training config: what the loop reads (``cfg.steps``, ``cfg.optim.accum_steps``, ...).
@@ -353,6 +409,7 @@ class TrainConfig(Section):
     model: TransformerConfig
     model_cls: type
     sample: SampleConfig
+    lora: LoraSettings = dataclasses.field(default_factory=LoraSettings)
     steps: int = checked(1000, integer(1))
     seed: int = checked(0, integer(0))
     log_every: int = checked(10, integer(1))
@@ -365,10 +422,13 @@ class TrainConfig(Section):
     compilation_cache: bool = checked(True, BOOL)
     compilation_cache_dir: str = checked("", TEXT)
     profile_steps: tuple[int, int] | None = checked("", Spec("window"))
+    init_from: str = checked("", TEXT)
+    eval_at_start: bool = checked(False, BOOL)
     objective: str = dataclasses.field(init=False, default="causal")  # from the model: "causal" | "mlm"
 
     SECTIONS: ClassVar[dict[str, type]] = {"optim": OptimConfig, "mesh": MeshConfig, "precision": PrecisionConfig,
-                                           "data": DataConfig, "model": TransformerConfig, "sample": SampleConfig}
+                                           "data": DataConfig, "model": TransformerConfig, "sample": SampleConfig,
+                                           "lora": LoraSettings}
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "objective", "causal" if self.model.causal else "mlm")
@@ -414,6 +474,10 @@ class TrainConfig(Section):
             raise ConfigError("data.vocab_size", f"{data.vocab_size} is more than model.vocab_size="
                                                  f"{model.vocab_size}: the model's embedding table needs a row for "
                                                  "every token id")
+        if self.lora.enabled and not self.init_from:
+            raise ConfigError("lora.rank", f"{self.lora.rank}: LoRA adapts a pretrained model, but init_from is "
+                                           "empty; set init_from to the base (a Hugging Face directory, a GGUF file, a "
+                                           "flaxzoo work directory)")
         if self.objective == "mlm" and data.tokenizer == "bpe":
             raise ConfigError("data.tokenizer", "'bpe' has no [MASK]/[CLS]/[SEP]; masked-LM training needs "
                                                 "'wordpiece' (or a path to a tokenizer with those tokens)")
@@ -443,15 +507,21 @@ class TrainConfig(Section):
         optim = OptimConfig.from_values(values["optim"])
         mesh = MeshConfig.resolve(values["mesh"], device_count)
         precision = PrecisionConfig.from_values(values["precision"])
-        model, model_cls = model_from_values(values["model"])
+        if top.get("init_from"):
+            model, model_cls = pretrained_model(top["init_from"], values["model"])
+            if values["data"].get("tokenizer", "bpe") in ("bpe", "wordpiece"):
+                values["data"] = {**values["data"], "tokenizer": top["init_from"]}
+        else:
+            model, model_cls = model_from_values(values["model"])
         precision = precision.resolve(backend, model.num_layers)
         model = _build_model(model.replace, precision.model_fields())
         objective = "causal" if model.causal else "mlm"
         data = data_from_values(values["data"], objective=objective,
                                 **{k: top.get(k, cls.__dataclass_fields__[k].default) for k in DATA_FIELDS_FROM_TOP})
         sample = SampleConfig.from_values(values["sample"])
+        lora = LoraSettings.from_values(values.get("lora", {}))
         return cls(optim=optim, mesh=mesh, precision=precision, data=data, model=model, model_cls=model_cls,
-                   sample=sample, **top)
+                   sample=sample, lora=lora, **top)
 
     # ------------------------------------------------------------------------------------------------- readers
     @property
@@ -510,6 +580,27 @@ def _build_model(build: typing.Callable[..., TransformerConfig], fields: dict[st
         key = (f"precision.{EXECUTION_FIELDS[field]}" if field in EXECUTION_FIELDS else
                f"model.{field}" if field else "model")
         raise ConfigError(key, str(exc)) from None
+
+
+def pretrained_model(source: str, values: Mapping[str, Any]) -> tuple[TransformerConfig, type]:
+    """The ``TransformerConfig`` and class of ``init_from``'s model (its config only is read). The ``model``
+    section may set ``cls`` only: the architecture is the checkpoint's."""
+    from models.hub.source import describe_pretrained
+
+    _no_unknown("model", values, ["preset", "cls", *(f.name for f in dataclasses.fields(TransformerConfig))])
+    set_fields = [k for k, v in values.items() if k != "cls" and v not in (None, "")]
+    if set_fields:
+        raise ConfigError(f"model.{set_fields[0]}", f"{values[set_fields[0]]!r}: with init_from the model is the "
+                                                    f"checkpoint's ({source}); leave the model section unset "
+                                                    "(model_fields() with no arguments)")
+    try:
+        config, stored_cls = describe_pretrained(source)
+    except (OSError, ValueError) as exc:
+        raise ConfigError("init_from", f"{source!r}: {exc}") from None
+    cls_name = values.get("cls") or stored_cls
+    if cls_name not in MODEL_CLASSES:
+        raise ConfigError("model.cls", f"{cls_name!r}: expected one of {sorted(MODEL_CLASSES)} or ''")
+    return config, MODEL_CLASSES[cls_name]
 
 
 def model_from_values(values: Mapping[str, Any]) -> tuple[TransformerConfig, type]:
@@ -620,4 +711,5 @@ def base_config() -> ConfigDict:
     c.model = model_fields("gpt2-tiny")
     c.data = data_fields()
     c.sample = section_dict(SampleConfig)
+    c.lora = section_dict(LoraSettings)
     return c

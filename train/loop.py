@@ -38,6 +38,7 @@ from ml_collections import ConfigDict
 from tqdm.auto import tqdm
 
 from models.generate import generate
+from models.lora import apply_lora, frozen_and_trainable
 from models.modeling import abstract_model
 from train import data as datalib
 from train import flops as flopslib
@@ -78,6 +79,8 @@ class Summary:
     cpu_peak_flops: float | None = None
     flops_per_token: float | None = None
     param_count: int | None = None
+    trainable_count: int | None = None
+    initial_eval: dict[str, float] | None = None  # eval_at_start: before the first step  # LoRA: the adapters (and lora.train_fully's parameters); else param_count
     compile_s: float | None = None
     wall_s: float | None = None
     sample: str | None = None
@@ -358,28 +361,53 @@ class Trainer:
     def _build_state(self) -> None:
         config, cls, mesh = self.model_config, self.model_cls, self.mesh
         seed = self.cfg.seed
-        abstract = abstract_model(config, cls)
-        self.graphdef, abstract_params, _ = nnx.split(abstract, nnx.Param, ...)
+        lora = self.cfg.lora.spec()
+        self.lora = lora
+        self.base = None
+        if self.cfg.init_from:
+            if multihost.is_multi_process():
+                raise ConfigError("init_from", f"{self.cfg.init_from!r}: training from pretrained weights runs in "
+                                               f"one process; this launch has {jax.process_count()}")
+            from models.hub.source import fingerprint
+
+            start = time.perf_counter()
+            self.base = {"path": os.path.abspath(self.cfg.init_from)
+                         if os.path.exists(self.cfg.init_from) else self.cfg.init_from,
+                         "fingerprint": fingerprint(self.cfg.init_from)}
+            _say(f"base: {self.base['path']} ({self.base['fingerprint'][:19]}..., {time.perf_counter() - start:.1f} s)")
+        # What trains: every parameter, or (LoRA) the adapters and lora.train_fully's modules; the rest is frozen
+        # and travels in ``rest`` (no gradient, no optimizer state, not in the checkpoints).
+        trainable = frozen_and_trainable(self.cfg.lora.fully_trained) if lora else nnx.Param
+
+        def build() -> nnx.Module:
+            model = cls(config, rngs=nnx.Rngs(seed))
+            return apply_lora(model, lora, seed=seed) if lora else model
+
+        abstract = nnx.eval_shape(build) if lora else abstract_model(config, cls)
+        self.graphdef, abstract_params, abstract_rest = nnx.split(abstract, trainable, ...)
         logical = nnx.to_pure_dict(nnx.get_partition_spec(abstract_params))
         abstract_params = nnx.to_pure_dict(abstract_params)
-        self.param_count = int(sum(np.prod(x.shape) for x in jax.tree.leaves(abstract_params)))
+        self.param_count = int(sum(np.prod(x.shape) for x in jax.tree.leaves(nnx.state(abstract, nnx.Param))))
+        self.trainable_count = int(sum(np.prod(x.shape) for x in jax.tree.leaves(abstract_params)))
         self.tx, self.schedule = make_optimizer(self.cfg.optim, self.steps, abstract_params, config.num_layers)
         tx = self.tx
 
-        def init():
-            model = cls(config, rngs=nnx.Rngs(seed))
-            _, params, rest = nnx.split(model, nnx.Param, ...)
-            params = nnx.to_pure_dict(params)
-            state = {"params": params, "opt_state": tx.init(params), "step": jnp.zeros((), jnp.int32),
-                     "rng": jax.random.key_data(jax.random.key(seed))}
-            return state, rest
+        def state_of(params: Any) -> dict[str, Any]:
+            return {"params": params, "opt_state": tx.init(params), "step": jnp.zeros((), jnp.int32),
+                    "rng": jax.random.key_data(jax.random.key(seed))}
 
-        abstract_state, _ = jax.eval_shape(init)
+        def init():
+            _, params, rest = nnx.split(build(), trainable, ...)
+            return state_of(nnx.to_pure_dict(params)), rest
+
+        abstract_state = jax.eval_shape(state_of, abstract_params)
         unsplit: list[str] = []
         param_shardings = shardlib.param_shardings(logical, abstract_params, mesh, unsplit)
+        replicated = shardlib.replicated(mesh)
+        # The frozen base (LoRA) is sharded as the parameters are; the rest of ``rest`` (RNG streams) is replicated.
+        self.rest_shardings = (shardlib.variable_shardings(abstract_rest, mesh, unsplit) if lora else replicated)
         for line in unsplit:  # replicated where the mesh meant to split: say so, once per parameter
             _say(f"sharding: {line} (replicated on that axis)")
-        replicated = shardlib.replicated(mesh)
         self.state_shardings = {
             "params": param_shardings,
             "opt_state": shardlib.tree_shardings_like(abstract_state["opt_state"], abstract_params, param_shardings,
@@ -389,31 +417,65 @@ class Trainer:
         self.replicated = replicated
         self.batch_sharding = shardlib.batch_sharding(mesh)
         self.placement = shardlib.BatchPlacement(self.batch_sharding, self.cfg.batch_size)
-        self._init = jax.jit(init, out_shardings=(self.state_shardings, replicated))
-        self._init_rest = jax.jit(lambda: init()[1], out_shardings=replicated)
+        self._init = jax.jit(init, out_shardings=(self.state_shardings, self.rest_shardings))
+        self._init_rest = jax.jit(lambda: init()[1], out_shardings=self.rest_shardings)
+        self._state_of = jax.jit(state_of, out_shardings=self.state_shardings)
+        self._trainable = trainable
         self.target = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract_state,
                                    self.state_shardings)
         objective = self.cfg.objective
         accum = self.cfg.optim.accum_steps
         chunk = self.cfg.precision.loss_chunk
+        rest_sharding = self.rest_shardings
         train_step = make_train_step(self.graphdef, tx, self.schedule, objective=objective, accum_steps=accum,
                                      loss_chunk=chunk, micro_batch_sharding=self.batch_sharding if accum > 1 else None,
                                      grad_shardings=param_shardings if accum > 1 else None)
-        self._train_step = jax.jit(train_step, in_shardings=(self.state_shardings, replicated, self.batch_sharding,
+        self._train_step = jax.jit(train_step, in_shardings=(self.state_shardings, rest_sharding, self.batch_sharding,
                                                              replicated),
                                    out_shardings=(self.state_shardings, replicated), donate_argnums=(0,))
         self._eval_step = jax.jit(make_eval_step(self.graphdef, objective=objective, loss_chunk=chunk),
-                                  in_shardings=(param_shardings, replicated, self.batch_sharding),
+                                  in_shardings=(param_shardings, rest_sharding, self.batch_sharding),
                                   out_shardings=replicated)
         self._predict = (jax.jit(make_predict_masked(self.graphdef), out_shardings=replicated)
                          if objective == "mlm" else None)
 
+    def _pretrained_model(self) -> nnx.Module:
+        """``init_from``'s model in this run's config (precision, layout), with LoRA adapters when asked for."""
+        from models.hub import from_pretrained
+        from models.modeling import assemble_model
+
+        loaded = from_pretrained(self.cfg.init_from, cls=self.model_cls, scan_layers=self.model_config.scan_layers)
+        values = {p: v.get_value() for p, v in nnx.to_flat_state(nnx.state(loaded, nnx.Param))}
+        model = assemble_model(self.model_config, self.model_cls, values)
+        model.train()
+        return apply_lora(model, self.lora, seed=self.cfg.seed) if self.lora else model
+
+    def _pretrained_rest(self, model: nnx.Module) -> Any:
+        _, _, rest = nnx.split(model, self._trainable, ...)
+        return jax.device_put(rest, self.rest_shardings)
+
     def initial_state(self):
-        """A fresh ``(state, rest)``, sharded over the mesh."""
-        return self._init()
+        """A fresh ``(state, rest)``, sharded over the mesh: random, or ``init_from``'s weights."""
+        if not self.cfg.init_from:
+            return self._init()
+        model = self._pretrained_model()
+        _, params, _ = nnx.split(model, self._trainable, ...)
+        params = jax.device_put(nnx.to_pure_dict(params), self.state_shardings["params"])
+        return self._state_of(params), self._pretrained_rest(model)
+
+    def resumed_rest(self):
+        """``rest`` for a resumed run: the RNG streams, and (``init_from``) the frozen base weights again."""
+        if not self.cfg.init_from:
+            return self._init_rest()
+        return self._pretrained_rest(self._pretrained_model())
 
     def meta(self) -> dict[str, Any]:
-        return {"model_class": self.model_cls.__name__, "config": self.model_config.to_dict(),
+        extra: dict[str, Any] = {}
+        if self.base is not None:
+            extra["base"] = self.base
+        if self.lora is not None:
+            extra["lora"] = {**self.lora.to_dict(), "train_fully": list(self.cfg.lora.fully_trained)}
+        return {**extra, "model_class": self.model_cls.__name__, "config": self.model_config.to_dict(),
                 "train_config": self.cfg.to_json_dict(), "tokenizer": "tokenizer.json",
                 "data": {k: list(v) if isinstance(v, tuple) else v
                          for k, v in self.cfg.data.to_dict().items()}}
@@ -493,9 +555,10 @@ class Trainer:
         cfg = self.cfg
         checkpointer = Checkpointer(self.workdir, keep=cfg.keep_checkpoints)
         restored = checkpointer.restore_latest(self.target, model_class=self.model_cls.__name__,
-                                               config=self.model_config.to_dict(), data=self.meta()["data"])
+                                               config=self.model_config.to_dict(), data=self.meta()["data"],
+                                               base=self.base)
         if restored is not None:
-            state, rest = restored.state, self._init_rest()
+            state, rest = restored.state, self.resumed_rest()
             start = int(restored.step)
             for step, reason in restored.damaged:
                 _say_everywhere(f"checkpoint at step {step} is damaged ({reason}); moved to "
@@ -507,7 +570,7 @@ class Trainer:
         iterator = self.train_iterator(start=restored.data_position if restored is not None else 0)
         summary = Summary(workdir=str(self.workdir), start_step=start, last_step=start,
                           resumed_from=start if restored is not None else None, unigram_perplexity=self.unigram_ppl,
-                          param_count=self.param_count)
+                          param_count=self.param_count, trainable_count=self.trainable_count)
         if start >= self.steps:
             _say(f"nothing to do: the checkpoint is at step {start} and steps={self.steps}")
             checkpointer.close()
@@ -525,11 +588,20 @@ class Trainer:
         summary.flops_per_token = flops_per_token
         if self.devices[0].platform == "cpu":
             summary.cpu_peak_flops = peak
-        _say(f"model: {self.model_cls.__name__}, {self.param_count:,} parameters, {flops_per_token / 1e6:.2f} MFLOP "
+        trained = (f" ({self.trainable_count:,} trained: {100 * self.trainable_count / self.param_count:.2f}%)"
+                   if self.trainable_count != self.param_count else "")
+        _say(f"model: {self.model_cls.__name__}, {self.param_count:,} parameters{trained}, "
+             f"{flops_per_token / 1e6:.2f} MFLOP "
              f"per token (6N + 12LTd); peak {peak / 1e9:.1f} GFLOP/s ({peak_source}); train step compiled in "
              f"{summary.compile_s:.1f} s")
 
         writer = MetricsWriter(self.workdir, start)
+        if start == 0 and cfg.eval_at_start:
+            result = self.evaluate(state["params"], rest)
+            if result is not None:
+                summary.initial_eval = result
+                writer.write({"step": 0, **result})
+                _say(f"eval at step 0: loss {result['val_loss']:.4f}, perplexity {result['val_perplexity']:.2f}")
         last_saved = checkpointer.latest_step()
         tty = sys.stderr.isatty()
         # A live bar on a terminal; in a log file (CI, a cluster job) one plain line per logged step instead.

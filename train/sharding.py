@@ -14,6 +14,7 @@ import math
 from typing import Any, Mapping, Sequence
 
 import jax
+from flax import nnx
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
@@ -98,6 +99,27 @@ def param_shardings(logical_specs: Any, shapes: Any, mesh: Mesh, unsplit: list[s
 
     return jax.tree_util.tree_map_with_path(sharding, logical_specs, shapes,
                                             is_leaf=lambda x: isinstance(x, PartitionSpec))
+
+
+def variable_shardings(state: Any, mesh: Mesh, unsplit: list[str] | None = None) -> Any:
+    """Shardings for an ``nnx.State`` (same tree): each parameter by its logical axes (its ``out_sharding``
+    metadata), every other variable (RNG streams, counters) replicated. For the frozen base weights LoRA training
+    keeps outside the trained parameters."""
+    replicated = NamedSharding(mesh, PartitionSpec())
+
+    def sharding(path, variable):
+        axes = variable.get_metadata().get("out_sharding") if isinstance(variable, nnx.Param) else None
+        if axes is None:
+            return variable.replace(replicated)
+        dropped: list[str] = []
+        shape = variable.get_value().shape
+        out = NamedSharding(mesh, logical_to_mesh(tuple(axes), shape, mesh, dropped))
+        if unsplit is not None and dropped:
+            name = ".".join(str(_path_key(p)) for p in path)
+            unsplit.append(f"{name} {tuple(shape)}: " + "; ".join(dropped))
+        return variable.replace(out)
+
+    return jax.tree_util.tree_map_with_path(sharding, state, is_leaf=lambda x: isinstance(x, nnx.Variable))
 
 
 def _path_key(entry) -> Any:

@@ -1,0 +1,166 @@
+"""LoRA (models/lora.py, computed by qwix): the adapted projections against numpy's x·W + (x·A)·B·alpha/r, only the
+named targets adapted, the base untouched by training, per-layer = stacked layers, merging, and bad input."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+from models import BertForSequenceClassification, generate, get_preset
+from models.lora import (LoraConfig, LoraError, apply_lora, dense_modules, has_lora, lora_param_count, merge_lora,
+                         target_paths)
+from models.modeling import create_model
+
+IDS = np.random.RandomState(0).randint(0, 1000, (2, 10)).astype(np.int32)
+
+
+def adapted(preset="llama-tiny", scan=False, seed=0, cls=None, **lora):
+    config = get_preset(preset).replace(scan_layers=scan)
+    settings = {"rank": 4, "alpha": 8.0, **lora}
+    return apply_lora(create_model(config, cls, seed=seed), LoraConfig(**settings), seed=seed)
+
+
+def randomise_adapters(model, seed=1):
+    """B starts at zero (the adapted model equals its base): give every adapter tensor random values."""
+    state = nnx.state(model, nnx.LoRAParam)
+    leaves, tree = jax.tree.flatten(state)
+    keys = jax.random.split(jax.random.key(seed), len(leaves))
+    nnx.update(model, jax.tree.unflatten(tree, [0.05 * jax.random.normal(k, x.shape) for k, x in zip(keys, leaves)]))
+    return model
+
+
+def test_the_adapted_projection_is_x_w_plus_x_a_b_times_alpha_over_rank():
+    model = randomise_adapters(adapted(rank=3, alpha=12.0, targets=("query", "down")))
+    for path, dense in dense_modules(model).items():
+        x = np.random.RandomState(1).randn(2, 5, *dense.in_shape).astype(np.float32)
+        w = np.asarray(dense.kernel.get_value(), np.float64)
+        n_in = len(dense.in_shape)
+        expected = np.tensordot(x.astype(np.float64), w, axes=n_in)
+        if path.endswith(("query", "down")):
+            a = np.asarray(dense.kernel_lora_a.get_value(), np.float64)
+            b = np.asarray(dense.kernel_lora_b.get_value(), np.float64)
+            assert a.shape == (np.prod(dense.in_shape), 3) and b.shape == (3, np.prod(dense.out_shape))
+            flat = x.reshape(2, 5, -1).astype(np.float64)
+            expected = expected + ((flat @ a @ b) * (12.0 / 3)).reshape(expected.shape)
+        else:
+            assert not hasattr(dense, "kernel_lora_a"), path
+        np.testing.assert_allclose(np.asarray(dense(jnp.asarray(x))), expected, rtol=1e-5, atol=1e-5, err_msg=path)
+
+
+def test_only_the_named_targets_get_adapters_and_counts():
+    model = adapted(targets=("attention",))
+    config = get_preset("llama-tiny")
+    chosen = target_paths(model, ("attention",))
+    assert len(chosen) == 4 * config.num_layers and all(".attention." in p for p in chosen)
+    with_adapters = sorted(p for p, d in dense_modules(model).items() if hasattr(d, "kernel_lora_a"))
+    assert with_adapters == chosen
+    d, kv, hd = config.hidden_size, config.num_kv_heads, config.hidden_size // config.num_heads
+    per_layer = 4 * (d + d) + 4 * (d + kv * hd) * 2 + 4 * (d + d)  # query, key, value, out: r·(in + out) each
+    assert lora_param_count(model) == config.num_layers * per_layer
+    mlp = adapted(targets=("mlp",))
+    assert all(".mlp." in p for p, d in dense_modules(mlp).items() if hasattr(d, "kernel_lora_a"))
+    # A regular expression over module paths: layer 1's value projection only.
+    one = adapted(targets=(r"layers\.1\.attention\.value$",))
+    assert [p for p, d in dense_modules(one).items() if hasattr(d, "kernel_lora_a")] == \
+        ["transformer.decoder.layers.1.attention.value"]
+
+
+def test_a_fresh_adapter_leaves_the_output_unchanged_and_training_moves_only_the_adapters():
+    base = create_model(get_preset("llama-tiny"))
+    model = adapted()
+    np.testing.assert_array_equal(np.asarray(model(IDS)), np.asarray(base(IDS)))
+    graphdef, lora_params, rest = nnx.split(model, nnx.LoRAParam, ...)
+    frozen_before = jax.tree.map(np.asarray, nnx.state(model, nnx.All(nnx.Param, nnx.Not(nnx.LoRAParam))))
+    tx = optax.adam(1e-2)
+    opt_state = tx.init(lora_params)
+
+    def loss(params):
+        logits = nnx.merge(graphdef, params, rest)(IDS[:, :-1])
+        return optax.softmax_cross_entropy_with_integer_labels(logits, IDS[:, 1:]).mean()
+
+    losses = []
+    for _ in range(5):
+        value, grads = jax.value_and_grad(loss)(lora_params)
+        updates, opt_state = tx.update(grads, opt_state, lora_params)
+        lora_params = optax.apply_updates(lora_params, updates)
+        losses.append(float(value))
+    assert losses[-1] < losses[0] - 0.05, losses
+    trained = nnx.merge(graphdef, lora_params, rest)
+    frozen_after = jax.tree.map(np.asarray, nnx.state(trained, nnx.All(nnx.Param, nnx.Not(nnx.LoRAParam))))
+    for before, after in zip(jax.tree.leaves(frozen_before), jax.tree.leaves(frozen_after)):
+        np.testing.assert_array_equal(before, after)  # the base, bit for bit
+    assert not np.allclose(np.asarray(trained(IDS)), np.asarray(base(IDS)), atol=1e-3)
+
+
+@pytest.mark.parametrize("preset", ["llama-tiny", "gpt2-tiny"])
+def test_stacked_layers_hold_the_same_adapters_as_per_layer(preset):
+    fresh = adapted(preset, scan=False)
+    stacked = adapted(preset, scan=True)
+    layers = get_preset(preset).num_layers
+    # Same seed: the same initial A in both layouts (stacked: [layers, in, r]).
+    for path, dense in dense_modules(stacked).items():
+        if hasattr(dense, "kernel_lora_a"):
+            for i in range(layers):
+                one = dense_modules(fresh)[path.replace("layers.", f"layers.{i}.")]
+                np.testing.assert_array_equal(np.asarray(dense.kernel_lora_a.get_value()[i]),
+                                              np.asarray(one.kernel_lora_a.get_value()))
+    per_layer = randomise_adapters(fresh)
+    # The same adapter values in both layouts give the same logits.
+    values = {}
+    for path, dense in dense_modules(per_layer).items():
+        if hasattr(dense, "kernel_lora_a"):
+            values[path] = (dense.kernel_lora_a.get_value(), dense.kernel_lora_b.get_value())
+    for path, dense in dense_modules(stacked).items():
+        if hasattr(dense, "kernel_lora_a"):
+            parts = [values[path.replace("layers.", f"layers.{i}.")] for i in range(layers)]
+            dense.kernel_lora_a.set_value(jnp.stack([a for a, _ in parts]))
+            dense.kernel_lora_b.set_value(jnp.stack([b for _, b in parts]))
+    np.testing.assert_allclose(np.asarray(stacked(IDS)), np.asarray(per_layer(IDS)), atol=1e-5)
+
+
+@pytest.mark.parametrize("scan", [False, True])
+def test_merged_model_is_plain_and_equals_the_adapted_one(scan):
+    model = randomise_adapters(adapted(scan=scan, targets=("attention", "mlp")))
+    merged = merge_lora(model)
+    assert not has_lora(merged) and type(merged).__name__ == "GPTForCausalLM"
+    assert not any(hasattr(d, "kernel_lora_a") for d in dense_modules(merged).values())
+    np.testing.assert_allclose(np.asarray(merged(IDS)), np.asarray(model(IDS)), atol=1e-5)
+    # Cached decoding (another model method than __call__) runs the adapters too.
+    np.testing.assert_array_equal(np.asarray(generate(model, IDS[:, :4], 6)), np.asarray(generate(merged, IDS[:, :4], 6)))
+
+
+def test_lora_on_a_classifier_with_the_head_as_a_target():
+    model = randomise_adapters(adapted("bert-tiny", cls=BertForSequenceClassification, targets=("attention", "head")))
+    adapted_paths = sorted(p for p, d in dense_modules(model).items() if hasattr(d, "kernel_lora_a"))
+    assert "classifier" in adapted_paths and "bert.pooler" in adapted_paths
+    merged = merge_lora(model)
+    np.testing.assert_allclose(np.asarray(merged(IDS)), np.asarray(model(IDS)), atol=1e-5)
+
+
+@pytest.mark.parametrize("settings, field, words", [
+    ({"rank": 0}, "rank", "rank=0: expected an integer > 0"),
+    ({"rank": -2}, "rank", "rank=-2"),
+    ({"rank": 2.5}, "rank", "rank=2.5"),
+    ({"alpha": 0}, "alpha", "alpha=0"),
+    ({"alpha": float("nan")}, "alpha", "alpha=nan"),
+    ({"targets": ()}, "targets", "non-empty"),
+    ({"targets": "attention"}, "targets", "tuple"),
+    ({"targets": ("attention[",)}, "targets", "valid regular expression"),
+    ({"base_dtype": "int4"}, "base_dtype", "base_dtype='int4'"),
+])
+def test_bad_lora_settings_are_one_clear_error(settings, field, words):
+    with pytest.raises(LoraError, match=words.replace("[", r"\[").replace("(", r"\(")) as info:
+        LoraConfig(**{"rank": 4, "alpha": 8.0, **settings})
+    assert info.value.field == field
+
+
+def test_a_target_matching_nothing_lists_the_module_paths():
+    model = create_model(get_preset("gpt2-tiny"))
+    with pytest.raises(LoraError, match="'gate' matches no projection") as info:
+        apply_lora(model, LoraConfig(rank=2, alpha=4.0, targets=("attention", "gate")))
+    assert "transformer.decoder.layers.0.mlp.up" in str(info.value)  # what it could have matched
+    assert not has_lora(model)  # nothing was changed
+    with pytest.raises(LoraError, match="already has LoRA adapters"):
+        apply_lora(adapted(), LoraConfig(rank=2, alpha=4.0))
