@@ -34,8 +34,8 @@ from models.bert import BertModel
 from models.config import TransformerConfig
 from models.layers.stack import unstack_layer_values
 from models.modeling import (DECODER_CLASSES, MODEL_CLASSES, abstract_params, assemble_model, bert_without_pooler,
-                             dotted, format_names, override_config, per_layer_shapes, resize_vocab_values,
-                             vocab_axes, vocab_shapes, warn_initialised)
+                             dotted, format_names, override_config, per_layer_shapes, plain_factory,
+                             resize_vocab_values, vocab_axes, vocab_shapes, warn_initialised)
 
 __all__ = ["FORMAT", "VERSION", "checkpoint_meta", "find_step_dir", "load_checkpoint", "read_meta", "save_checkpoint"]
 
@@ -174,11 +174,23 @@ def load_checkpoint(path: str | pathlib.Path, *, cls: type | str | None = None, 
     The vocabulary tables are stored padded as the stored config's ``pad_vocab_to`` says; ``pad_vocab_to`` pads them
     to another multiple (padding rows trimmed or added as zeros; the real rows are unchanged).
     """
-    ocp = _ocp()
     step_dir = find_step_dir(path)
     if step_dir is None:
         raise ValueError(f"{path} holds no flaxzoo checkpoint step (expected checkpoints/<step>/{{state,meta}})")
     meta = read_meta(step_dir)
+    if "lora" in meta:  # adapters and a reference to the base: merged into a plain model, then loaded as one
+        from models.lora import merge_lora
+
+        merged = merge_lora(load_adapted(step_dir))
+        values = {p: v.get_value() for p, v in nnx.to_flat_state(nnx.state(merged, nnx.Param))}
+        stored_config = merged.config
+        config = override_config(stored_config, dtype=dtype, scan_layers=scan_layers, num_labels=num_labels,
+                                 pad_vocab_to=pad_vocab_to)
+        if (cls is not None and _target_class(cls, type(merged), config, step_dir) is not type(merged)) \
+                or config.num_labels != stored_config.num_labels or config.pad_vocab_to != stored_config.pad_vocab_to:
+            raise ValueError(f"{step_dir}: a LoRA run loads as the class and heads it was trained with "
+                             f"({type(merged).__name__}); save it (models.save_checkpoint) to change them")
+        return assemble_model(config, plain_factory(merged), values)
     stored_cls = MODEL_CLASSES[meta["model_class"]]
     stored_config = TransformerConfig.from_dict(meta["config"])
     config = override_config(stored_config, dtype=dtype, scan_layers=scan_layers, num_labels=num_labels,
@@ -203,7 +215,19 @@ def load_checkpoint(path: str | pathlib.Path, *, cls: type | str | None = None, 
         raise ValueError(f"{step_dir}: the checkpoint does not match its {model_cls.__name__} config; "
                          + "; ".join(problems))
 
-    # Restore onto one local device whatever mesh wrote the arrays, in the stored dtype (cast when assembling).
+    values = unstack_layer_values(_restore_params(step_dir, stored), layers)
+    values = {moved[p]: v for p, v in values.items() if moved[p] in expected}
+    values = resize_vocab_values(values, vocab, config.padded_vocab_size)
+    if fresh:
+        warn_initialised(f"{step_dir} ({stored_cls.__name__} loaded as {model_cls.__name__})",
+                         [dotted(p) for p in fresh], seed)
+    return assemble_model(config, factory, values, abstract=abstract, fresh=fresh, seed=seed)
+
+
+def _restore_params(step_dir: pathlib.Path, stored: Mapping[ParamPath, Any]) -> dict[ParamPath, Any]:
+    """The stored parameters ``{path: array}`` (``stored``: their metadata), on one local device whatever mesh
+    wrote them, in the stored dtype."""
+    ocp = _ocp()
     device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
     target: dict[Any, Any] = {}
     for p, leaf in stored.items():
@@ -215,14 +239,50 @@ def load_checkpoint(path: str | pathlib.Path, *, cls: type | str | None = None, 
     with _quiet(), ocp.Checkpointer(ocp.PyTreeCheckpointHandler()) as checkpointer:
         restored = checkpointer.restore(step_dir / STATE, args=ocp.args.PyTreeRestore(
             item=item, restore_args=ocp.checkpoint_utils.construct_restore_args(item), partial_restore=True))
-    values = unstack_layer_values({tuple(_key(k) for k in p): leaf for p, leaf in
-                                   jax.tree_util.tree_flatten_with_path(restored["params"])[0]}, layers)
-    values = {moved[p]: v for p, v in values.items() if moved[p] in expected}
-    values = resize_vocab_values(values, vocab, config.padded_vocab_size)
-    if fresh:
-        warn_initialised(f"{step_dir} ({stored_cls.__name__} loaded as {model_cls.__name__})",
-                         [dotted(p) for p in fresh], seed)
-    return assemble_model(config, factory, values, abstract=abstract, fresh=fresh, seed=seed)
+    return {tuple(_key(k) for k in p): leaf for p, leaf in jax.tree_util.tree_flatten_with_path(restored["params"])[0]}
+
+
+def load_adapted(path: str | pathlib.Path, *, base: str | pathlib.Path | None = None) -> nnx.Module:
+    """The model of a LoRA run's checkpoint with its adapters unmerged (qwix-intercepted projections, in the
+    stored config): the base weights (``meta["base"]``, or ``base`` when they have moved; their fingerprint must
+    match), ``apply_lora`` with the stored settings, then the stored adapters and fully trained parameters."""
+    from models.hub import from_pretrained
+    from models.hub.files import is_hub_id
+    from models.hub.source import fingerprint
+    from models.lora import LoraConfig, apply_lora
+
+    step_dir = find_step_dir(path)
+    if step_dir is None:
+        raise ValueError(f"{path} holds no flaxzoo checkpoint step (expected checkpoints/<step>/{{state,meta}})")
+    meta = read_meta(step_dir)
+    if "lora" not in meta:
+        raise ValueError(f"{step_dir} is not a LoRA run's checkpoint (its meta has no 'lora')")
+    stored_base = meta.get("base") or {}
+    source = str(base) if base is not None else stored_base.get("path")
+    if not source or not (pathlib.Path(source).exists() or is_hub_id(source)):
+        raise FileNotFoundError(f"{step_dir}: the LoRA base {source!r} is not there; pass base= (the same weights "
+                                f"elsewhere: fingerprint {stored_base.get('fingerprint')})")
+    found = fingerprint(source)
+    if found != stored_base.get("fingerprint"):
+        raise ValueError(f"{step_dir}: the adapters were trained on {stored_base.get('path')} "
+                         f"({stored_base.get('fingerprint')}), but {source} is {found}: other base weights")
+    config = TransformerConfig.from_dict(meta["config"])
+    model_cls = MODEL_CLASSES[meta["model_class"]]
+    loaded = from_pretrained(source, cls=model_cls, scan_layers=config.scan_layers)
+    values = {p: v.get_value() for p, v in nnx.to_flat_state(nnx.state(loaded, nnx.Param))}
+    model = assemble_model(config, model_cls, values)
+    lora = meta["lora"]
+    apply_lora(model, LoraConfig.from_dict(lora), seed=0)
+    trained = _restore_params(step_dir, _stored_params(step_dir))
+    state = nnx.state(model, nnx.Param)
+    flat = dict(nnx.to_flat_state(state))
+    missing = sorted(dotted(p) for p in trained if p not in flat)
+    if missing:
+        raise ValueError(f"{step_dir}: stored parameters {format_names(missing)} are not in the adapted model")
+    nnx.update(model, nnx.from_flat_state([(p, flat[p].replace(jax.numpy.asarray(v, flat[p].get_value().dtype)))
+                                           for p, v in trained.items()]))
+    model.eval()
+    return model
 
 
 def _target_class(cls: type | str | None, stored_cls: type, config: TransformerConfig, step_dir: pathlib.Path

@@ -8,6 +8,10 @@ checkpoint (work directory, ``checkpoints/`` or one step) or a Hub id. ``DST`` i
 * ``hf`` (the default for flaxzoo sources): ``config.json`` + ``model.safetensors`` (float32), loadable by
   ``transformers``; a GGUF's interleaved RoPE rows are permuted to Hugging Face's rotate-half layout.
 
+A LoRA run's work directory converts to its merged model (``--to hf``: a plain Hugging Face directory), or with
+``--adapters-only`` to the adapters alone in PEFT's layout (``adapter_model.safetensors`` + ``adapter_config.json``,
+for ``peft.PeftModel.from_pretrained`` on the base model).
+
 The tokenizer travels along as ``DST/tokenizer.json`` when the source has one (a GGUF's embedded tokenizer
 included), with ``tokenizer_config.json`` / ``special_tokens_map.json`` / ``vocab.txt`` copied when present.
 """
@@ -73,10 +77,10 @@ def _copy_tokenizer(kind: str, source: pathlib.Path, dst: pathlib.Path) -> pathl
 
 
 def convert(src: str | pathlib.Path, dst: str | pathlib.Path, *, to: str | None = None, dtype: str | None = None,
-            progress: bool = True) -> pathlib.Path:
+            progress: bool = True, adapters_only: bool = False) -> pathlib.Path:
     """Convert ``src`` to the format ``to`` (``"hf"`` or ``"flaxzoo"``; default: the other family) in the new
     directory ``dst``; returns ``dst``. ``dtype`` sets a flaxzoo checkpoint's parameter dtype (Hugging Face output
-    is float32)."""
+    is float32). ``adapters_only``: ``src`` is a LoRA run; write its adapters in PEFT's layout (``to`` "hf")."""
     if to is not None and to not in FORMATS:
         raise ValueError(f"to={to!r}: expected one of {FORMATS}")
     kind, source = checkpoint_kind(resolve_pretrained(src))
@@ -84,6 +88,17 @@ def convert(src: str | pathlib.Path, dst: str | pathlib.Path, *, to: str | None 
     dst = pathlib.Path(dst).expanduser()
     if dst.exists() and (not dst.is_dir() or any(dst.iterdir())):
         raise FileExistsError(f"{dst} already exists and is not empty; choose a new directory")
+    if adapters_only:
+        if kind != "flaxzoo" or to != "hf":
+            raise ValueError(f"--adapters-only writes a LoRA run's adapters in PEFT's (Hugging Face) layout: expected "
+                             f"a flaxzoo LoRA work directory and --to hf, got a {kind} source and --to {to}")
+        from models.checkpoint import find_step_dir, load_adapted, read_meta
+        from models.hub.peft import save_adapters
+
+        base = read_meta(find_step_dir(source)).get("base", {}).get("path", "")
+        save_adapters(load_adapted(source), dst, base_model=base)
+        _copy_tokenizer(kind, source, dst)
+        return dst
     model = from_pretrained(source, dtype=dtype, progress=progress)
     dst.mkdir(parents=True, exist_ok=True)
     if to == "hf":
@@ -105,11 +120,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--to", choices=FORMATS, default=None,
                         help="output format (default: flaxzoo for hf/gguf sources, hf for flaxzoo sources)")
     parser.add_argument("--dtype", default=None, help="parameter dtype of a flaxzoo output, e.g. bfloat16")
+    parser.add_argument("--adapters-only", action="store_true",
+                        help="a LoRA run: write only its adapters, in PEFT's layout (adapter_model.safetensors)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     args = parser.parse_args(argv)
     start = time.perf_counter()
     try:
-        dst = convert(args.src, args.dst, to=args.to, dtype=args.dtype, progress=not args.no_progress)
+        dst = convert(args.src, args.dst, to=args.to, dtype=args.dtype, progress=not args.no_progress,
+                      adapters_only=args.adapters_only)
     except (ValueError, FileNotFoundError, FileExistsError, ImportError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

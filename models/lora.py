@@ -285,7 +285,7 @@ def merge_lora(model: nnx.Module, scale: float | None = None) -> nnx.Module:
     """A plain model (no qwix, no adapters, float kernels) whose kernels are ``W + A·B·alpha/rank``: what the
     adapted ``model`` computes, as an ordinary model to save or convert. ``scale``: ``alpha / rank`` (default: the
     model's ``lora_config``). Kernels quantised to int8 (QLoRA) are dequantised first."""
-    from models.modeling import assemble_model
+    from models.modeling import assemble_model, plain_factory
 
     config = model.config
     if scale is None:
@@ -308,19 +308,7 @@ def merge_lora(model: nnx.Module, scale: float | None = None) -> nnx.Module:
     param_dtype = jnp.dtype(config.param_dtype)
     values = {p: jnp.asarray(v, param_dtype) if jnp.issubdtype(jnp.asarray(v).dtype, jnp.floating) else v
               for p, v in values.items()}
-    factory = _plain_factory(model)
-    return assemble_model(config, factory, values)
-
-
-def _plain_factory(model: nnx.Module):
-    """The factory that builds ``model``'s plain class (a BERT without a pooler stays without one)."""
-    from models.modeling import bert_without_pooler
-    from models.bert import BertModel
-
-    cls = type(model)
-    if isinstance(model, BertModel) and model.pooler is None:
-        return bert_without_pooler
-    return cls
+    return assemble_model(config, plain_factory(model), values)
 
 
 def frozen_and_trainable(train_fully: Iterable[str] = ()) -> nnx.filterlib.Filter:

@@ -59,6 +59,11 @@ def bert_without_pooler(config: TransformerConfig, rngs: nnx.Rngs) -> BertModel:
     return BertModel(config, rngs=rngs, add_pooler=False)
 
 
+def plain_factory(model: nnx.Module) -> Callable[..., nnx.Module]:
+    """The factory that builds another ``model`` of the same structure: its class (a BERT without a pooler: that)."""
+    return bert_without_pooler if isinstance(model, BertModel) and model.pooler is None else type(model)
+
+
 def format_names(names: Collection[str], limit: int = 20) -> str:
     """``names`` sorted and comma-separated, the first ``limit`` of them (then how many more)."""
     names = sorted(names)

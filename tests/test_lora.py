@@ -164,3 +164,33 @@ def test_a_target_matching_nothing_lists_the_module_paths():
     assert not has_lora(model)  # nothing was changed
     with pytest.raises(LoraError, match="already has LoRA adapters"):
         apply_lora(adapted(), LoraConfig(rank=2, alpha=4.0))
+
+
+@pytest.mark.parametrize("preset, rope_layout", [("llama-tiny", "half"), ("llama-tiny", "interleaved"),
+                                                 ("bert-tiny", None)])
+def test_adapters_in_peft_layout_load_with_peft_onto_the_base_to_the_same_logits(preset, rope_layout, tmp_path):
+    """Our adapted model = transformers' base + peft's adapters from our files (≤ 1e-4, float32)."""
+    torch = pytest.importorskip("torch")
+    peft = pytest.importorskip("peft")
+    import transformers
+
+    from models import save_pretrained
+    from models.hub.peft import save_adapters
+
+    config = get_preset(preset)
+    if rope_layout:
+        config = config.replace(rope_layout=rope_layout)
+    base_dir = save_pretrained(create_model(config, seed=3), tmp_path / "base")
+    # The flaxzoo side: the saved base loaded back in the layout it had, adapted, adapters randomised.
+    model = create_model(config, seed=3)
+    model = randomise_adapters(apply_lora(model, LoraConfig(rank=4, alpha=8.0, targets=("attention", "mlp"))), seed=5)
+    adapters = save_adapters(model, tmp_path / "adapters", base_model=str(base_dir))
+    names = set(__import__("safetensors.numpy", fromlist=["x"]).load_file(str(adapters / "adapter_model.safetensors")))
+    assert any(n.endswith("lora_A.weight") for n in names) and any(n.endswith("lora_B.weight") for n in names)
+    auto = transformers.AutoModelForCausalLM if config.causal else transformers.AutoModelForMaskedLM
+    hf = auto.from_pretrained(base_dir).eval()
+    hf = peft.PeftModel.from_pretrained(hf, adapters).eval()
+    ids = IDS[:, :8]
+    with torch.no_grad():
+        out = hf(input_ids=torch.tensor(ids, dtype=torch.long))
+    np.testing.assert_allclose(np.asarray(model(ids)), out.logits.numpy(), atol=1e-4)
