@@ -441,6 +441,10 @@ class TrainConfig(Section):
         super().__post_init__()
 
     def _validate(self) -> None:
+        if self.lora.enabled and not self.init_from:
+            raise ConfigError("lora.rank", f"{self.lora.rank}: LoRA adapts a pretrained model, but init_from is "
+                                           "empty; set init_from to the base (a Hugging Face directory, a GGUF file, a "
+                                           "flaxzoo work directory)")
         if not self.mesh.resolved:
             raise ConfigError("mesh", f"{self.mesh.shape}: expected resolved axis sizes (MeshConfig.resolve)")
         batch, accum, axes = self.batch_size, self.optim.accum_steps, self.mesh.batch_axes
@@ -474,10 +478,6 @@ class TrainConfig(Section):
             raise ConfigError("data.vocab_size", f"{data.vocab_size} is more than model.vocab_size="
                                                  f"{model.vocab_size}: the model's embedding table needs a row for "
                                                  "every token id")
-        if self.lora.enabled and not self.init_from:
-            raise ConfigError("lora.rank", f"{self.lora.rank}: LoRA adapts a pretrained model, but init_from is "
-                                           "empty; set init_from to the base (a Hugging Face directory, a GGUF file, a "
-                                           "flaxzoo work directory)")
         if self.objective == "mlm" and data.tokenizer == "bpe":
             raise ConfigError("data.tokenizer", "'bpe' has no [MASK]/[CLS]/[SEP]; masked-LM training needs "
                                                 "'wordpiece' (or a path to a tokenizer with those tokens)")

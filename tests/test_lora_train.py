@@ -1,0 +1,155 @@
+"""LoRA training through ``python -m train``'s loop (``init_from`` + ``lora.*``) on a tiny pretrained Llama-layout
+base written by ``save_pretrained``: only the adapters train, the checkpoint holds only them and the base's
+fingerprint, resume is exact, another base is refused, and the work directory loads / exports as the merged model."""
+
+import json
+import pathlib
+
+import numpy as np
+import pytest
+from flax import nnx
+
+import models
+from models.checkpoint import load_adapted
+from models.lora import has_lora
+from models.modeling import create_model
+from train.checkpoint import CheckpointError, read_meta
+from train.config import ConfigError, TrainConfig
+from train.loop import Trainer, train
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+PROMPT = np.asarray([[5, 17, 99, 3, 250, 41]], np.int32)
+
+
+def save_base(directory: pathlib.Path, seed: int) -> pathlib.Path:
+    """A tiny Llama (vocab 512) as a Hugging Face directory with a BPE tokenizer trained on the embedded corpus."""
+    from train.data.corpus import embedded_documents
+    from train.tokenizer import train_tokenizer
+
+    config = models.get_preset("llama-tiny").replace(vocab_size=512, max_position_embeddings=64)
+    models.save_pretrained(create_model(config, seed=seed), directory)
+    train_tokenizer(embedded_documents()[:400], "bpe", 512).save(directory / "tokenizer.json")
+    return directory
+
+
+@pytest.fixture(scope="module")
+def base_dir(tmp_path_factory):
+    return save_base(tmp_path_factory.mktemp("lora_base") / "base", seed=3)
+
+
+def lora_config(base, data_dir, **overrides):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("lora_smollm2", REPO / "configs" / "lora_smollm2.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    config = module.get_config()
+    values = {"init_from": str(base), "steps": 4, "seq_len": 32, "batch_size": 4, "log_every": 1, "eval_every": 0,
+              "eval_batches": 1, "checkpoint_every": 2, "optim.warmup_steps": 1, "data.data_dir": str(data_dir),
+              "sample.max_new_tokens": 0, "lora.rank": 4, "lora.alpha": 8.0, **overrides}
+    for key, value in values.items():
+        node = config
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node[part]
+        node[leaf] = value
+    return config
+
+
+def losses(workdir):
+    rows = [json.loads(line) for line in (pathlib.Path(workdir) / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["loss"] for r in rows if "loss" in r}
+
+
+def test_lora_trains_only_the_adapters_and_the_checkpoint_holds_only_them(base_dir, tmp_path):
+    config = lora_config(base_dir, tmp_path / "data", **{"lora.targets": "attention"})
+    trainer = Trainer(config, tmp_path / "w")
+    state, rest = trainer.initial_state()
+    trained_names = {".".join(map(str, p)) for p, _ in nnx.to_flat_state(nnx.State(state["params"]))}
+    assert trained_names and all(n.endswith(("kernel_lora_a", "kernel_lora_b")) and ".attention." in n
+                                 for n in trained_names)
+    config_model = trainer.model_config
+    # rank 4 · (in + out) for query 64→64, key 64→32, value 64→32, out 64→64, per layer
+    assert trainer.trainable_count == config_model.num_layers * 4 * (128 + 96 + 96 + 128)
+    base = models.from_pretrained(base_dir, scan_layers=config_model.scan_layers)
+    base_values = {p: np.asarray(v.get_value()) for p, v in nnx.to_flat_state(nnx.state(base, nnx.Param))}
+    summary = train(config, tmp_path / "w")
+    assert summary.trainable_count == trainer.trainable_count < 0.2 * summary.param_count
+    # The frozen base is not in the checkpoint: the state's parameters are the adapters.
+    step, meta = read_meta(tmp_path / "w")
+    assert step == 4 and meta["lora"]["rank"] == 4 and meta["base"]["fingerprint"].startswith("sha256:")
+    stored = sorted((tmp_path / "w" / "checkpoints" / "4" / "state").rglob("*"))
+    assert sum(f.stat().st_size for f in stored if f.is_file()) < 0.5 * sum(
+        v.nbytes for v in base_values.values())
+    # The base stays bit for bit; the adapters moved; the merged model is a plain model computing the adapted one.
+    adapted = load_adapted(tmp_path / "w")
+    frozen = {p: np.asarray(v.get_value()) for p, v in
+              nnx.to_flat_state(nnx.state(adapted, nnx.All(nnx.Param, nnx.Not(nnx.LoRAParam))))}
+    assert frozen.keys() == base_values.keys()
+    for path, value in base_values.items():
+        np.testing.assert_array_equal(frozen[path], value)
+    b = [np.asarray(v.get_value()) for p, v in nnx.to_flat_state(nnx.state(adapted, nnx.LoRAParam))
+         if p[-1] == "kernel_lora_b"]
+    assert all(np.abs(x).max() > 0 for x in b)  # B starts at zero: training moved every adapter
+    merged = models.from_pretrained(tmp_path / "w")
+    assert not has_lora(merged)
+    np.testing.assert_allclose(np.asarray(merged(PROMPT)), np.asarray(adapted(PROMPT)), atol=1e-5)
+    assert np.abs(np.asarray(merged(PROMPT)) - np.asarray(base(PROMPT))).max() > 1e-4
+
+
+def test_lora_resume_is_exact_and_another_base_is_refused(base_dir, tmp_path):
+    data = tmp_path / "data"
+    train(lora_config(base_dir, data), tmp_path / "once")
+    train(lora_config(base_dir, data, steps=2), tmp_path / "twice")
+    summary = train(lora_config(base_dir, data), tmp_path / "twice")
+    assert summary.resumed_from == 2
+    assert losses(tmp_path / "twice") == losses(tmp_path / "once")  # bit for bit
+    other = save_base(tmp_path / "other_base", seed=4)
+    with pytest.raises(CheckpointError, match="other base weights"):
+        train(lora_config(other, data, steps=6), tmp_path / "twice")
+
+
+def test_merged_lora_run_exports_to_transformers_with_the_same_logits(base_dir, tmp_path):
+    torch = pytest.importorskip("torch")
+    import transformers
+
+    from models.convert import main as convert_main
+
+    train(lora_config(base_dir, tmp_path / "data", steps=2, **{"lora.targets": "attention,mlp"}), tmp_path / "w")
+    assert convert_main([str(tmp_path / "w"), str(tmp_path / "hf"), "--to", "hf", "--no-progress"]) == 0
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    with torch.no_grad():
+        theirs = hf(input_ids=torch.tensor(PROMPT, dtype=torch.long)).logits.numpy()
+    ours = np.asarray(models.from_pretrained(tmp_path / "w")(PROMPT))
+    np.testing.assert_allclose(ours, theirs, atol=1e-4)
+    assert convert_main([str(tmp_path / "w"), str(tmp_path / "peft"), "--to", "hf", "--adapters-only",
+                         "--no-progress"]) == 0
+    written = json.loads((tmp_path / "peft" / "adapter_config.json").read_text())
+    assert written["r"] == 4 and written["lora_alpha"] == 8.0 and written["peft_type"] == "LORA"
+    assert (tmp_path / "peft" / "adapter_model.safetensors").is_file()
+
+
+@pytest.mark.parametrize("overrides, key, words", [
+    ({"init_from": "", "model.preset": "gpt2-tiny"}, "lora.rank", "init_from is empty"),
+    ({"lora.rank": -1}, "lora.rank", "-1"),
+    ({"lora.rank": 0, "lora.targets": "mlp"}, "lora.rank", "0 turns LoRA off, but lora.alpha is set"),
+    ({"lora.alpha": 0.0}, "lora.alpha", "0"),
+    ({"lora.base_dtype": "int4"}, "lora.base_dtype", "int4"),
+    ({"lora.targets": "attention,("}, "lora.targets", "valid regular expression"),
+    ({"model.hidden_size": 128}, "model.hidden_size", "with init_from the model is the checkpoint's"),
+    ({"init_from": "/nonexistent/base"}, "init_from", "does not exist"),
+])
+def test_bad_lora_training_settings_are_one_clear_error(base_dir, tmp_path, overrides, key, words):
+    config = lora_config(base_dir, tmp_path / "data", **overrides)
+    with pytest.raises(ConfigError, match=words.replace("(", r"\(")) as info:
+        TrainConfig.from_config_dict(config, 1)
+    assert info.value.key == key
+
+
+def test_a_target_matching_nothing_names_the_modules(base_dir, tmp_path):
+    from models.lora import LoraError
+
+    config = lora_config(base_dir, tmp_path / "data", **{"lora.targets": "attention,head"})
+    with pytest.raises(LoraError, match="'head' matches no projection") as info:
+        Trainer(config, tmp_path / "w")
+    assert "attention.query" in str(info.value)
