@@ -177,7 +177,8 @@ def _intercepted(dense: Dense, lora: LoraConfig) -> Dense:
 
     rule = qwix.LoraRule(module_path=".*", rank=lora.rank, alpha=float(lora.alpha),
                          weight_qtype=jnp.int8 if lora.base_dtype == "int8" else None)
-    return qwix.apply_lora_to_model(dense, qwix.LoraProvider([rule]), skip_nnx_init=True, rngs=nnx.Rngs(0))
+    # No init call and no RNG: the adapter tensors are created by apply_lora (qwix's lazy creation would be lost).
+    return qwix.quantize_model(dense, qwix.LoraProvider([rule]), skip_nnx_init=True)
 
 
 def apply_lora(model: nnx.Module, lora: LoraConfig, *, seed: int = 0) -> nnx.Module:
@@ -194,12 +195,12 @@ def apply_lora(model: nnx.Module, lora: LoraConfig, *, seed: int = 0) -> nnx.Mod
     for path in target_paths(model, lora.targets):
         parent, name = _parent_and_name(model, path)
         dense: Dense = getattr(parent, name) if isinstance(name, str) else parent[name]
+        a_shape, b_shape = lora_shapes(dense, lora.rank)
+        a_axes, b_axes = _lora_axes(dense)
         if lora.base_dtype == "int8":
             from models.quantize import quantize_dense  # the int8 weight layout lives in one place
 
             dense = quantize_dense(dense)
-        a_shape, b_shape = lora_shapes(dense, lora.rank)
-        a_axes, b_axes = _lora_axes(dense)
         # One key per (module, layer), the same whether the layers are stored per layer or stacked.
         module_key, layer = _module_key(key, path)
         if len(a_shape) == 3:

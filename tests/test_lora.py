@@ -194,3 +194,26 @@ def test_adapters_in_peft_layout_load_with_peft_onto_the_base_to_the_same_logits
     with torch.no_grad():
         out = hf(input_ids=torch.tensor(ids, dtype=torch.long))
     np.testing.assert_allclose(np.asarray(model(ids)), out.logits.numpy(), atol=1e-4)
+
+
+@pytest.mark.parametrize("scan, base_dtype", [(False, "int8"), (True, "int8"), (False, "bfloat16")])
+def test_frozen_base_in_int8_or_bfloat16(scan, base_dtype):
+    """QLoRA-style: the adapted projections' kernels int8 (qwix, per-channel scales) or bfloat16, adapters float32;
+    outputs near the float base, gradients reach the adapters, merging dequantises."""
+    config = get_preset("llama-tiny").replace(scan_layers=scan)
+    base = create_model(config)
+    reference = np.asarray(base(IDS))
+    for tolerance in (0.05,):
+        model = apply_lora(create_model(config), LoraConfig(rank=4, alpha=8.0, base_dtype=base_dtype))
+        kernels = {str(v.get_value().dtype) for p, v in nnx.to_flat_state(nnx.state(model, nnx.Param))
+                   if ".attention." in ".".join(map(str, p)) and "lora" not in str(p[-1]) and "scale" not in p}
+        assert kernels == {"int8" if base_dtype == "int8" else "bfloat16"}, (base_dtype, kernels)
+        adapters = {str(v.get_value().dtype) for _, v in nnx.to_flat_state(nnx.state(model, nnx.LoRAParam))}
+        assert adapters == {"float32"}
+        out = np.asarray(model(IDS))
+        assert 0 < np.abs(out - reference).max() < tolerance, base_dtype
+        graphdef, params, rest = nnx.split(randomise_adapters(model), nnx.LoRAParam, ...)
+        grads = jax.jit(jax.grad(lambda p: nnx.merge(graphdef, p, rest)(IDS).sum()))(params)
+        assert all(float(jnp.abs(g).max()) > 0 for g in jax.tree.leaves(grads)), base_dtype
+        model = nnx.merge(graphdef, params, rest)
+        np.testing.assert_allclose(np.asarray(merge_lora(model)(IDS)), np.asarray(model(IDS)), atol=2e-5)
