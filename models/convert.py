@@ -95,8 +95,9 @@ def convert(src: str | pathlib.Path, dst: str | pathlib.Path, *, to: str | None 
         from models.checkpoint import find_step_dir, load_adapted, read_meta
         from models.hub.peft import save_adapters
 
-        base = read_meta(find_step_dir(source)).get("base", {}).get("path", "")
-        save_adapters(load_adapted(source), dst, base_model=base)
+        meta = read_meta(find_step_dir(source))
+        save_adapters(load_adapted(source), dst, base_model=meta.get("base", {}).get("path", ""),
+                      train_fully=meta["lora"].get("train_fully", ()))
         _copy_tokenizer(kind, source, dst)
         return dst
     model = from_pretrained(source, dtype=dtype, progress=progress)

@@ -52,7 +52,8 @@ LORA_A, LORA_B = "kernel_lora_a", "kernel_lora_b"
 
 
 class LoraError(ValueError):
-    """A LoRA setting that cannot work; ``field`` is ``rank``, ``alpha``, ``targets`` or ``base_dtype``."""
+    """A LoRA setting that cannot work; ``field`` is ``rank``, ``alpha``, ``targets``, ``base_dtype`` or
+    ``train_fully``."""
 
     def __init__(self, field: str, message: str):
         super().__init__(message)
@@ -312,17 +313,33 @@ def merge_lora(model: nnx.Module, scale: float | None = None) -> nnx.Module:
     return assemble_model(config, plain_factory(model), values)
 
 
+def check_train_fully(model: nnx.Module, train_fully: Iterable[str]) -> None:
+    """LoraError for a ``train_fully`` entry that selects no parameter (the message lists the module paths)."""
+    modules = sorted({dotted(p[:-1]) for p, v in nnx.to_flat_state(nnx.state(model, nnx.Param))
+                      if not isinstance(v, nnx.LoRAParam)})
+    for name in train_fully:
+        pattern = _pattern(name)
+        if not any(pattern.search(m) for m in modules):
+            raise LoraError("train_fully", f"lora.train_fully {name!r} matches no module with parameters; the "
+                                           f"module paths: {format_names(modules, limit=40)}")
+
+
+def in_train_fully(path: Sequence, train_fully: Iterable[str]) -> bool:
+    """Whether the parameter at ``path`` (keys, its name last) is under a module ``train_fully`` selects."""
+    return any(_pattern(t).search(dotted(tuple(path)[:-1])) for t in train_fully)
+
+
 def frozen_and_trainable(train_fully: Iterable[str] = ()) -> nnx.filterlib.Filter:
     """The ``nnx`` filter of what LoRA training updates: the adapters, plus every parameter under a module whose
     dotted path ``train_fully``'s regular expressions match (a fresh classifier head, say)."""
-    patterns = [re.compile(TARGET_PATTERNS.get(t, t)) for t in train_fully]
+    train_fully = tuple(train_fully)
 
     def fully(path, variable) -> bool:
-        return isinstance(variable, nnx.Param) and any(p.search(dotted(path[:-1])) for p in patterns)
+        return isinstance(variable, nnx.Param) and in_train_fully(path, train_fully)
 
-    return nnx.Any(nnx.LoRAParam, fully) if patterns else nnx.LoRAParam
+    return nnx.Any(nnx.LoRAParam, fully) if train_fully else nnx.LoRAParam
 
 
 __all__ = ["BASE_DTYPES", "LoraConfig", "LoraError", "TARGET_PATTERNS", "adapter_tensors", "apply_lora",
-           "dense_modules", "frozen_and_trainable", "has_lora", "lora_config_of", "lora_delta", "lora_param_count",
+           "check_train_fully", "dense_modules", "frozen_and_trainable", "in_train_fully", "has_lora", "lora_config_of", "lora_delta", "lora_param_count",
            "lora_shapes", "merge_lora", "target_paths", "LAYER_AXIS"]

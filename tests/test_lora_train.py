@@ -115,7 +115,14 @@ def test_merged_lora_run_exports_to_transformers_with_the_same_logits(base_dir, 
 
     from models.convert import main as convert_main
 
-    train(lora_config(base_dir, tmp_path / "data", steps=2, **{"lora.targets": "attention,mlp"}), tmp_path / "w")
+    # train_fully: the token table trains in full beside the adapters (PEFT's modules_to_save); merged on load.
+    train(lora_config(base_dir, tmp_path / "data", steps=2, **{"lora.targets": "attention,mlp",
+                                                               "lora.train_fully": "embeddings"}), tmp_path / "w")
+    step, meta = read_meta(tmp_path / "w")
+    assert meta["lora"]["train_fully"] == ["embeddings"]
+    base_table = np.asarray(models.from_pretrained(base_dir).transformer.decoder.embeddings.tokens.embedding[...])
+    table = np.asarray(models.from_pretrained(tmp_path / "w").transformer.decoder.embeddings.tokens.embedding[...])
+    assert np.abs(table - base_table).max() > 0
     assert convert_main([str(tmp_path / "w"), str(tmp_path / "hf"), "--to", "hf", "--no-progress"]) == 0
     hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
     with torch.no_grad():
@@ -126,7 +133,15 @@ def test_merged_lora_run_exports_to_transformers_with_the_same_logits(base_dir, 
                          "--no-progress"]) == 0
     written = json.loads((tmp_path / "peft" / "adapter_config.json").read_text())
     assert written["r"] == 4 and written["lora_alpha"] == 8.0 and written["peft_type"] == "LORA"
-    assert (tmp_path / "peft" / "adapter_model.safetensors").is_file()
+    assert written["modules_to_save"] == ["model.embed_tokens"]
+    # peft on transformers' base: the adapters and the fully trained table give our merged model's logits.
+    import peft
+
+    base = transformers.AutoModelForCausalLM.from_pretrained(base_dir).eval()
+    adapted = peft.PeftModel.from_pretrained(base, tmp_path / "peft").eval()
+    with torch.no_grad():
+        theirs = adapted(input_ids=torch.tensor(PROMPT, dtype=torch.long)).logits.numpy()
+    np.testing.assert_allclose(ours, theirs, atol=1e-4)
 
 
 @pytest.mark.parametrize("overrides, key, words", [
@@ -153,3 +168,7 @@ def test_a_target_matching_nothing_names_the_modules(base_dir, tmp_path):
     with pytest.raises(LoraError, match="'head' matches no projection") as info:
         Trainer(config, tmp_path / "w")
     assert "attention.query" in str(info.value)
+    config = lora_config(base_dir, tmp_path / "data", **{"lora.train_fully": "classifier"})
+    with pytest.raises(LoraError, match="'classifier' matches no module") as info:
+        Trainer(config, tmp_path / "w2")
+    assert "transformer.decoder.embeddings.tokens" in str(info.value)

@@ -6,13 +6,15 @@ qwix keeps ``A: [prod(in), r]`` and ``B: [r, prod(out)]``; PEFT's ``nn.Linear`` 
 output features are flattened in the order Hugging Face's weight uses (``(heads, head_dim)``). Query / key adapters of
 a model in the interleaved RoPE layout (a GGUF) get the base's permutation of their output features, as the base
 does when written. Projections that Hugging Face fuses (GPT-2's ``c_attn``) have no PEFT counterpart of the same
-rank: refused, naming them.
+rank: refused, naming them. Parameters trained in full beside the adapters (``lora.train_fully``) are written
+whole under their Hugging Face names, listed as ``modules_to_save`` (PEFT's layout for them).
 """
 
 from __future__ import annotations
 
 import json
 import pathlib
+from typing import Sequence
 
 import numpy as np
 from flax import nnx
@@ -24,7 +26,7 @@ from models.hub.files import PathLike
 from models.hub.pretrained import check_saveable, interleaved_to_half
 from models.hub.registry import family_of
 from models.layers.stack import unstack_layer_values
-from models.lora import adapter_tensors, lora_config_of
+from models.lora import adapter_tensors, in_train_fully, lora_config_of
 
 ADAPTER_WEIGHTS, ADAPTER_CONFIG = "adapter_model.safetensors", "adapter_config.json"
 TASK_TYPES = {GPTForCausalLM: "CAUSAL_LM", BertForSequenceClassification: "SEQ_CLS",
@@ -35,10 +37,12 @@ def _keys(path: str) -> tuple:
     return tuple(int(k) if k.isdigit() else k for k in path.split("."))
 
 
-def save_adapters(model: nnx.Module, path: PathLike, *, base_model: str = "") -> pathlib.Path:
+def save_adapters(model: nnx.Module, path: PathLike, *, base_model: str = "",
+                  train_fully: Sequence[str] = ()) -> pathlib.Path:
     """Write the LoRA adapters of ``model`` (``apply_lora``'s, e.g. ``models.checkpoint.load_adapted(WORKDIR)``) to
-    the directory ``path`` in PEFT's layout; ``base_model`` is recorded as ``base_model_name_or_path``. Returns the
-    directory."""
+    the directory ``path`` in PEFT's layout; ``base_model`` is recorded as ``base_model_name_or_path``.
+    ``train_fully``: the run's ``lora.train_fully`` patterns; the Hugging Face tensors of those modules are written
+    whole, as PEFT's ``modules_to_save``. Returns the directory."""
     from safetensors.numpy import save_file
 
     lora = lora_config_of(model)
@@ -70,7 +74,20 @@ def save_adapters(model: nnx.Module, path: PathLike, *, base_model: str = "") ->
                          f"adapter of rank {lora.rank} for them: {', '.join(fused[:4])}"
                          f"{' ...' if len(fused) > 4 else ''}; export the merged model instead (--to hf without "
                          "--adapters-only)")
-    tensors, modules = {}, []
+    tensors, modules, saved = {}, [], []
+    if train_fully:
+        full = {p: np.asarray(v.get_value(), np.float32)
+                for p, v in nnx.to_flat_state(nnx.state(model, nnx.All(nnx.Param, nnx.Not(nnx.LoRAParam))))}
+        full = unstack_layer_values(full, config.num_layers)
+        if model.config.position == "rope" and model.config.rope_layout == "interleaved":
+            interleaved_to_half(full, model.config)
+        wanted = {p for p in full if in_train_fully(p, train_fully)}
+        table = family.weights(config, cls, base).for_params(full)
+        for e in table.entries:
+            if all(p in wanted for p in e.paths):
+                tensors[f"base_model.model.{e.hf}"] = np.ascontiguousarray(
+                    e.transform.to_hf(*(full[p] for p in e.paths)))
+                saved.append(e.hf.rsplit(".", 1)[0])
     for p in sorted(kernels, key=str):
         module = hf_name[p].removesuffix(".weight")
         a = values[(*p, "kernel", "a")]
@@ -84,7 +101,7 @@ def save_adapters(model: nnx.Module, path: PathLike, *, base_model: str = "") ->
     adapter_config = {
         "peft_type": "LORA", "task_type": TASK_TYPES.get(cls, "FEATURE_EXTRACTION"), "r": int(lora.rank),
         "lora_alpha": float(lora.alpha), "lora_dropout": 0.0, "bias": "none", "fan_in_fan_out": False,
-        "target_modules": modules, "modules_to_save": None, "base_model_name_or_path": base_model,
+        "target_modules": modules, "modules_to_save": sorted(set(saved)) or None, "base_model_name_or_path": base_model,
         "inference_mode": True, "init_lora_weights": True, "use_rslora": False, "use_dora": False,
     }
     (directory / ADAPTER_CONFIG).write_text(json.dumps(adapter_config, indent=2) + "\n")
