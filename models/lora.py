@@ -44,8 +44,9 @@ TARGET_PATTERNS = {
     "up": r"(^|\.)mlp\.up$",
     "gate": r"(^|\.)mlp\.gate$",
     "down": r"(^|\.)mlp\.down$",
-    # Projections above the layer stack: a BERT pooler / MLM transform, a classifier, an untied LM head.
-    "head": r"^(?!.*(^|\.)layers(\.|$)).+$",
+    # Modules outside the shared stack (its embeddings, layers and final norm): a BERT pooler, an MLM head (transform,
+    # norm, vocabulary bias), a classifier, an untied LM head.
+    "head": r"^(?!.*(^|\.)(embeddings|layers|final_norm)(\.|$)).+$",
 }
 BASE_DTYPES = ("float32", "bfloat16", "int8")
 LORA_A, LORA_B = "kernel_lora_a", "kernel_lora_b"

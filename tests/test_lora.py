@@ -217,3 +217,25 @@ def test_frozen_base_in_int8_or_bfloat16(scan, base_dtype):
         assert all(float(jnp.abs(g).max()) > 0 for g in jax.tree.leaves(grads)), base_dtype
         model = nnx.merge(graphdef, params, rest)
         np.testing.assert_allclose(np.asarray(merge_lora(model)(IDS)), np.asarray(model(IDS)), atol=2e-5)
+
+
+def test_train_fully_names_select_the_head_or_the_embeddings():
+    from models import BertForMaskedLM
+    from models.lora import frozen_and_trainable, in_train_fully
+
+    def modules(model, names):
+        return sorted({".".join(map(str, p[:-1])) for p, _ in nnx.to_flat_state(nnx.state(model, nnx.Param))
+                       if in_train_fully(p, names)})
+
+    mlm = create_model(get_preset("bert-tiny"), BertForMaskedLM)
+    assert modules(mlm, ("head",)) == ["decoder", "transform", "transform_norm"]
+    clf = create_model(get_preset("bert-tiny"), BertForSequenceClassification)
+    assert modules(clf, ("head",)) == ["bert.pooler", "classifier"]
+    gpt = create_model(get_preset("gpt2-tiny"))
+    assert modules(gpt, ("embeddings",)) == ["transformer.decoder.embeddings.positions",
+                                             "transformer.decoder.embeddings.tokens"]
+    adapted_clf = apply_lora(clf, LoraConfig(rank=2, alpha=2.0))
+    trained = nnx.state(adapted_clf, frozen_and_trainable(("head",)))
+    names = {".".join(map(str, p)) for p, _ in nnx.to_flat_state(trained)}
+    assert {"classifier.kernel", "classifier.bias", "bert.pooler.kernel"} <= names
+    assert all("lora" in n or n.startswith(("classifier", "bert.pooler")) for n in names)
