@@ -79,8 +79,8 @@ class Summary:
     cpu_peak_flops: float | None = None
     flops_per_token: float | None = None
     param_count: int | None = None
-    trainable_count: int | None = None
-    initial_eval: dict[str, float] | None = None  # eval_at_start: before the first step  # LoRA: the adapters (and lora.train_fully's parameters); else param_count
+    trainable_count: int | None = None  # LoRA: the adapters (and lora.train_fully's parameters); else param_count
+    initial_eval: dict[str, float] | None = None  # eval_at_start: before the first step
     compile_s: float | None = None
     wall_s: float | None = None
     sample: str | None = None
@@ -428,7 +428,7 @@ class Trainer:
         objective = self.cfg.objective
         accum = self.cfg.optim.accum_steps
         chunk = self.cfg.precision.loss_chunk
-        rest_sharding = self.rest_shardings
+        rest_sharding = self.rest_shardings  # replicated, or (LoRA) the frozen base sharded like parameters
         train_step = make_train_step(self.graphdef, tx, self.schedule, objective=objective, accum_steps=accum,
                                      loss_chunk=chunk, micro_batch_sharding=self.batch_sharding if accum > 1 else None,
                                      grad_shardings=param_shardings if accum > 1 else None)
