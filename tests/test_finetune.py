@@ -464,3 +464,81 @@ def test_a_flaxzoo_mlm_workdir_starts_a_classifier(tmp_path, data_dir, csv_files
     summary = finetuner.run()
     assert summary.steps == 6 and 0.0 <= summary.metrics["macro_f1"] <= 1.0
     assert len(models.load_tokenizer(tmp_path / "work").get_vocab()) == len(models.load_tokenizer(mlm).get_vocab())
+
+
+# ------------------------------------------------------------------------------------------------------ LoRA
+def test_a_lora_finetune_trains_only_the_adapters_and_the_head(tmp_path, data_dir, tiny_encoder, minilm_dir,
+                                                               csv_files):
+    """``lora.rank`` > 0: the trained state is the adapters on attention + MLP and the fresh pooler + classifier
+    (with ``freeze_steps`` and layer-wise LR decay on); the saved checkpoint is the merged classifier, whose encoder is
+    the pretrained one (read back through transformers) plus ``A·B·alpha/rank`` on the adapted kernels only."""
+    from models.lora import LORA_A, LORA_B
+
+    cfg = finetune_config(data_dir, tiny_encoder, minilm_dir, csv_files["train"], epochs=1, freeze_steps=2,
+                          **{"lora.rank": 4, "lora.alpha": 8.0, "data.test_path": str(csv_files["test"])})
+    assert cfg.fully_trained and cfg.optim.layer_decay == 0.9
+    finetuner = Finetuner(cfg, tmp_path / "work")
+    initial_head = np.asarray(finetuner.params["classifier"]["kernel"])  # (the run donates the arrays it trains)
+    summary = finetuner.run()
+    trained = {".".join(map(str, k)): v for k, v in flat_leaves(finetuner.state["params"]).items()}
+    adapted = {k.rsplit(".", 1)[0] for k in trained if k.endswith((LORA_A, LORA_B))}
+    assert adapted == {f"bert.encoder.layers.{i}.{m}" for i in range(2) for m in
+                       ("attention.query", "attention.key", "attention.value", "attention.out", "mlp.up", "mlp.down")}
+    head = {k for k in trained if not k.endswith((LORA_A, LORA_B))}
+    assert head == {"bert.pooler.kernel", "bert.pooler.bias", "classifier.kernel", "classifier.bias"}
+    # No optimizer state for the base: Adam's moments are the trained tensors' shapes, nothing else.
+    moments = sorted(x.shape for x in jax.tree.leaves(finetuner.state["opt_state"]) if x.ndim)
+    assert moments == sorted([v.shape for v in trained.values()] * 2)
+    assert all(np.any(trained[f"{m}.{LORA_B}"]) for m in adapted)  # B starts at zero: every adapter trained
+    assert not np.allclose(trained["classifier.kernel"], initial_head)
+    assert summary.steps == 6  # (a random tiny encoder learns little in 6 steps: the real MiniLM's run is measured)
+    # The checkpoint: a plain classifier (no adapters) equal to the pretrained encoder + the adapters' update.
+    merged = models.from_pretrained(tmp_path / "work")
+    assert isinstance(merged, BertForSequenceClassification) and not models.lora.has_lora(merged)
+    hf = transformers.BertModel.from_pretrained(tiny_encoder).state_dict()
+    encoder = merged.bert.encoder
+    np.testing.assert_array_equal(encoder.embeddings.tokens.embedding.get_value(),
+                                  hf["embeddings.word_embeddings.weight"].numpy())  # frozen, bit for bit
+    np.testing.assert_array_equal(np.asarray(encoder.layers[1].mlp_norm.scale.get_value()),
+                                  hf["encoder.layer.1.output.LayerNorm.weight"].numpy())
+    np.testing.assert_array_equal(np.asarray(encoder.layers[0].attention.query.bias.get_value()).ravel(),
+                                  hf["encoder.layer.0.attention.self.query.bias"].numpy())
+    scale = 8.0 / 4
+    for name, hf_name in [("attention.query", "attention.self.query"), ("mlp.down", "output.dense")]:
+        kernel = np.asarray(getattr(getattr(encoder.layers[0], name.split(".")[0]), name.split(".")[1])
+                            .kernel.get_value())
+        a, b = trained[f"bert.encoder.layers.0.{name}.{LORA_A}"], trained[f"bert.encoder.layers.0.{name}.{LORA_B}"]
+        base = hf[f"encoder.layer.0.{hf_name}.weight"].numpy().T  # torch keeps [out, in]
+        np.testing.assert_allclose(kernel.reshape(base.shape), base + (a @ b) * scale, rtol=1e-6, atol=1e-6)
+    np.testing.assert_array_equal(merged.classifier.kernel.get_value(), trained["classifier.kernel"])
+    # The merged checkpoint predicts what the adapted model predicts.
+    ids, mask = models.text.pad_batch(finetuner.encoded["test"], 0, limit=32)
+    np.testing.assert_allclose(np.asarray(jax.nn.softmax(merged(jnp.asarray(ids), jnp.asarray(mask)), axis=-1)),
+                               finetuner.probabilities("test"), atol=2e-5)
+
+
+def flat_leaves(tree) -> dict[tuple, np.ndarray]:
+    return {tuple(getattr(k, "key", k) for k in path): np.asarray(leaf)
+            for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
+@pytest.mark.parametrize("changes, match", [
+    ({"lora.rank": -1}, "lora.rank: -1: expected an integer >= 0"),
+    ({"lora.rank": 8, "lora.targets": "attention,gate"},
+     "lora.targets: LoRA target 'gate' matches no projection of this BertForSequenceClassification"),
+    ({"lora.rank": 8, "lora.train_fully": "decoder"},
+     "lora.train_fully: 'decoder' matches no module of this BertForSequenceClassification"),
+    ({"lora.rank": 8, "lora.train_fully": "pooler"},
+     "lora.train_fully: 'pooler' leaves the new classifier frozen at its random initialisation"),
+    ({"lora.rank": 0, "lora.targets": "attention"}, "lora.rank: 0 turns LoRA off, but lora.targets is set"),
+])
+def test_bad_lora_settings_are_refused_with_one_clear_error(changes, match, tmp_path, data_dir, tiny_encoder,
+                                                            minilm_dir, csv_files):
+    with pytest.raises(ConfigError, match=match):
+        Finetuner(finetune_config(data_dir, tiny_encoder, minilm_dir, csv_files["train"], **changes), tmp_path / "w")
+
+
+def test_lora_on_a_random_encoder_is_refused(data_dir, minilm_dir, csv_files):
+    with pytest.raises(ConfigError, match="lora.rank: 8: LoRA adapts a pretrained encoder, but init_from='scratch'"):
+        finetune_config(data_dir, "scratch", minilm_dir, csv_files["train"], **{"lora.rank": 8,
+                                                                              "model.preset": "bert-tiny"})

@@ -21,6 +21,14 @@ Keys (``--config.KEY=VALUE``):
   loss scaling, and float16 gradients underflow without it.
 - ``data.*``: :class:`ClassifyDataConfig`; ``vocab.*``: :class:`VocabConfig`; ``model.*``: for ``"scratch"`` only,
   as in pre-training (``train.config.model_fields``)
+- ``lora.*``: LoRA, as in pre-training (``train.config.LoraSettings``: ``rank`` 0 = off, ``alpha``, ``targets``,
+  ``base_dtype``, ``train_fully``): the encoder stays frozen (no gradients, no optimizer state) and low-rank
+  adapters train on ``targets`` (default ``attention,mlp``). The fresh pooler and classifier always need training:
+  ``train_fully`` "" means ``head`` here, and ``head`` in ``train_fully`` names exactly those two modules (every
+  parameter outside the encoder, :data:`HEAD_MODULES`), not the embeddings. ``optim.layer_decay`` scales the
+  adapters by their layer as it scales the weights; ``freeze_steps`` trains the head alone first, then the adapters
+  (both work with LoRA). Refused with LoRA: ``init_from="scratch"`` (a random encoder has nothing to adapt). The
+  checkpoint holds the merged classifier (``models.lora.merge_lora``): a plain model, loaded as any other.
 - ``compilation_cache``, ``compilation_cache_dir``
 """
 
@@ -35,19 +43,19 @@ from ml_collections import ConfigDict
 from models import TransformerConfig
 from models.text import TRUNCATION_STRATEGIES
 from models.config import REMAT_POLICIES
-from train.config import (BOOL, TEXT, ConfigError, OptimConfig, Section, Spec, checked, choice, compilation_cache_path,
-                          execution_defaults, integer, model_fields, model_from_values, number, section_dict)
+from train.config import (BOOL, TEXT, ConfigError, LoraSettings, OptimConfig, Section, Spec, checked, choice,
+                          compilation_cache_path, execution_defaults, integer, model_fields, model_from_values,
+                          names_list, number, section_dict)
 from train.data.config import default_data_dir
 from train.finetune.data import SOURCES
 
 TASK = "classify"
 SCRATCH = "scratch"
 CLASS_WEIGHTS = ("none", "balanced")
-
-
-def names_list(text: str) -> tuple[str, ...]:
-    """``"a, b,c"`` → ``("a", "b", "c")`` (empty items dropped)."""
-    return tuple(item.strip() for item in text.split(",") if item.strip())
+# The classifier head of a BertForSequenceClassification as a module-path regular expression: every module outside
+# the encoder (``bert.pooler``, ``classifier``); what ``lora.train_fully`` "head" (its default) trains in full.
+HEAD_MODULES = r"^(?!(.*\.)?encoder(\.|$)).+$"
+HEAD = "head"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,6 +136,7 @@ class FinetuneConfig(Section):
     data: ClassifyDataConfig
     vocab: VocabConfig
     model: TransformerConfig | None  # "scratch" only
+    lora: LoraSettings = dataclasses.field(default_factory=LoraSettings)
     task: str = checked(TASK, choice(TASK))
     init_from: str = checked("", TEXT)
     tokenizer: str = checked("", TEXT)
@@ -149,7 +158,7 @@ class FinetuneConfig(Section):
     compilation_cache: bool = checked(True, BOOL)
     compilation_cache_dir: str = checked("", TEXT)
 
-    SECTIONS: ClassVar[tuple[str, ...]] = ("optim", "data", "vocab", "model")
+    SECTIONS: ClassVar[tuple[str, ...]] = ("optim", "data", "vocab", "model", "lora")
 
     def _validate(self) -> None:
         if self.compute_dtype == "float16":
@@ -168,6 +177,18 @@ class FinetuneConfig(Section):
             raise ConfigError("optim.warmup_steps", f"{self.optim.warmup_steps} and warmup_ratio="
                                                     f"{self.warmup_ratio} are both set; expected one of them (the "
                                                     "other 0)")
+        if self.lora.enabled and self.init_from == SCRATCH:
+            raise ConfigError("lora.rank", f"{self.lora.rank}: LoRA adapts a pretrained encoder, but init_from="
+                                           f"'scratch' starts from random weights; expected lora.rank=0 (train every "
+                                           "parameter) or a pretrained init_from")
+
+    @property
+    def fully_trained(self) -> tuple[str, ...]:
+        """With LoRA, the module-path regular expressions trained in full beside the adapters: ``lora.train_fully``
+        ("" = ``head``), ``head`` standing for :data:`HEAD_MODULES` (the pooler and classifier); () without LoRA."""
+        if not self.lora.enabled:
+            return ()
+        return tuple(HEAD_MODULES if name == HEAD else name for name in (self.lora.fully_trained or (HEAD,)))
 
     def resolved_dtype(self) -> str:
         if self.compute_dtype != "auto":
@@ -215,6 +236,7 @@ class FinetuneConfig(Section):
         optim = OptimConfig.from_values(values.get("optim", {}))
         data = ClassifyDataConfig.from_values(values.get("data", {}))
         vocab = VocabConfig.from_values(values.get("vocab", {}))
+        lora = LoraSettings.from_values(values.get("lora", {}))
         model = None
         model_values = values.get("model", {})
         if top.get("init_from") == SCRATCH:
@@ -225,7 +247,7 @@ class FinetuneConfig(Section):
                 raise ConfigError(f"model.{given[0]}", f"{model_values[given[0]]!r} is set but init_from="
                                                        f"{top.get('init_from', '')!r} loads its architecture from the "
                                                        "checkpoint; model.* applies to init_from='scratch' only")
-        return cls(optim=optim, data=data, vocab=vocab, model=model, **top)
+        return cls(optim=optim, data=data, vocab=vocab, model=model, lora=lora, **top)
 
 
 def base_config() -> ConfigDict:
@@ -238,5 +260,6 @@ def base_config() -> ConfigDict:
     c.data = section_dict(ClassifyDataConfig)
     c.vocab = section_dict(VocabConfig)
     c.model = model_fields("")
+    c.lora = section_dict(LoraSettings)
     return c
 

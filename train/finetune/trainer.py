@@ -8,10 +8,13 @@ text classifier.
 4. train for ``epochs`` over the shuffled training split: AdamW with global-norm clipping, a warmup + decay schedule,
    layer-wise LR decay, the head alone for ``freeze_steps`` steps (its own compiled step: no backward pass through
    the encoder), class weights; batches padded to a multiple of 8 tokens (``models.text.pad_batch``: few compiled
-   shapes), the last batch of an epoch completed with rows of weight 0 (no example dropped, one shape);
+   shapes), the last batch of an epoch completed with rows of weight 0 (no example dropped, one shape). With LoRA
+   (``lora.rank`` > 0) the trained state holds the adapters and the head (pooler + classifier) only: the encoder's
+   weights are frozen in ``rest`` (no gradient, no optimizer state), as in pre-training (``train/loop.py``);
 5. score the held-out test split once, at the end (it never selects anything), and write ``WORKDIR/eval/``
    (``report.py``), ``WORKDIR/metrics.jsonl`` (the training curve), the tokenizer and a flaxzoo checkpoint that
-   ``models.from_pretrained(WORKDIR)`` loads as the classifier.
+   ``models.from_pretrained(WORKDIR)`` loads as the classifier (with LoRA: the merged classifier,
+   ``models.lora.merge_lora``, a plain model: no base to find at load time).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import importlib.util
 import json
 import math
 import pathlib
+import re
 import sys
 import time
 import warnings
@@ -34,10 +38,13 @@ from tqdm.auto import tqdm
 
 from models import BertForSequenceClassification, from_pretrained, load_tokenizer
 from models.checkpoint import find_step_dir, save_checkpoint
+from models.lora import LoraError, apply_lora, frozen_and_trainable, merge_lora
+from models.modeling import dotted, format_names
 from models.text import encode_for_classification, pad_batch
 from train import sharding as shardlib
+from train.config import ConfigError
 from train.finetune import vocab as vocablib
-from train.finetune.config import SCRATCH, FinetuneConfig
+from train.finetune.config import HEAD, HEAD_MODULES, SCRATCH, FinetuneConfig
 from train.finetune.data import LabelledSplit, load_labelled, stratified_split
 from train.finetune.report import scores, write_report
 from train.loop import setup_compilation_cache
@@ -210,6 +217,10 @@ class Finetuner:
             raise ValueError(f"data.max_len={self.max_len} exceeds the model's {positions} positions; expected at "
                              f"most {positions}")
         self.config = config
+        self.lora = cfg.lora.spec()
+        if self.lora is not None:  # a target or a train_fully entry that selects nothing: stop before any compile
+            self._check_lora(nnx.eval_shape(lambda: self._adapted(
+                BertForSequenceClassification(config, rngs=nnx.Rngs(0)))))
         self.encoded = {split: encode_for_classification(self.tokenizer, texts, max_length=self.max_len,
                                                          truncation=cfg.data.truncation,
                                                          head_tokens=cfg.data.head_tokens)
@@ -241,20 +252,65 @@ class Finetuner:
         return report
 
     # ------------------------------------------------------------------------------------------------- state
+    def _adapted(self, model: BertForSequenceClassification) -> BertForSequenceClassification:
+        """``model`` with the adapters of ``lora.*`` (changed in place); their errors on ``lora.FIELD``."""
+        try:
+            return apply_lora(model, self.lora, seed=self.cfg.seed)
+        except LoraError as exc:
+            raise ConfigError(f"lora.{exc.field}", str(exc)) from None
+
+    def _trainable(self) -> nnx.filterlib.Filter:
+        """What the optimizer updates: every parameter, or (LoRA) the adapters and ``cfg.fully_trained``'s modules."""
+        return frozen_and_trainable(self.cfg.fully_trained) if self.lora is not None else nnx.Param
+
+    def _check_lora(self, abstract: nnx.Module) -> None:
+        """Refuse (``ConfigError``) a ``lora.train_fully`` entry that is no regular expression or selects no module
+        of the adapted ``abstract`` classifier, and settings that leave the fresh classifier untrained."""
+        modules = sorted({dotted(path[:-1]) for path, _ in nnx.to_flat_state(nnx.state(abstract, nnx.Param))})
+        for name in self.cfg.lora.fully_trained:
+            try:
+                pattern = re.compile(HEAD_MODULES if name == HEAD else name)
+            except re.error as exc:
+                raise ConfigError("lora.train_fully", f"{name!r} is neither 'head' nor a valid regular expression: "
+                                                      f"{exc}") from None
+            if not any(pattern.search(m) for m in modules):
+                raise ConfigError("lora.train_fully", f"{name!r} matches no module of this "
+                                                      f"{type(abstract).__name__}; expected 'head' (the pooler and "
+                                                      f"classifier) or a regular expression over its module paths: "
+                                                      f"{format_names(modules, limit=40)}")
+        trained = nnx.to_pure_dict(nnx.state(abstract, self._trainable()))
+        if "classifier" not in trained:
+            raise ConfigError("lora.train_fully", f"{self.cfg.lora.train_fully!r} leaves the new classifier frozen at "
+                                                  "its random initialisation; expected it to include 'head' (or '' "
+                                                  "for the default 'head', or lora.targets to adapt 'head')")
+
+    def _split_classifier(self) -> tuple[nnx.GraphDef, dict[str, Any], Any]:
+        """``(graphdef, trained parameters, rest)`` of the classifier holding ``self.params``: ``rest`` has the RNG
+        streams and, with LoRA, the frozen base weights (the trained parameters are then the adapters and the head)."""
+        config, seed = self.config, self.cfg.seed
+        abstract = nnx.eval_shape(lambda: BertForSequenceClassification(config, rngs=nnx.Rngs(0)))
+        graphdef, _, _ = nnx.split(abstract, nnx.Param, ...)
+        rest = jax.jit(lambda: nnx.split(BertForSequenceClassification(config, rngs=nnx.Rngs(seed)),
+                                         nnx.Param, ...)[2])()
+        params = jax.tree.map(jnp.asarray, self.params)
+        if self.lora is None:
+            return graphdef, params, rest
+        model = self._adapted(nnx.merge(graphdef, params, rest))
+        graphdef, trained, rest = nnx.split(model, self._trainable(), ...)
+        return graphdef, nnx.to_pure_dict(trained), rest
+
     def _build(self, steps: int) -> None:
         cfg, config = self.cfg, self.config
-        abstract = nnx.eval_shape(lambda: BertForSequenceClassification(config, rngs=nnx.Rngs(0)))
-        self.graphdef, _, _ = nnx.split(abstract, nnx.Param, ...)
         seed = cfg.seed
-        self.rest = jax.jit(lambda: nnx.split(BertForSequenceClassification(config, rngs=nnx.Rngs(seed)),
-                                              nnx.Param, ...)[2])()
+        self.graphdef, trained, self.rest = self._split_classifier()
+        self.trained_count = sum(x.size for x in jax.tree.leaves(trained))
         warmup = round(cfg.warmup_ratio * steps) if cfg.warmup_ratio else cfg.optim.warmup_steps
         optim = dataclasses.replace(cfg.optim, warmup_steps=warmup)
         if cfg.freeze_steps >= steps:
             raise ValueError(f"freeze_steps={cfg.freeze_steps} is not less than the run's {steps} steps ({cfg.epochs} "
                              "epochs): the encoder would never train; expected fewer steps (or more epochs)")
         freeze = cfg.freeze_steps
-        self.tx, self.schedule = make_finetune_optimizer(optim, steps, self.params, config.num_layers,
+        self.tx, self.schedule = make_finetune_optimizer(optim, steps, trained, config.num_layers,
                                                          freeze_steps=freeze, is_head=is_head,
                                                          head_lr=cfg.head_lr or None)
         devices = jax.devices()
@@ -262,7 +318,8 @@ class Finetuner:
         self.mesh = shardlib.make_mesh((rows_axis, 1, 1), devices[:rows_axis])
         self.replicated = shardlib.replicated(self.mesh)
         self.batch_sharding = shardlib.batch_sharding(self.mesh)
-        params = jax.device_put(jax.tree.map(jnp.asarray, self.params), self.replicated)
+        params = jax.device_put(trained, self.replicated)
+        self.rest = jax.device_put(self.rest, self.replicated)
         self.state = {"params": params, "opt_state": jax.jit(self.tx.init, out_shardings=self.replicated)(params),
                       "step": jnp.zeros((), jnp.int32), "rng": jax.random.key_data(jax.random.key(seed))}
         self.state = jax.device_put(self.state, self.replicated)
@@ -299,8 +356,11 @@ class Finetuner:
         steps_per_epoch = -(-len(self.encoded["train"]) // cfg.batch_size)
         steps = cfg.epochs * steps_per_epoch
         self._build(steps)
+        total = sum(x.size for x in jax.tree.leaves(self.params))
+        lora = (f" (LoRA rank {self.lora.rank} on {','.join(self.lora.targets)}, alpha {self.lora.alpha:g}: "
+                f"{self.trained_count:,} trained, {100 * self.trained_count / total:.2f}%)" if self.lora else "")
         say(f"model: BertForSequenceClassification from {cfg.init_from or 'the packaged all-MiniLM-L6-v2'}, "
-            f"{sum(x.size for x in jax.tree.leaves(self.params)):,} parameters, {self.config.num_labels} labels, "
+            f"{total:,} parameters{lora}, {self.config.num_labels} labels, "
             f"compute {self.config.dtype}, remat {self.config.remat}, scan_layers {self.config.scan_layers}; "
             f"{cfg.epochs} epochs x {steps_per_epoch} steps of {cfg.batch_size}"
             + (f"; head alone for the first {self.freeze_steps} steps" if self.freeze_steps else ""))
@@ -359,9 +419,12 @@ class Finetuner:
                                train_s=train_s)
 
     def _save(self, steps: int) -> None:
-        """The classifier as a flaxzoo checkpoint at the last step, and its tokenizer."""
+        """The classifier as a flaxzoo checkpoint at the last step (LoRA: merged, a plain classifier), and its
+        tokenizer."""
         params = jax.device_get(self.state["params"])
         model = nnx.merge(self.graphdef, jax.tree.map(np.asarray, params), self.rest)
+        if self.lora is not None:
+            model = merge_lora(model)
         model.eval()
         save_checkpoint(model, self.workdir, step=steps, train_config=self.cfg.to_json_dict())
         self.tokenizer.save(str(self.workdir / "tokenizer.json"))
