@@ -437,6 +437,8 @@ def test_flops_convention_for_gpt2():
     n = param_count(config) - 1024 * 768  # the learned position table is a lookup
     assert flops.matmul_params(config) == n
     assert flops.flops_per_token(config, 1024) == 6 * n + 12 * 12 * 1024 * 768
+    # A frozen base (LoRA): its weights cost the forward and the backward to the activations only.
+    assert flops.flops_per_token(config, 1024, trained=1000) == 4 * n + 6 * 1000 + 12 * 12 * 1024 * 768
 
 
 def test_peak_table():

@@ -68,10 +68,16 @@ def matmul_params(config: TransformerConfig, cls: type | None = None) -> int:
     return total
 
 
-def flops_per_token(config: TransformerConfig, seq_len: int, cls: type | None = None) -> float:
-    """Training FLOPs per token: ``6 N + 12 L T d`` (see the module docstring)."""
+def flops_per_token(config: TransformerConfig, seq_len: int, cls: type | None = None, *,
+                    trained: int | None = None) -> float:
+    """Training FLOPs per token: ``6 N + 12 L T d`` (see the module docstring). ``trained``: the number of trained
+    parameters when the base is frozen (LoRA): the frozen weights cost their forward and the backward to the
+    activations, ``4 N``, the trained ones ``6`` each: ``4 N + 6 N_trained + 12 L T d``."""
     d_attn = config.num_heads * config.head_dim
-    return 6.0 * matmul_params(config, cls) + 12.0 * config.num_layers * seq_len * d_attn
+    attention = 12.0 * config.num_layers * seq_len * d_attn
+    if trained is None:
+        return 6.0 * matmul_params(config, cls) + attention
+    return 4.0 * matmul_params(config, cls) + 6.0 * trained + attention
 
 
 def peak_flops(device: jax.Device) -> float | None:

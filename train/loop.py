@@ -585,7 +585,8 @@ class Trainer:
         train_step = self._train_step.lower(state, rest, abstract_batch,
                                             jax.ShapeDtypeStruct((), jnp.bool_, sharding=self.replicated)).compile()
         summary.compile_s = time.perf_counter() - compile_start
-        flops_per_token = flopslib.flops_per_token(self.model_config, cfg.seq_len, self.model_cls)
+        flops_per_token = flopslib.flops_per_token(self.model_config, cfg.seq_len, self.model_cls,
+                                                   trained=self.trainable_count if self.lora else None)
         peak, peak_source = flopslib.device_peak(self.devices)
         summary.flops_per_token = flops_per_token
         if self.devices[0].platform == "cpu":
@@ -594,7 +595,7 @@ class Trainer:
                    if self.trainable_count != self.param_count else "")
         _say(f"model: {self.model_cls.__name__}, {self.param_count:,} parameters{trained}, "
              f"{flops_per_token / 1e6:.2f} MFLOP "
-             f"per token (6N + 12LTd); peak {peak / 1e9:.1f} GFLOP/s ({peak_source}); train step compiled in "
+             f"per token ({'4N + 6N_trained' if self.lora else '6N'} + 12LTd); peak {peak / 1e9:.1f} GFLOP/s ({peak_source}); train step compiled in "
              f"{summary.compile_s:.1f} s")
 
         writer = MetricsWriter(self.workdir, start)
