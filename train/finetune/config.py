@@ -24,8 +24,9 @@ Keys (``--config.KEY=VALUE``):
 - ``lora.*``: LoRA, as in pre-training (``train.config.LoraSettings``: ``rank`` 0 = off, ``alpha``, ``targets``,
   ``base_dtype``, ``train_fully``): the encoder stays frozen (no gradients, no optimizer state) and low-rank
   adapters train on ``targets`` (default ``attention,mlp``). The fresh pooler and classifier always need training:
-  ``train_fully`` "" means ``head`` here, and ``head`` in ``train_fully`` names exactly those two modules (every
-  parameter outside the encoder, :data:`HEAD_MODULES`), not the embeddings. ``optim.layer_decay`` scales the
+  ``train_fully`` "" means ``head`` here (``models.lora``'s name for the modules outside the encoder's embeddings
+  and layers: the pooler and the classifier), and a setting that leaves the classifier frozen is refused.
+  ``optim.layer_decay`` scales the
   adapters by their layer as it scales the weights; ``freeze_steps`` trains the head alone first, then the adapters
   (both work with LoRA). Refused with LoRA: ``init_from="scratch"`` (a random encoder has nothing to adapt). The
   checkpoint holds the merged classifier (``models.lora.merge_lora``): a plain model, loaded as any other.
@@ -52,10 +53,9 @@ from train.finetune.data import SOURCES
 TASK = "classify"
 SCRATCH = "scratch"
 CLASS_WEIGHTS = ("none", "balanced")
-# The classifier head of a BertForSequenceClassification as a module-path regular expression: every module outside
-# the encoder (``bert.pooler``, ``classifier``); what ``lora.train_fully`` "head" (its default) trains in full.
-HEAD_MODULES = r"^(?!(.*\.)?encoder(\.|$)).+$"
-HEAD = "head"
+# What LoRA fine-tuning trains in full when lora.train_fully is "": models.lora's "head", the modules outside the
+# encoder's embeddings and layers (for a BertForSequenceClassification: bert.pooler and classifier).
+DEFAULT_TRAIN_FULLY = ("head",)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -184,11 +184,11 @@ class FinetuneConfig(Section):
 
     @property
     def fully_trained(self) -> tuple[str, ...]:
-        """With LoRA, the module-path regular expressions trained in full beside the adapters: ``lora.train_fully``
-        ("" = ``head``), ``head`` standing for :data:`HEAD_MODULES` (the pooler and classifier); () without LoRA."""
+        """With LoRA, what trains in full beside the adapters: ``lora.train_fully``'s names / module-path regular
+        expressions, "" meaning :data:`DEFAULT_TRAIN_FULLY` (the pooler and classifier); () without LoRA."""
         if not self.lora.enabled:
             return ()
-        return tuple(HEAD_MODULES if name == HEAD else name for name in (self.lora.fully_trained or (HEAD,)))
+        return self.lora.fully_trained or DEFAULT_TRAIN_FULLY
 
     def resolved_dtype(self) -> str:
         if self.compute_dtype != "auto":

@@ -24,7 +24,6 @@ import importlib.util
 import json
 import math
 import pathlib
-import re
 import sys
 import time
 import warnings
@@ -38,13 +37,12 @@ from tqdm.auto import tqdm
 
 from models import BertForSequenceClassification, from_pretrained, load_tokenizer
 from models.checkpoint import find_step_dir, save_checkpoint
-from models.lora import LoraError, apply_lora, frozen_and_trainable, merge_lora
-from models.modeling import dotted, format_names
+from models.lora import LoraError, apply_lora, check_train_fully, frozen_and_trainable, merge_lora
 from models.text import encode_for_classification, pad_batch
 from train import sharding as shardlib
 from train.config import ConfigError
 from train.finetune import vocab as vocablib
-from train.finetune.config import HEAD, HEAD_MODULES, SCRATCH, FinetuneConfig
+from train.finetune.config import SCRATCH, FinetuneConfig
 from train.finetune.data import LabelledSplit, load_labelled, stratified_split
 from train.finetune.report import scores, write_report
 from train.loop import setup_compilation_cache
@@ -253,31 +251,22 @@ class Finetuner:
 
     # ------------------------------------------------------------------------------------------------- state
     def _adapted(self, model: BertForSequenceClassification) -> BertForSequenceClassification:
-        """``model`` with the adapters of ``lora.*`` (changed in place); their errors on ``lora.FIELD``."""
+        """``model`` with the adapters of ``lora.*`` (changed in place); a target or a ``train_fully`` entry that
+        selects nothing is a ``ConfigError`` on ``lora.FIELD``."""
         try:
-            return apply_lora(model, self.lora, seed=self.cfg.seed)
+            model = apply_lora(model, self.lora, seed=self.cfg.seed)
+            check_train_fully(model, self.cfg.fully_trained)
         except LoraError as exc:
             raise ConfigError(f"lora.{exc.field}", str(exc)) from None
+        return model
 
     def _trainable(self) -> nnx.filterlib.Filter:
         """What the optimizer updates: every parameter, or (LoRA) the adapters and ``cfg.fully_trained``'s modules."""
         return frozen_and_trainable(self.cfg.fully_trained) if self.lora is not None else nnx.Param
 
     def _check_lora(self, abstract: nnx.Module) -> None:
-        """Refuse (``ConfigError``) a ``lora.train_fully`` entry that is no regular expression or selects no module
-        of the adapted ``abstract`` classifier, and settings that leave the fresh classifier untrained."""
-        modules = sorted({dotted(path[:-1]) for path, _ in nnx.to_flat_state(nnx.state(abstract, nnx.Param))})
-        for name in self.cfg.lora.fully_trained:
-            try:
-                pattern = re.compile(HEAD_MODULES if name == HEAD else name)
-            except re.error as exc:
-                raise ConfigError("lora.train_fully", f"{name!r} is neither 'head' nor a valid regular expression: "
-                                                      f"{exc}") from None
-            if not any(pattern.search(m) for m in modules):
-                raise ConfigError("lora.train_fully", f"{name!r} matches no module of this "
-                                                      f"{type(abstract).__name__}; expected 'head' (the pooler and "
-                                                      f"classifier) or a regular expression over its module paths: "
-                                                      f"{format_names(modules, limit=40)}")
+        """Refuse (``ConfigError``) LoRA settings that leave the fresh classifier of the adapted ``abstract`` model
+        frozen at its random initialisation."""
         trained = nnx.to_pure_dict(nnx.state(abstract, self._trainable()))
         if "classifier" not in trained:
             raise ConfigError("lora.train_fully", f"{self.cfg.lora.train_fully!r} leaves the new classifier frozen at "
