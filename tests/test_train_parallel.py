@@ -77,3 +77,35 @@ def test_gradient_accumulation_on_sharded_meshes_equals_one_device(data_dir, tmp
     for mesh, result in json.loads(out.read_text()).items():
         assert result["max_loss_diff"] < 1e-5 and result["max_param_diff"] < 1e-5, (mesh, result)
         assert any("fsdp" in spec for spec in result["param_specs"]), mesh
+
+
+@pytest.fixture(scope="session")
+def tiny_base_dir(tmp_path_factory, data_dir) -> str:
+    """A tiny pretrained Llama-layout base with its BPE tokenizer (``train_helper.tiny_base``), for LoRA runs."""
+    from train_helper import tiny_base
+
+    return str(tiny_base(tmp_path_factory.mktemp("tiny_base"), data_dir))
+
+
+def test_three_lora_steps_on_sharded_meshes_equal_one_device(data_dir, tiny_base_dir, tmp_path):
+    """LoRA (``configs/lora_smollm2.py`` on a tiny base): the adapters' losses and values after 3 steps on (8,1,1),
+    (2,4,1) and (2,2,2) equal one device's; the adapters (the whole trained state) are split over fsdp and tensor as
+    their base kernels are, and so is the frozen base."""
+    out = tmp_path / "lora.json"
+    meshes = [[8, 1, 1], [2, 4, 1], [2, 2, 2]]
+    run_helper("parity", 8, kind="lora", data_dir=data_dir, workdir=str(tmp_path / "w"), meshes=meshes, steps=3,
+               out=str(out), extra={"init_from": tiny_base_dir})
+    report = json.loads(out.read_text())
+    assert sorted(report) == sorted("x".join(map(str, m)) for m in meshes)
+    for mesh, result in report.items():
+        assert result["max_loss_diff"] < 1e-5 and result["max_param_diff"] < 1e-5, (mesh, result)
+        names = result["param_names"]  # the trained state: adapters only, on every attention and MLP projection
+        assert names and all(n.endswith(("kernel_lora_a", "kernel_lora_b")) for n in names), names
+        assert len(names) == 2 * 2 * 7  # 2 layers x (query, key, value, out, up, gate, down) x (A, B)
+        assert {n for n in result["moved"] if n.endswith("kernel_lora_b")} == \
+            {n for n in names if n.endswith("kernel_lora_b")}  # every B left zero
+    assert any("fsdp" in spec for spec in report["2x4x1"]["param_specs"])
+    assert any("tensor" in spec for spec in report["2x2x2"]["param_specs"])
+    assert not any("fsdp" in spec or "tensor" in spec for spec in report["8x1x1"]["param_specs"])
+    assert any("fsdp" in spec for spec in report["2x4x1"]["rest_specs"])  # the frozen base: sharded too
+    assert any("tensor" in spec for spec in report["2x2x2"]["rest_specs"])

@@ -3,7 +3,9 @@
 Usage: python tests/train_helper.py COMMAND ARGS_JSON
   parity   {"kind", "data_dir", "workdir", "meshes": [[d, f, t], ...], "steps", "out", "extra": {key: value}}
            the losses and parameters after ``steps`` steps on a one-device mesh and on each mesh; writes the largest
-           differences to ``out`` (JSON). Needs as many devices as the largest mesh.
+           differences, the trained parameters' names and the specs of their shardings and of the frozen ``rest``'s
+           to ``out`` (JSON). Needs as many devices as the largest mesh. ``kind="lora"`` needs
+           ``extra["init_from"]``: a base written by :func:`tiny_base`.
   save     {"kind", "data_dir", "workdir", "mesh", "steps", "out"}: train ``steps`` steps on ``mesh``, checkpoint,
            write the state to ``out`` (.npz)
   restore  {"kind", "data_dir", "workdir", "mesh", "out"}: restore the latest checkpoint onto ``mesh``, write the
@@ -24,22 +26,49 @@ sys.path.insert(0, str(REPO))
 
 # A tiny model and a small tokenizer: compiles in a second or two, 40 steps take a few seconds.
 TINY_MODEL = {"hidden_size": 32, "num_layers": 2, "num_heads": 4, "intermediate_size": 64, "vocab_size": 512}
+CONFIG_FILES = {"gpt": "default.py", "bert": "bert_tiny.py", "lora": "lora_smollm2.py"}
+TINY_BASE_VOCAB = 512  # the tiny LoRA base's vocabulary (model and tokenizer)
 
 
 def overrides(kind: str, data_dir: str, **extra: Any) -> dict[str, Any]:
-    """Dotted config keys → values for a tiny run of ``kind`` ("gpt" | "bert") on the embedded corpus."""
-    values: dict[str, Any] = {f"model.{k}": v for k, v in TINY_MODEL.items()}
+    """Dotted config keys → values for a tiny run of ``kind`` ("gpt" | "bert" | "lora") on the embedded corpus.
+    "lora" (``configs/lora_smollm2.py``) sets no ``model.*`` key: the model is ``init_from``'s (give it in ``extra``:
+    a :func:`tiny_base` directory)."""
+    values: dict[str, Any] = {} if kind == "lora" else {f"model.{k}": v for k, v in TINY_MODEL.items()}
     values.update({
         "seq_len": 32, "batch_size": 8, "steps": 40, "log_every": 1, "eval_every": 0, "eval_batches": 2,
         "checkpoint_every": 5, "keep_checkpoints": 3, "optim.warmup_steps": 5, "optim.lr": 3e-3,
         "data.data_dir": data_dir, "data.tokenizer_max_docs": 1500, "sample.max_new_tokens": 8,
     })
+    if kind == "lora":
+        values.update({"eval_at_start": False, "optim.lr": 1e-2, "optim.warmup_steps": 1, "lora.rank": 4,
+                       "sample.max_new_tokens": 0})
     values.update(extra)
     return values
 
 
 def config_file(kind: str) -> str:
-    return str(REPO / "configs" / ("default.py" if kind == "gpt" else "bert_tiny.py"))
+    return str(REPO / "configs" / CONFIG_FILES[kind])
+
+
+def tiny_base(directory: str | os.PathLike, data_dir: str, seed: int = 0) -> pathlib.Path:
+    """A tiny pretrained base for LoRA runs (``init_from``): a random Llama-layout model (``llama-tiny`` with a
+    vocabulary of :data:`TINY_BASE_VOCAB`) written by ``models.save_pretrained`` as a Hugging Face directory, and
+    beside it, as ``tokenizer.json``, the byte-level BPE tokenizer the tiny GPT runs train on the embedded corpus
+    (``train.data.build_tokenizer``, cached in ``data_dir``: the LoRA runs then share the GPT runs' packed data)."""
+    import models
+    from train.config import TrainConfig
+    from train.data import build_tokenizer
+
+    directory = pathlib.Path(directory)
+    data = TrainConfig.from_config_dict(make_config("gpt", data_dir), 1).data
+    tokenizer = build_tokenizer(data)
+    if tokenizer.vocab_size > TINY_BASE_VOCAB:
+        raise ValueError(f"the tokenizer has {tokenizer.vocab_size} tokens, more than the base's {TINY_BASE_VOCAB}")
+    model = models.create_model(models.get_preset("llama-tiny").replace(vocab_size=TINY_BASE_VOCAB), seed=seed)
+    models.save_pretrained(model, directory)
+    tokenizer.save(directory / "tokenizer.json")
+    return directory
 
 
 def as_flags(kind: str, values: dict[str, Any]) -> list[str]:
@@ -104,6 +133,7 @@ def main(command: str, args: dict[str, Any]) -> None:
 
     if command == "parity":
         reference = Trainer(_mesh_config(args, (1, 1, 1)), args["workdir"], devices=jax.devices()[:1])
+        initial = flat_state(reference.initial_state()[0]["params"])  # what each parameter starts from
         ref_state, ref_losses = run_steps(reference, args["steps"])
         ref_params = flat_state(ref_state["params"])
         report = {}
@@ -117,7 +147,9 @@ def main(command: str, args: dict[str, Any]) -> None:
                 "losses": losses, "reference_losses": ref_losses,
                 "max_loss_diff": max(abs(a - b) for a, b in zip(losses, ref_losses)),
                 "max_param_diff": max(float(np.max(np.abs(params[k] - ref_params[k]))) for k in ref_params),
-                "param_specs": sorted(specs),
+                "param_specs": sorted(specs), "param_names": sorted(params),
+                "moved": sorted(k for k in params if np.any(params[k] != initial[k])),
+                "rest_specs": sorted({str(s.spec) for s in jax.tree.leaves(trainer.rest_shardings)}),
             }
         pathlib.Path(args["out"]).write_text(json.dumps(report, indent=1))
     elif command == "save":
