@@ -542,3 +542,28 @@ def test_lora_on_a_random_encoder_is_refused(data_dir, minilm_dir, csv_files):
     with pytest.raises(ConfigError, match="lora.rank: 8: LoRA adapts a pretrained encoder, but init_from='scratch'"):
         finetune_config(data_dir, "scratch", minilm_dir, csv_files["train"], **{"lora.rank": 8,
                                                                               "model.preset": "bert-tiny"})
+
+
+def test_layer_decay_and_freezing_act_on_the_adapters_as_on_the_weights():
+    """With LoRA the optimizer sees the adapters and the head: an adapter of layer i learns at lr · decay^(L+1-i),
+    and stays still while the head trains alone (``freeze_steps``)."""
+    from models.lora import LoraConfig, apply_lora, frozen_and_trainable
+
+    config = get_preset("bert-tiny", num_labels=3)
+    model = apply_lora(BertForSequenceClassification(config, rngs=nnx.Rngs(0)), LoraConfig(rank=2, alpha=4.0))
+    params = nnx.to_pure_dict(nnx.state(model, frozen_and_trainable(("head",))))
+    grads = jax.tree.map(lambda p: jnp.full_like(p, 0.5), params)
+    optim = OptimConfig(lr=1e-3, warmup_steps=0, schedule="constant", weight_decay=0.0, grad_clip=0.0,
+                        layer_decay=0.5)
+    (update,) = first_updates(optim, params, grads)
+    frozen = first_updates(optim, params, grads, freeze_steps=1, updates=1)
+    expected = {"layers.0": 1e-3 * 0.5 ** 2, "layers.1": 1e-3 * 0.5, "pooler": 1e-3, "classifier": 1e-3}
+    seen = set()
+    for (path, value), still in zip(jax.tree_util.tree_flatten_with_path(update)[0], jax.tree.leaves(frozen[0])):
+        name = ".".join(str(getattr(p, "key", p)) for p in path)
+        group = next(g for g in expected if f".{g}." in f".{name}.")
+        seen.add(group)
+        np.testing.assert_allclose(np.asarray(value), -expected[group], rtol=1e-4, err_msg=name)
+        assert np.any(still) == (group in ("pooler", "classifier")), name  # the head alone in the frozen step
+    assert seen == set(expected) and any("kernel_lora_a" in str(p) for p, _ in
+                                         jax.tree_util.tree_flatten_with_path(update)[0])

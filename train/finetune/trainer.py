@@ -391,6 +391,7 @@ class Finetuner:
                                            class_weights(self.data.labels["train"], len(self.data.label_names),
                                                          cfg.class_weights).round(4).tolist())),
                  "vocabulary": self.vocabulary, "steps": steps, "epochs": cfg.epochs, "train_s": round(train_s, 2),
+                 "trained_parameters": int(self.trained_count),
                  "wall_s": round(wall_s, 2), "backend": jax.default_backend(), "config": cfg.to_json_dict()}
         if "validation" in self.encoded:
             validation = scores(self.data.labels["validation"], self.probabilities("validation").argmax(-1),
