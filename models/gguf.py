@@ -22,7 +22,7 @@ from typing import Any, Iterator, Mapping
 
 import numpy as np
 
-__all__ = ["GGUFFile", "SUPPORTED_GGUF_ARCHITECTURES", "is_gguf"]
+__all__ = ["GGUFFile", "GGUFTensor", "SUPPORTED_GGUF_ARCHITECTURES", "is_gguf"]
 
 SUPPORTED_GGUF_ARCHITECTURES = ("llama",)
 MAGIC = b"GGUF"
@@ -128,6 +128,41 @@ class GGUFFile:
                 raise ValueError(f"{self.path}: tensor {t.name} has the unsupported GGUF type {t.tensor_type.name}: "
                                  f"{exc}") from exc
             yield t.name, values.reshape(shape)
+
+    def lazy_tensors(self, *, progress: bool = False) -> dict[str, "GGUFTensor"]:
+        """``{name: GGUFTensor}`` for every tensor: its shape now, its float32 values (``np.asarray(t)``, the array
+        ``tensors()`` yields) only when asked, so a loader can hold one dequantised tensor at a time. Unsupported
+        storage types are reported (all of them, by name) here, before anything is dequantised."""
+        self.check_tensor_types()
+        bar = None
+        if progress:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=len(self._reader.tensors), desc=f"dequantising {self.path.name}", unit="tensor")
+        return {t.name: GGUFTensor(self, t, bar) for t in self._reader.tensors}
+
+
+class GGUFTensor:
+    """One tensor of a GGUF file, dequantised to float32 (``[out, in]`` for a projection) on each ``np.asarray``."""
+
+    def __init__(self, file: GGUFFile, tensor: Any, bar: Any = None):
+        self.file, self._tensor, self._bar = file, tensor, bar
+        self.name = tensor.name
+        self.shape = tuple(int(d) for d in reversed(tensor.shape))
+        self.dtype = np.dtype(np.float32)
+
+    def __repr__(self) -> str:
+        return f"GGUFTensor({self.name!r}, shape={self.shape}, {self._tensor.tensor_type.name})"
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        try:
+            values = _dequantize(_gguf_module(), self._tensor.data, self._tensor.tensor_type).reshape(self.shape)
+        except NotImplementedError as exc:
+            raise ValueError(f"{self.file.path}: tensor {self.name} has the unsupported GGUF type "
+                             f"{self._tensor.tensor_type.name}: {exc}") from exc
+        if self._bar is not None:
+            self._bar.update(1)
+        return values if dtype is None else values.astype(dtype, copy=False)
 
 
 # Storage types that hold plain numbers rather than quantised blocks, read with a numpy view.

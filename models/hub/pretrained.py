@@ -31,10 +31,14 @@ Overrides = dict[str, Any]  # override_config's keyword arguments
 
 
 def load_tensors(config: TransformerConfig, factory: Callable[..., nnx.Module], weights: WeightMap,
-                 tensors: dict[str, np.ndarray], where: str, seed: int) -> nnx.Module:
+                 tensors: dict[str, Any], where: str, seed: int, quantize: str | None = None) -> nnx.Module:
     """Check ``tensors`` against the table ``weights`` (names, shapes), translate them, and build the model; the
     head tensors the checkpoint lacks are initialised (at ``seed``) and listed in one warning. The checkpoint holds
-    ``config.vocab_size`` vocabulary rows; a padded model (``config.pad_vocab_to``) gets zero padding rows."""
+    ``config.vocab_size`` vocabulary rows; a padded model (``config.pad_vocab_to``) gets zero padding rows.
+
+    ``tensors`` values are arrays or anything ``np.asarray`` turns into one (a GGUF tensor is dequantised only
+    then), each read once. ``quantize`` (``models.quantize``): each projection is quantised as soon as it is
+    translated, so the float projections of the whole model are never held at once."""
     abstract = abstract_params(config, factory)
     shapes = per_layer_shapes(abstract[2], config.num_layers)
     vocab = vocab_axes(abstract[1])
@@ -44,19 +48,31 @@ def load_tensors(config: TransformerConfig, factory: Callable[..., nnx.Module], 
     lacking = match_tensors(tensors, weights, expected_hf_shapes(weights, hf_shapes), where)
     values: dict[ParamPath, Any] = {}
     fresh: list[ParamPath] = []
+    quantized = None
+    if quantize is not None:
+        from models.quantize import QuantizedAssembly
+
+        quantized = QuantizedAssembly(config, factory, quantize, seed=seed)
     for e in weights.entries:
         if e.hf in lacking:
             fresh += e.paths
         else:
-            values.update(zip(e.paths, e.transform.to_flax(tensors.pop(e.hf))))
+            translated = zip(e.paths, e.transform.to_flax(np.asarray(tensors.pop(e.hf))))
+            if quantized is None:
+                values.update(translated)
+            else:
+                for path, value in translated:
+                    values.update(quantized.quantize_value(path, value))
     if lacking:
         warn_initialised(where, lacking, seed)
     values = resize_vocab_values(values, vocab, config.padded_vocab_size)
+    if quantized is not None:
+        return quantized.assemble(values, fresh=fresh)
     return assemble_model(config, factory, values, abstract=abstract, fresh=fresh, seed=seed)
 
 
 def from_hf_directory(directory: pathlib.Path, cls: type | str | None, allow_pickle: bool, progress: bool,
-                      overrides: Overrides, seed: int) -> nnx.Module:
+                      overrides: Overrides, seed: int, quantize: str | None = None) -> nnx.Module:
     """A Hugging Face directory: ``config.json`` and its weights."""
     hf = read_config(directory)
     family, model_cls = family_and_class(hf, cls)
@@ -73,12 +89,13 @@ def from_hf_directory(directory: pathlib.Path, cls: type | str | None, allow_pic
         tensors = {name: t for name, t in tensors.items() if name.startswith(prefix)}
     return load_tensors(config, family.factory(model_cls, tensors.keys(), base),
                         family.weights(config, model_cls, base), tensors,
-                        f"{directory} ({family.model_type}, flaxzoo {model_cls.__name__})", seed)
+                        f"{directory} ({family.model_type}, flaxzoo {model_cls.__name__})", seed, quantize)
 
 
 def from_gguf(file: pathlib.Path, cls: type | str | None, progress: bool, overrides: Overrides,
-              seed: int) -> nnx.Module:
-    """A Llama-architecture GGUF: config from its metadata, dequantised tensors through the GGUF name table."""
+              seed: int, quantize: str | None = None) -> nnx.Module:
+    """A Llama-architecture GGUF: config from its metadata, dequantised tensors through the GGUF name table, one
+    tensor at a time (``GGUFFile.lazy_tensors``)."""
     from models.gguf import GGUFFile, llama_hf_config
 
     gguf_file = GGUFFile(file)
@@ -86,15 +103,15 @@ def from_gguf(file: pathlib.Path, cls: type | str | None, progress: bool, overri
     family, model_cls = family_and_class(hf, cls)
     # llama.cpp stores Q and K rows in the interleaved RoPE pair layout: keep them, and rotate those pairs.
     config = override_config(family.config_from_hf(hf).replace(rope_layout="interleaved"), **overrides)
-    tensors = dict(gguf_file.tensors(progress=progress))
+    tensors = gguf_file.lazy_tensors(progress=progress)
     return load_tensors(config, model_cls, gguf_llama_weights(config, model_cls), tensors,
-                        f"{file} (GGUF {gguf_file.architecture}, flaxzoo {model_cls.__name__})", seed)
+                        f"{file} (GGUF {gguf_file.architecture}, flaxzoo {model_cls.__name__})", seed, quantize)
 
 
 def from_pretrained(path: PathLike, *, cls: type | str | None = None, allow_pickle: bool = False,
                     dtype: Any = None, revision: str | None = None, progress: bool = False,
                     scan_layers: bool | None = None, num_labels: int | None = None, pad_vocab_to: int | None = None,
-                    seed: int = 0) -> nnx.Module:
+                    seed: int = 0, quantize: str | None = None) -> nnx.Module:
     """Load a pretrained model (in eval mode) from a Hugging Face directory, a GGUF file, a flaxzoo training
     checkpoint, or a Hugging Face Hub id.
 
@@ -134,28 +151,42 @@ def from_pretrained(path: PathLike, *, cls: type | str | None = None, allow_pick
         ids masked; ``save_pretrained`` drops the padding again. None: the checkpoint's (1 = no padding for Hugging
         Face / GGUF sources).
       seed: the seed of the initialisers for head tensors the checkpoint lacks.
+      quantize: ``"int8"``: weight-only int8 inference through qwix (``models/quantize.py``). Every attention
+        query / key / value / out and MLP gate / up / down projection holds int8 weights with one float scale per
+        output channel (symmetric absmax); the activations stay float and each projection's int8 kernel is
+        dequantised inside its matmul. The embeddings, norms, biases, BERT's pooler and classifier / MLM heads and
+        the LM head stay float (a tied LM head reads the float embedding table, as the float model does). A GGUF
+        or Hugging Face source is quantised projection by projection as it is read (the float projections of the
+        whole model are never held); a flaxzoo checkpoint is loaded, then quantised. ``generate``, ``embed`` and
+        ``classify`` take the result as they take a float model; ``save_pretrained`` and training do not. None:
+        float weights.
 
     Raises:
       FileNotFoundError: a local path that does not exist; a Hub id neither downloadable nor in the cache.
       ValueError: unsupported model type / architecture / config feature / GGUF architecture or tensor type;
         missing, unexpected or mis-shaped tensors (each named); a pickle without ``allow_pickle``; a directory
-        holding no model (its contents are listed); a bad ``scan_layers`` / ``num_labels``.
+        holding no model (its contents are listed); a bad ``scan_layers`` / ``num_labels`` / ``quantize`` (another
+        value than ``"int8"`` or None).
 
     Special-token ids outside the vocabulary (``GPT2Config(vocab_size=1000)`` keeps GPT-2's 50256) are dropped with a
     warning: only generation uses them.
     """
+    from models.quantize import check_quantize, quantize_model
+
+    quantize = check_quantize(quantize)  # before anything is read
     source = resolve_pretrained(path, revision=revision)
     kind, source = checkpoint_kind(source)
     if kind == "flaxzoo":
         from models.checkpoint import load_checkpoint
 
-        return load_checkpoint(source, cls=cls, dtype=dtype, scan_layers=scan_layers, num_labels=num_labels,
-                               pad_vocab_to=pad_vocab_to, seed=seed)
+        model = load_checkpoint(source, cls=cls, dtype=dtype, scan_layers=scan_layers, num_labels=num_labels,
+                                pad_vocab_to=pad_vocab_to, seed=seed)
+        return model if quantize is None else quantize_model(model, quantize)
     overrides = dict(dtype=dtype, scan_layers=False if scan_layers is None else scan_layers, num_labels=num_labels,
                      pad_vocab_to=pad_vocab_to)
     if kind == "gguf":
-        return from_gguf(source, cls, progress, overrides, seed)
-    return from_hf_directory(source, cls, allow_pickle, progress, overrides, seed)
+        return from_gguf(source, cls, progress, overrides, seed, quantize)
+    return from_hf_directory(source, cls, allow_pickle, progress, overrides, seed, quantize)
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -203,6 +234,12 @@ def save_pretrained(model: nnx.Module, path: PathLike) -> pathlib.Path:
     if not isinstance(config, TransformerConfig):
         raise ValueError(f"save_pretrained expects a flaxzoo model (with a TransformerConfig .config); got "
                          f"{type(model).__name__}")
+    from models.quantize import is_quantized, module_at, projection_paths
+
+    quantized = [".".join(map(str, p)) for p in projection_paths(model) if is_quantized(module_at(model, p))]
+    if quantized:
+        raise ValueError(f"save_pretrained writes float weights; this model's projections are quantised "
+                         f"({len(quantized)} of them, e.g. {quantized[0]}): save the float model it came from")
     family = family_of(config.model_type)
     cls = type(model)
     architecture = family.hf_architecture(cls)

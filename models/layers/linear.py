@@ -57,7 +57,11 @@ class Dense(nnx.Module):
         if x.shape[x.ndim - n_in:] != self.in_shape:
             raise ValueError(f"Dense expected trailing shape {self.in_shape}, got input shape {x.shape}")
         contract = (tuple(range(x.ndim - n_in, x.ndim)), tuple(range(n_in)))
-        y = jax.lax.dot_general(x.astype(self.dtype), self.kernel[...].astype(self.dtype), (contract, ((), ())))
+        kernel = self.kernel
+        # A float kernel is an nnx.Param; a quantised one (models/quantize.py: qwix's ``WithAux`` of an int8 QArray)
+        # goes to dot_general whole, which qwix intercepts in a quantised Dense.
+        kernel = kernel[...].astype(self.dtype) if isinstance(kernel, nnx.Variable) else kernel
+        y = jax.lax.dot_general(x.astype(self.dtype), kernel, (contract, ((), ())))
         if self.bias is not None:
             y = y + self.bias[...].astype(self.dtype)
         return y

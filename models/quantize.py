@@ -1,0 +1,242 @@
+"""Weight-only int8 inference through qwix: the attention and MLP projections hold int8 weights.
+
+``quantize_model(model, "int8")`` replaces every attention query / key / value / out and MLP gate / up / down
+``Dense`` (``models/layers/linear.py``) by qwix's post-training-quantised version of it: the kernel becomes a
+``qwix WithAux`` holding a ``QArray`` of ``qvalue`` (int8, the kernel's shape ``in_shape + out_shape``) and ``scale``
+(float, ``[1, ..., 1, *out_shape]``: one symmetric absmax scale per output channel), and the module's class is swapped
+for one whose ``__call__`` qwix intercepts, so its ``jax.lax.dot_general`` takes the quantised kernel. Everything
+else stays in the model's float dtype: token / position embeddings, norms, biases, BERT's pooler and heads, and the
+LM head (a tied LM head reads the float embedding table; an untied one keeps its float kernel).
+
+Why per module: the layer stack runs every block as a pure function (``nnx.split`` / ``nnx.merge``, under
+``jax.checkpoint`` or ``lax.scan``), so qwix applied to the whole model would quantise a throw-away copy on every
+call and keep the float weights. Applied to each ``Dense`` eagerly, the int8 arrays are the model's own parameters;
+the swapped class travels in the graph definition, so ``nnx.split`` / ``merge``, ``jit``, ``lax.scan`` over stacked
+layers and every method (``__call__``, ``decode``) see the quantised projections.
+
+Stacked layers (``config.scan_layers``): each layer's slice is quantised as its own ``Dense`` and the slices are
+stacked again (``qvalue [num_layers, ...]``, ``scale [num_layers, 1, ..., *out]``, logical axis ``"layers"`` first).
+
+Loading (``from_pretrained(..., quantize="int8")``) never holds the float projections of the whole model:
+``QuantizedAssembly`` quantises each projection as it is read and builds the model from those int8 leaves and the
+float rest.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Collection, Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from models.layers.linear import Dense
+from models.layers.stack import LAYER_AXIS
+
+__all__ = ["QUANTIZE_TYPES", "PROJECTIONS", "check_quantize", "quantize_model", "quantize_dense", "is_quantized",
+           "module_at", "param_bytes", "projection_paths", "QuantizedAssembly"]
+
+# The accepted ``quantize`` values and the qwix weight type each means.
+QUANTIZE_TYPES = ("int8",)
+_QTYPES = {"int8": jnp.int8}
+
+# The quantised projections: (parent attribute, child attribute) in the block.
+PROJECTIONS: Mapping[str, tuple[str, ...]] = {"attention": ("query", "key", "value", "out"),
+                                              "mlp": ("gate", "up", "down")}
+# Where a quantised kernel's arrays sit below the Dense's ``kernel``.
+QVALUE, SCALE = ("array", "qvalue"), ("array", "scale")
+
+
+def check_quantize(quantize: Any) -> str | None:
+    """``quantize`` as given when it is None or one of ``QUANTIZE_TYPES``; ValueError naming it otherwise."""
+    if quantize is None or (isinstance(quantize, str) and quantize in QUANTIZE_TYPES):
+        return quantize
+    raise ValueError(f"quantize={quantize!r}: expected one of {list(QUANTIZE_TYPES)} (weight-only, per output "
+                     "channel) or None (float weights)")
+
+
+def _qwix():
+    try:
+        import qwix
+    except ImportError as exc:  # only quantised models need it
+        raise ImportError("quantize='int8' needs the qwix package: pip install qwix") from exc
+    return qwix
+
+
+def _provider(quantize: str):
+    qwix = _qwix()
+    rule = qwix.QuantizationRule(module_path=".*", weight_qtype=_QTYPES[quantize])
+    return qwix.PtqProvider([rule])
+
+
+def is_projection_path(path: tuple) -> bool:
+    """Whether a module path (``(..., "attention", "query")``, layer index or not) names a quantised projection."""
+    return len(path) >= 2 and str(path[-2]) in PROJECTIONS and str(path[-1]) in PROJECTIONS[str(path[-2])]
+
+
+def projection_paths(model: nnx.Module) -> list[tuple]:
+    """The module paths of the model's projections (the ``Dense`` modules ``quantize_model`` quantises)."""
+    return [tuple(path) for path, module in nnx.iter_modules(model)
+            if isinstance(module, Dense) and is_projection_path(tuple(path))]
+
+
+def is_quantized(dense: nnx.Module) -> bool:
+    """Whether a ``Dense`` holds a qwix-quantised kernel."""
+    return isinstance(dense, Dense) and not isinstance(dense.kernel, nnx.Variable)
+
+
+def _quantize_one(dense: Dense, quantize: str) -> Dense:
+    """qwix PTQ of one per-layer ``Dense`` (run once on a zero input; the kernel's values decide the scales)."""
+    qwix = _qwix()
+    dummy = jnp.zeros((1, *dense.in_shape), dense.dtype)
+    return qwix.quantize_model(dense, _provider(quantize), dummy)
+
+
+def _layer_slice(dense: Dense, i: int) -> Dense:
+    """Layer ``i`` of a stacked ``Dense`` as a per-layer one (its ``"layers"`` axis name dropped)."""
+    graphdef, state = nnx.split(dense)
+
+    def take(v: nnx.Variable) -> nnx.Variable:
+        out = v.replace(v.get_value()[i])
+        axes = v.get_metadata().get("out_sharding")
+        if axes is not None and axes and axes[0] == LAYER_AXIS:
+            out.set_metadata(out_sharding=tuple(axes[1:]))
+        return out
+
+    return nnx.merge(graphdef, jax.tree.map(take, state, is_leaf=lambda x: isinstance(x, nnx.Variable)))
+
+
+def quantize_dense(dense: Dense, quantize: str = "int8") -> Dense:
+    """The qwix-quantised counterpart of ``dense`` (a new module; ``dense`` is left as it is).
+
+    A stacked ``Dense`` (kernel ``[num_layers, *in_shape, *out_shape]``) is quantised layer by layer and stacked."""
+    from models.layers.stack import stack_modules
+
+    quantize = check_quantize(quantize)
+    if is_quantized(dense):
+        raise ValueError(f"this Dense is already quantised ({type(dense.kernel).__name__} kernel)")
+    kernel = dense.kernel.get_value()
+    per_layer_ndim = len(dense.in_shape) + len(dense.out_shape)
+    if kernel.ndim == per_layer_ndim:
+        return _quantize_one(dense, quantize)
+    if kernel.ndim != per_layer_ndim + 1:
+        raise ValueError(f"Dense kernel of shape {tuple(kernel.shape)}: expected {dense.in_shape + dense.out_shape} "
+                         "or a stacked [num_layers, ...] version of it")
+    return stack_modules([_quantize_one(_layer_slice(dense, i), quantize) for i in range(kernel.shape[0])])
+
+
+def module_at(model: nnx.Module, path: tuple) -> Any:
+    """The submodule of ``model`` at a module path (attribute names and ``nnx.List`` indices)."""
+    node = model
+    for key in path:
+        node = node[key] if isinstance(node, nnx.List) else getattr(node, str(key))
+    return node
+
+
+def quantize_model(model: nnx.Module, quantize: str = "int8") -> nnx.Module:
+    """Quantise ``model``'s attention and MLP projections in place (their float kernels are dropped); returns it.
+
+    ``quantize``: one of ``QUANTIZE_TYPES`` (``"int8"``: weight-only int8 with one absmax scale per output channel).
+    Embeddings, norms, biases, heads and the LM head stay float (see the module docstring). Raises ValueError for
+    another ``quantize``, a model with no projections, or one already quantised.
+    """
+    quantize = check_quantize(quantize)
+    if quantize is None:
+        raise ValueError("quantize=None: expected one of " + str(list(QUANTIZE_TYPES)))
+    paths = projection_paths(model)
+    if not paths:
+        raise ValueError(f"{type(model).__name__} has no attention / MLP projections to quantise")
+    for path in paths:
+        parent = module_at(model, path[:-1])
+        setattr(parent, str(path[-1]), quantize_dense(getattr(parent, str(path[-1])), quantize))
+    return model
+
+
+def param_bytes(model: nnx.Module) -> dict[str, int]:
+    """Bytes of the model's parameters: ``{"projections": ..., "other": ..., "total": ...}`` (int8 arrays count one
+    byte an entry; a quantised kernel's scales count with the projections)."""
+    projections = other = 0
+    for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
+        size = int(np.prod(var.get_value().shape)) * jnp.dtype(var.get_value().dtype).itemsize
+        module_path = tuple(path[:path.index("kernel")] if "kernel" in path else path[:-1])
+        if is_projection_path(module_path):
+            projections += size
+        else:
+            other += size
+    return {"projections": projections, "other": other, "total": projections + other}
+
+
+# ------------------------------------------------------------------------------------------------------------ loading
+class QuantizedAssembly:
+    """Builds a quantised model from a checkpoint read tensor by tensor, never holding all its float projections.
+
+    The structure comes from quantising an abstract model (``nnx.eval_shape``: nothing allocated), which also gives
+    each projection's qwix ``HowToQuantize`` (the one its PTQ ``Dense`` applies: per output channel, absmax).
+    ``quantize_value`` turns one translated parameter into the leaves the quantised model holds; ``assemble`` is the
+    counterpart of ``models.modeling.assemble_model``.
+    """
+
+    def __init__(self, config: Any, factory: Callable[..., nnx.Module], quantize: str = "int8", *, seed: int = 0):
+        self.config, self.factory, self.seed = config, factory, seed
+        self.quantize = check_quantize(quantize)
+        self.abstract = nnx.eval_shape(lambda: quantize_model(factory(config, rngs=nnx.Rngs(seed)), self.quantize))
+
+    def _dense(self, module_path: tuple) -> Dense:
+        if self.config.scan_layers and LAYER_AXIS in module_path:  # per-layer path, stacked model: drop the index
+            at = module_path.index(LAYER_AXIS)
+            module_path = module_path[:at + 1] + module_path[at + 2:]
+        return module_at(self.abstract, module_path)
+
+    def quantize_value(self, path: tuple, value: Any) -> dict[tuple, Any]:
+        """``{path: value}`` for a float parameter (per-layer flaxzoo path); for a projection kernel
+        ``[*in_shape, *out_shape]``: ``{path + ("array", "qvalue"): int8 [*in_shape, *out_shape],
+        path + ("array", "scale"): float [1, ..., 1, *out_shape]}`` (numpy)."""
+        if not (path and path[-1] == "kernel" and is_projection_path(tuple(path[:-1]))):
+            return {path: value}
+        how = self._dense(tuple(path[:-1])).kernel.how
+        scale_dtype = self._dense(tuple(path[:-1])).kernel.array.scale.get_value().dtype
+        qarray = _quantize_array(jnp.asarray(value, scale_dtype), how)
+        return {path + QVALUE: np.asarray(qarray.qvalue), path + SCALE: np.asarray(qarray.scale)}
+
+    def assemble(self, values: dict[tuple, Any], *, fresh: Collection[tuple] = ()) -> nnx.Module:
+        """The model (eval mode) holding ``values`` (per layer or stacked; the dict is emptied, each array released
+        once it is placed); ``fresh`` parameters (float heads a checkpoint lacks) get the model's initialisers at the
+        seed."""
+        from models.modeling import dotted, format_names, to_layer_layout
+
+        config, factory, seed = self.config, self.factory, self.seed
+        graphdef, params, _ = nnx.split(self.abstract, nnx.Param, ...)
+        flat_params = [(tuple(path), var) for path, var in nnx.to_flat_state(params)]
+        shapes = {path: var.get_value() for path, var in flat_params}
+        converted = to_layer_layout(values, shapes, config.num_layers)
+        values.clear()  # each array is released once it is placed, not when the caller returns
+        values = converted
+        fresh = set(fresh)
+        missing = sorted(dotted(p) for p in set(shapes) - set(values) - fresh)
+        if missing:
+            raise ValueError(f"no value for the parameters {format_names(missing)}")
+        for path, value in values.items():
+            if path in shapes and tuple(value.shape) != tuple(shapes[path].shape):
+                raise ValueError(f"parameter {dotted(path)}: expected shape {tuple(shapes[path].shape)}, got "
+                                 f"{tuple(value.shape)}")
+
+        def initial():
+            # Under jit the random initialisation of every parameter not asked for is compiled away.
+            _, new_params, rest = nnx.split(factory(config, rngs=nnx.Rngs(seed)), nnx.Param, ...)
+            return rest, {dotted(p): v.get_value() for p, v in nnx.to_flat_state(new_params) if tuple(p) in fresh}
+
+        rest, initialised = jax.jit(initial)()
+        flat = []
+        for path, var in flat_params:
+            value = initialised[dotted(path)] if path in fresh else values.pop(path)
+            flat.append((path, var.replace(jnp.asarray(value, dtype=var.get_value().dtype))))
+        model = nnx.merge(graphdef, nnx.from_flat_state(flat), rest)
+        model.eval()
+        return model
+
+
+def _quantize_array(value: jax.Array, how: Any) -> Any:
+    """qwix's quantisation of one kernel as ``how`` says (the public ``qwix.quantize``)."""
+    return _qwix().quantize(value, how.qtype, channelwise_axes=how.channelwise_axes, tiled_axes=how.tiled_axes,
+                            calibration_method=how.calibration_method)
