@@ -134,3 +134,27 @@ def test_bench_classify_serves_the_same_labels_as_transformers():
     assert result["label_agreement"] == 1.0 and result["headlines"] == 12
     for side in ("flaxzoo", "transformers"):
         assert result[side]["ms_per_headline_batch1"] > 0 and result[side]["headlines_per_s_batch64"] > 0
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--quantize", "int4"], "--quantize 'int4': expected one of int8"),
+    (["--quantize", "8"], "--quantize '8': expected one of int8"),
+    (["--batch", "0"], "--batch 0: expected a positive integer"),
+    (["--new-tokens", "-1"], "--new-tokens -1: expected a positive integer"),
+    (["--generate-repeats", "0"], "--generate-repeats 0: expected a positive integer"),
+    (["--compare", "transformers"], "smollm2_generate compares with llama.cpp"),
+])
+def test_bench_smollm2_generate_argument_errors(argv, message, capsys):
+    """``--work smollm2_generate``'s options: one clear error per bad value (nothing is loaded)."""
+    from train import bench
+
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--work", "smollm2_generate", *argv])
+    assert message in capsys.readouterr().err
+    for other in (["--work", "gpt_train", "--quantize", "int8"], ["--work", "gpt_generate", "--compare", "llama.cpp"]):
+        with pytest.raises(SystemExit):
+            bench.parse_args(other)
+        assert "only the smollm2_generate workload" in capsys.readouterr().err
+    args = bench.parse_args(["--work", "smollm2_generate", "--quantize", "int8", "--compare", "llama.cpp"])
+    assert (args.works, args.quantize, args.compare) == (("smollm2_generate",), "int8", "llama.cpp")
+    assert bench.smollm2_batches(args) == [1, 16]
