@@ -472,7 +472,7 @@ def test_a_lora_finetune_trains_only_the_adapters_and_the_head(tmp_path, data_di
     """``lora.rank`` > 0: the trained state is the adapters on attention + MLP and the fresh pooler + classifier
     (with ``freeze_steps`` and layer-wise LR decay on); the saved checkpoint is the merged classifier, whose encoder is
     the pretrained one (read back through transformers) plus ``A·B·alpha/rank`` on the adapted kernels only."""
-    from models.lora import LORA_A, LORA_B
+    from models.lora import LORA_A, LORA_B, has_lora
 
     cfg = finetune_config(data_dir, tiny_encoder, minilm_dir, csv_files["train"], epochs=1, freeze_steps=2,
                           **{"lora.rank": 4, "lora.alpha": 8.0, "data.test_path": str(csv_files["test"])})
@@ -494,7 +494,7 @@ def test_a_lora_finetune_trains_only_the_adapters_and_the_head(tmp_path, data_di
     assert summary.steps == 6  # (a random tiny encoder learns little in 6 steps: the real MiniLM's run is measured)
     # The checkpoint: a plain classifier (no adapters) equal to the pretrained encoder + the adapters' update.
     merged = models.from_pretrained(tmp_path / "work")
-    assert isinstance(merged, BertForSequenceClassification) and not models.lora.has_lora(merged)
+    assert isinstance(merged, BertForSequenceClassification) and not has_lora(merged)
     hf = transformers.BertModel.from_pretrained(tiny_encoder).state_dict()
     encoder = merged.bert.encoder
     np.testing.assert_array_equal(encoder.embeddings.tokens.embedding.get_value(),
