@@ -550,8 +550,10 @@ def test_layer_decay_and_freezing_act_on_the_adapters_as_on_the_weights():
     from models.lora import LoraConfig, apply_lora, frozen_and_trainable
 
     config = get_preset("bert-tiny", num_labels=3)
-    model = apply_lora(BertForSequenceClassification(config, rngs=nnx.Rngs(0)), LoraConfig(rank=2, alpha=4.0))
-    params = nnx.to_pure_dict(nnx.state(model, frozen_and_trainable(("head",))))
+    model = nnx.eval_shape(lambda: apply_lora(BertForSequenceClassification(config, rngs=nnx.Rngs(0)),
+                                              LoraConfig(rank=2, alpha=4.0)))
+    params = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype),  # (the values do not enter: no weight decay)
+                          nnx.to_pure_dict(nnx.state(model, frozen_and_trainable(("head",)))))
     grads = jax.tree.map(lambda p: jnp.full_like(p, 0.5), params)
     optim = OptimConfig(lr=1e-3, warmup_steps=0, schedule="constant", weight_decay=0.0, grad_clip=0.0,
                         layer_decay=0.5)
