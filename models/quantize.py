@@ -32,7 +32,7 @@ import numpy as np
 from flax import nnx
 
 from models.layers.linear import Dense
-from models.layers.stack import LAYER_AXIS
+from models.layers.stack import LAYER_AXIS, stack_modules
 
 __all__ = ["QUANTIZE_TYPES", "PROJECTIONS", "check_quantize", "quantize_model", "quantize_dense", "is_quantized",
            "module_at", "param_bytes", "projection_paths", "QuantizedAssembly"]
@@ -54,6 +54,13 @@ def check_quantize(quantize: Any) -> str | None:
         return quantize
     raise ValueError(f"quantize={quantize!r}: expected one of {list(QUANTIZE_TYPES)} (weight-only, per output "
                      "channel) or None (float weights)")
+
+
+def _required(quantize: Any) -> str:
+    """``quantize`` checked, None refused (a function that quantises needs a type)."""
+    if check_quantize(quantize) is None:
+        raise ValueError(f"quantize=None: expected one of {list(QUANTIZE_TYPES)}")
+    return quantize
 
 
 def _qwix():
@@ -111,9 +118,7 @@ def quantize_dense(dense: Dense, quantize: str = "int8") -> Dense:
     """The qwix-quantised counterpart of ``dense`` (a new module; ``dense`` is left as it is).
 
     A stacked ``Dense`` (kernel ``[num_layers, *in_shape, *out_shape]``) is quantised layer by layer and stacked."""
-    from models.layers.stack import stack_modules
-
-    quantize = check_quantize(quantize)
+    quantize = _required(quantize)
     if is_quantized(dense):
         raise ValueError(f"this Dense is already quantised ({type(dense.kernel).__name__} kernel)")
     kernel = dense.kernel.get_value()
@@ -141,9 +146,7 @@ def quantize_model(model: nnx.Module, quantize: str = "int8") -> nnx.Module:
     Embeddings, norms, biases, heads and the LM head stay float (see the module docstring). Raises ValueError for
     another ``quantize``, a model with no projections, or one already quantised.
     """
-    quantize = check_quantize(quantize)
-    if quantize is None:
-        raise ValueError("quantize=None: expected one of " + str(list(QUANTIZE_TYPES)))
+    quantize = _required(quantize)
     paths = projection_paths(model)
     if not paths:
         raise ValueError(f"{type(model).__name__} has no attention / MLP projections to quantise")
@@ -179,7 +182,7 @@ class QuantizedAssembly:
 
     def __init__(self, config: Any, factory: Callable[..., nnx.Module], quantize: str = "int8", *, seed: int = 0):
         self.config, self.factory, self.seed = config, factory, seed
-        self.quantize = check_quantize(quantize)
+        self.quantize = _required(quantize)
         self.abstract = nnx.eval_shape(lambda: quantize_model(factory(config, rngs=nnx.Rngs(seed)), self.quantize))
 
     def _dense(self, module_path: tuple) -> Dense:

@@ -220,6 +220,13 @@ def test_minilm_int8_embeddings_match_float32(minilm_dir):
     # The paraphrase ranking survives.
     similarity = vectors_q @ vectors_q.T
     assert similarity[0, 1] > 0.6 and similarity[0, 2] < 0.2
+    # Stacked layers, quantised as the safetensors are read: the same int8 weights, the same embeddings.
+    stacked = from_pretrained(minilm_dir, quantize="int8", scan_layers=True)
+    qvalue = nnx.state(stacked, nnx.Param)["encoder"]["layers"]["attention"]["out"]["kernel"]["array"]["qvalue"]
+    assert qvalue.get_value().shape == (6, 12, 32, 384) and qvalue.get_value().dtype == jnp.int8
+    np.testing.assert_array_equal(np.asarray(qvalue.get_value()[5]),
+                                  np.asarray(int8.encoder.layers[5].attention.out.kernel.array.qvalue[...]))
+    np.testing.assert_allclose(embed(stacked, tokenizer, SENTENCES), vectors_q, atol=1e-5)
 
 
 def test_minilm_int8_classifier_from_a_flaxzoo_checkpoint_both_layouts(minilm_dir, tmp_path):
@@ -249,6 +256,14 @@ def test_minilm_int8_classifier_from_a_flaxzoo_checkpoint_both_layouts(minilm_di
     np.testing.assert_allclose(probs_q.sum(-1), 1.0, atol=1e-5)
     np.testing.assert_allclose(probs_q, probs_f, atol=0.02)
     np.testing.assert_allclose(probs_s, probs_q, atol=1e-5)
+    # The Hugging Face directory loaded quantised as a classifier: the fresh head (float, same seed) and the int8
+    # encoder the checkpoint gives.
+    with pytest.warns(UserWarning, match="lacks"):
+        direct = from_pretrained(minilm_dir, cls=models.BertForSequenceClassification, num_labels=3, quantize="int8")
+    np.testing.assert_array_equal(np.asarray(direct.classifier.kernel[...]),
+                                  np.asarray(classifier.classifier.kernel[...]))
+    np.testing.assert_array_equal(np.asarray(direct.bert.encoder.layers[1].mlp.down.kernel.array.qvalue[...]),
+                                  np.asarray(per_layer.bert.encoder.layers[1].mlp.down.kernel.array.qvalue[...]))
     # quantize_model on the float classifier (in place) gives what the checkpoint loaded quantised holds.
     quantize_model(classifier)
     np.testing.assert_array_equal(np.asarray(classifier.bert.encoder.layers[2].attention.key.kernel.array.qvalue[...]),
