@@ -321,8 +321,8 @@ def check_train_fully(model: nnx.Module, train_fully: Iterable[str]) -> None:
     for name in train_fully:
         pattern = _pattern(name)
         if not any(pattern.search(m) for m in modules):
-            raise LoraError("train_fully", f"lora.train_fully {name!r} matches no module with parameters; the "
-                                           f"module paths: {format_names(modules, limit=40)}")
+            raise LoraError("train_fully", f"{name!r} matches no module with parameters; the module paths: "
+                                           f"{format_names(modules, limit=40)}")
 
 
 def in_train_fully(path: Sequence, train_fully: Iterable[str]) -> bool:

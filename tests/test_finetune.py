@@ -527,7 +527,7 @@ def flat_leaves(tree) -> dict[tuple, np.ndarray]:
     ({"lora.rank": 8, "lora.targets": "attention,gate"},
      "lora.targets: LoRA target 'gate' matches no projection of this BertForSequenceClassification"),
     ({"lora.rank": 8, "lora.train_fully": "decoder"},
-     "lora.train_fully: lora.train_fully 'decoder' matches no module with parameters; the module paths"),
+     "lora.train_fully: 'decoder' matches no module with parameters; the module paths"),
     ({"lora.rank": 8, "lora.train_fully": "pooler"},
      "lora.train_fully: 'pooler' leaves the new classifier frozen at its random initialisation"),
     ({"lora.rank": 0, "lora.targets": "attention"}, "lora.rank: 0 turns LoRA off, but lora.targets is set"),

@@ -159,13 +159,11 @@ def test_bad_lora_training_settings_are_one_clear_error(base_dir, tmp_path, over
 
 
 def test_a_target_matching_nothing_names_the_modules(base_dir, tmp_path):
-    from models.lora import LoraError
-
     config = lora_config(base_dir, tmp_path / "data", **{"lora.targets": "attention,head"})
-    with pytest.raises(LoraError, match="'head' matches no projection") as info:
+    with pytest.raises(ConfigError, match="lora.targets: LoRA target 'head' matches no projection") as info:
         Trainer(config, tmp_path / "w")
     assert "attention.query" in str(info.value)
     config = lora_config(base_dir, tmp_path / "data", **{"lora.train_fully": "classifier"})
-    with pytest.raises(LoraError, match="'classifier' matches no module") as info:
+    with pytest.raises(ConfigError, match="lora.train_fully: 'classifier' matches no module") as info:
         Trainer(config, tmp_path / "w2")
     assert "transformer.decoder.embeddings.tokens" in str(info.value)

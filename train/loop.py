@@ -38,7 +38,7 @@ from ml_collections import ConfigDict
 from tqdm.auto import tqdm
 
 from models.generate import generate
-from models.lora import apply_lora, check_train_fully, frozen_and_trainable
+from models.lora import LoraError, apply_lora, check_train_fully, frozen_and_trainable
 from models.modeling import abstract_model
 from train import data as datalib
 from train import flops as flopslib
@@ -383,9 +383,12 @@ class Trainer:
             model = cls(config, rngs=nnx.Rngs(seed))
             return apply_lora(model, lora, seed=seed) if lora else model
 
-        abstract = nnx.eval_shape(build) if lora else abstract_model(config, cls)
-        if lora:
-            check_train_fully(abstract, self.cfg.lora.fully_trained)
+        try:
+            abstract = nnx.eval_shape(build) if lora else abstract_model(config, cls)
+            if lora:
+                check_train_fully(abstract, self.cfg.lora.fully_trained)
+        except LoraError as exc:  # a target or train_fully entry this model lacks: reported on its config key
+            raise ConfigError(f"lora.{exc.field}", str(exc)) from None
         self.graphdef, abstract_params, abstract_rest = nnx.split(abstract, trainable, ...)
         logical = nnx.to_pure_dict(nnx.get_partition_spec(abstract_params))
         abstract_params = nnx.to_pure_dict(abstract_params)

