@@ -172,6 +172,19 @@ def warn_initialised(what: str, names: Collection[str], seed: int) -> None:
                   stacklevel=_stacklevel_outside_models())
 
 
+def check_values(values: Mapping[ParamPath, Any], shapes: Mapping[ParamPath, Any], fresh: Collection[ParamPath]
+                 ) -> None:
+    """ValueError unless ``values`` (in the model's layout) give every parameter of ``shapes`` but ``fresh`` its
+    shape."""
+    missing = sorted(dotted(p) for p in set(shapes) - set(values) - set(fresh))
+    if missing:
+        raise ValueError(f"no value for the parameters {format_names(missing)}")
+    for path, value in values.items():
+        if path in shapes and tuple(value.shape) != tuple(shapes[path].shape):
+            raise ValueError(f"parameter {dotted(path)}: expected shape {tuple(shapes[path].shape)}, got "
+                             f"{tuple(value.shape)}")
+
+
 def assemble_model(config: TransformerConfig, factory: Callable[..., nnx.Module], values: Mapping[ParamPath, Any],
                    *, abstract: AbstractParams | None = None, fresh: Collection[ParamPath] = (),
                    seed: int = 0) -> nnx.Module:
@@ -187,13 +200,7 @@ def assemble_model(config: TransformerConfig, factory: Callable[..., nnx.Module]
     graphdef, params, shapes = abstract or abstract_params(config, factory)
     values = to_layer_layout(values, shapes, config.num_layers)
     fresh = set(fresh)
-    missing = sorted(dotted(p) for p in set(shapes) - set(values) - fresh)
-    if missing:
-        raise ValueError(f"no value for the parameters {format_names(missing)}")
-    for path, value in values.items():
-        if path in shapes and tuple(value.shape) != tuple(shapes[path].shape):
-            raise ValueError(f"parameter {dotted(path)}: expected shape {tuple(shapes[path].shape)}, got "
-                             f"{tuple(value.shape)}")
+    check_values(values, shapes, fresh)
 
     def initial() -> tuple[nnx.State, dict[str, jax.Array]]:
         # Under jit the random initialisation of every parameter not asked for is compiled away.

@@ -206,7 +206,7 @@ class QuantizedAssembly:
         """The model (eval mode) holding ``values`` (per layer or stacked; the dict is emptied, each array released
         once it is placed); ``fresh`` parameters (float heads a checkpoint lacks) get the model's initialisers at the
         seed."""
-        from models.modeling import dotted, format_names, to_layer_layout
+        from models.modeling import check_values, dotted, to_layer_layout
 
         config, factory, seed = self.config, self.factory, self.seed
         graphdef, params, _ = nnx.split(self.abstract, nnx.Param, ...)
@@ -216,13 +216,7 @@ class QuantizedAssembly:
         values.clear()  # each array is released once it is placed, not when the caller returns
         values = converted
         fresh = set(fresh)
-        missing = sorted(dotted(p) for p in set(shapes) - set(values) - fresh)
-        if missing:
-            raise ValueError(f"no value for the parameters {format_names(missing)}")
-        for path, value in values.items():
-            if path in shapes and tuple(value.shape) != tuple(shapes[path].shape):
-                raise ValueError(f"parameter {dotted(path)}: expected shape {tuple(shapes[path].shape)}, got "
-                                 f"{tuple(value.shape)}")
+        check_values(values, shapes, fresh)
 
         def initial():
             # Under jit the random initialisation of every parameter not asked for is compiled away.
