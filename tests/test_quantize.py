@@ -12,11 +12,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
-from models.hub import packaged
 from flax import nnx
 
 import models
+from models.hub import packaged
 from models import embed, from_pretrained, generate_text, load_tokenizer, save_pretrained
 from models.checkpoint import save_checkpoint
 from models.quantize import (QUANTIZE_TYPES, check_quantize, is_quantized, module_at, param_bytes, projection_paths,
