@@ -20,6 +20,7 @@ import math
 import numbers
 import os
 import pathlib
+import warnings
 
 SMALL_VALUES = {"": False, "0": False, "false": False, "no": False, "1": True, "true": True, "yes": True}
 FIGURE_PREFIX = "[figure]"
@@ -57,6 +58,8 @@ def setup(name: str, *, cpu_devices: int | None = None) -> NotebookSetup:
     ``cpu_devices=N`` runs JAX on N simulated CPU devices instead of the accelerator (the sharding notebook): it must
     come before anything starts JAX's backends, so a kernel that already ran JAX is told to restart."""
     small = small_mode()
+    # tqdm.auto warns in a kernel without ipywidgets, then draws its text bar: the text bar is what we want.
+    warnings.filterwarnings("ignore", message="IProgress not found")
     import jax
     from jax._src import xla_bridge
 
