@@ -28,14 +28,12 @@ def scores(true: np.ndarray, predicted: np.ndarray, names: Sequence[str]) -> dic
 def plot_confusion_matrix(matrix: Sequence[Sequence[int]], names: Sequence[str], path: pathlib.Path,
                           title: str) -> None:
     """A PNG of ``matrix``: class names on both axes, the count in every cell."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure  # no pyplot: the caller's backend (a notebook's inline one) is left alone
 
     counts = np.asarray(matrix)
     size = max(4.0, 0.9 * len(names) + 2.0)
-    fig, ax = plt.subplots(figsize=(size, size * 0.9))
+    fig = Figure(figsize=(size, size * 0.9))
+    ax = fig.subplots()
     image = ax.imshow(counts, cmap="Blues")
     ax.set_xticks(range(len(names)), labels=names, rotation=45, ha="right")
     ax.set_yticks(range(len(names)), labels=names)
@@ -50,7 +48,6 @@ def plot_confusion_matrix(matrix: Sequence[Sequence[int]], names: Sequence[str],
     fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
-    plt.close(fig)
 
 
 def write_errors(path: pathlib.Path, texts: Sequence[str], true: np.ndarray, predicted: np.ndarray,
