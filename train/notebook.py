@@ -20,6 +20,7 @@ import math
 import numbers
 import os
 import pathlib
+import shutil
 import warnings
 
 SMALL_VALUES = {"": False, "0": False, "false": False, "no": False, "1": True, "true": True, "yes": True}
@@ -61,12 +62,17 @@ def setup(name: str, *, cpu_devices: int | None = None) -> NotebookSetup:
     # tqdm.auto warns in a kernel without ipywidgets, then draws its text bar: the text bar is what we want.
     warnings.filterwarnings("ignore", message="IProgress not found")
     import jax
-    from jax._src import xla_bridge
+
+    try:
+        from jax._src.xla_bridge import backends_are_initialized
+    except ImportError:  # a later jax moved it: then JAX itself refuses a device count set too late
+        def backends_are_initialized() -> bool:
+            return False
 
     if cpu_devices is not None:
         if not isinstance(cpu_devices, int) or isinstance(cpu_devices, bool) or cpu_devices < 1:
             raise ValueError(f"cpu_devices={cpu_devices!r}: expected a positive integer")
-        if xla_bridge.backends_are_initialized():
+        if backends_are_initialized():
             if jax.default_backend() != "cpu" or jax.device_count() != cpu_devices:
                 raise RuntimeError(f"JAX already started on {jax.device_count()} {jax.default_backend()} device(s); "
                                    f"restart the kernel to get {cpu_devices} simulated CPU devices")
@@ -79,6 +85,9 @@ def setup(name: str, *, cpu_devices: int | None = None) -> NotebookSetup:
     devices = jax.devices()
     workdir = pathlib.Path(os.environ.get("FLAXZOO_NOTEBOOK_RUNS", "notebook_runs")).resolve() / name
     workdir.mkdir(parents=True, exist_ok=True)
+    if backend == "cpu" and cpu_devices is None and shutil.which("nvidia-smi"):
+        print("note: this machine has an NVIDIA GPU but JAX runs on the CPU: pip install -U 'jax[cuda12]', then "
+              "restart the kernel")
     kinds = sorted({d.device_kind for d in devices})
     print(f"{name}: {'SMALL' if small else 'normal'} mode; JAX {jax.__version__} on {backend} "
           f"({len(devices)} x {', '.join(kinds)}); work folder {workdir}")
