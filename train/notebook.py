@@ -23,6 +23,8 @@ import pathlib
 import shutil
 import warnings
 
+from train.config import compilation_cache_path
+
 SMALL_VALUES = {"": False, "0": False, "false": False, "no": False, "1": True, "true": True, "yes": True}
 FIGURE_PREFIX = "[figure]"
 
@@ -47,10 +49,6 @@ class NotebookSetup:
     def pick(self, small: object, normal: object) -> object:
         """``small`` in SMALL mode, else ``normal``."""
         return small if self.small else normal
-
-
-def compilation_cache_dir() -> str:
-    return os.environ.get("FLAXZOO_JAX_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "flaxzoo", "jax")
 
 
 def setup(name: str, *, cpu_devices: int | None = None) -> NotebookSetup:
@@ -79,7 +77,7 @@ def setup(name: str, *, cpu_devices: int | None = None) -> NotebookSetup:
         else:
             jax.config.update("jax_platforms", "cpu")
             jax.config.update("jax_num_cpu_devices", cpu_devices)
-    jax.config.update("jax_compilation_cache_dir", compilation_cache_dir())
+    jax.config.update("jax_compilation_cache_dir", compilation_cache_path(True, ""))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     backend = jax.default_backend()
     devices = jax.devices()
