@@ -38,16 +38,14 @@ from ml_collections import ConfigDict
 from tqdm.auto import tqdm
 
 from models.generate import generate
-from models.lora import LoraError, apply_lora, check_train_fully, frozen_and_trainable
-from models.modeling import abstract_model
+from models.lora import apply_lora
 from train import data as datalib
 from train import flops as flopslib
 from train import multihost
 from train import sharding as shardlib
 from train.checkpoint import Checkpointer, is_remote, resolve_workdir
 from train.config import ConfigError, TrainConfig
-from train.optim import make_optimizer
-from train.step import make_eval_step, make_predict_masked, make_train_step
+from train.program import StepProgram, choose_remat, device_memory_bytes
 
 log = logging.getLogger(__name__)
 
@@ -359,90 +357,44 @@ class Trainer:
 
     # --------------------------------------------------------------------------------------------------- state
     def _build_state(self) -> None:
-        config, cls, mesh = self.model_config, self.model_cls, self.mesh
-        seed = self.cfg.seed
-        lora = self.cfg.lora.spec()
-        self.lora = lora
+        """The step program (``train.program.StepProgram``): shardings, abstract state, jitted steps. On an
+        accelerator ``precision.remat="auto"`` compiles the step with each policy and keeps the cheapest that fits
+        the device memory (``train.program.choose_remat``)."""
+        cfg = self.cfg
         self.base = None
-        if self.cfg.init_from:
+        if cfg.init_from:
             if multihost.is_multi_process():
-                raise ConfigError("init_from", f"{self.cfg.init_from!r}: training from pretrained weights runs in "
+                raise ConfigError("init_from", f"{cfg.init_from!r}: training from pretrained weights runs in "
                                                f"one process; this launch has {jax.process_count()}")
             from models.hub.source import fingerprint
 
             start = time.perf_counter()
-            self.base = {"path": os.path.abspath(self.cfg.init_from)
-                         if os.path.exists(self.cfg.init_from) else self.cfg.init_from,
-                         "fingerprint": fingerprint(self.cfg.init_from)}
+            self.base = {"path": os.path.abspath(cfg.init_from) if os.path.exists(cfg.init_from) else cfg.init_from,
+                         "fingerprint": fingerprint(cfg.init_from)}
             _say(f"base: {self.base['path']} ({self.base['fingerprint'][:19]}..., {time.perf_counter() - start:.1f} s)")
-        # What trains: every parameter, or (LoRA) the adapters and lora.train_fully's modules; the rest is frozen
-        # and travels in ``rest`` (no gradient, no optimizer state, not in the checkpoints).
-        trainable = frozen_and_trainable(self.cfg.lora.fully_trained) if lora else nnx.Param
-
-        def build() -> nnx.Module:
-            model = cls(config, rngs=nnx.Rngs(seed))
-            return apply_lora(model, lora, seed=seed) if lora else model
-
-        try:
-            abstract = nnx.eval_shape(build) if lora else abstract_model(config, cls)
-            if lora:
-                check_train_fully(abstract, self.cfg.lora.fully_trained)
-        except LoraError as exc:  # a target or train_fully entry this model lacks: reported on its config key
-            raise ConfigError(f"lora.{exc.field}", str(exc)) from None
-        self.graphdef, abstract_params, abstract_rest = nnx.split(abstract, trainable, ...)
-        logical = nnx.to_pure_dict(nnx.get_partition_spec(abstract_params))
-        abstract_params = nnx.to_pure_dict(abstract_params)
-        self.param_count = int(sum(np.prod(x.shape) for x in jax.tree.leaves(nnx.state(abstract, nnx.Param))))
-        self.trainable_count = int(sum(np.prod(x.shape) for x in jax.tree.leaves(abstract_params)))
-        self.tx, self.schedule = make_optimizer(self.cfg.optim, self.steps, abstract_params, config.num_layers)
-        tx = self.tx
-
-        def state_of(params: Any) -> dict[str, Any]:
-            return {"params": params, "opt_state": tx.init(params), "step": jnp.zeros((), jnp.int32),
-                    "rng": jax.random.key_data(jax.random.key(seed))}
-
-        def init():
-            _, params, rest = nnx.split(build(), trainable, ...)
-            return state_of(nnx.to_pure_dict(params)), rest
-
-        abstract_state = jax.eval_shape(state_of, abstract_params)
-        unsplit: list[str] = []
-        param_shardings = shardlib.param_shardings(logical, abstract_params, mesh, unsplit)
-        replicated = shardlib.replicated(mesh)
-        # The frozen base (LoRA) is sharded as the parameters are; the rest of ``rest`` (RNG streams) is replicated.
-        self.rest_shardings = (shardlib.variable_shardings(abstract_rest, mesh, unsplit) if lora else replicated)
-        for line in unsplit:  # replicated where the mesh meant to split: say so, once per parameter
+        self.compiled_step = None
+        capacity = device_memory_bytes(self.devices[0])
+        if "remat" in cfg.precision.auto and shardlib.platform_of(self.devices[0]) != "cpu" and capacity:
+            start = time.perf_counter()
+            choice = choose_remat(cfg, self.mesh, capacity)
+            self.cfg = cfg = choice.program.cfg
+            self.model_config = cfg.model
+            self.compiled_step = choice.compiled
+            _say(f"{choice.describe(capacity)}; {time.perf_counter() - start:.1f} s")
+            program = choice.program
+        else:
+            program = StepProgram(cfg, self.mesh)
+        for line in program.unsplit:  # replicated where the mesh meant to split: say so, once per parameter
             _say(f"sharding: {line} (replicated on that axis)")
-        self.state_shardings = {
-            "params": param_shardings,
-            "opt_state": shardlib.tree_shardings_like(abstract_state["opt_state"], abstract_params, param_shardings,
-                                                      mesh),
-            "step": replicated, "rng": replicated,
-        }
-        self.replicated = replicated
-        self.batch_sharding = shardlib.batch_sharding(mesh)
-        self.placement = shardlib.BatchPlacement(self.batch_sharding, self.cfg.batch_size)
-        self._init = jax.jit(init, out_shardings=(self.state_shardings, self.rest_shardings))
-        self._init_rest = jax.jit(lambda: init()[1], out_shardings=self.rest_shardings)
-        self._state_of = jax.jit(state_of, out_shardings=self.state_shardings)
-        self._trainable = trainable
-        self.target = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract_state,
-                                   self.state_shardings)
-        objective = self.cfg.objective
-        accum = self.cfg.optim.accum_steps
-        chunk = self.cfg.precision.loss_chunk
-        rest_sharding = self.rest_shardings  # replicated, or (LoRA) the frozen base sharded like parameters
-        train_step = make_train_step(self.graphdef, tx, self.schedule, objective=objective, accum_steps=accum,
-                                     loss_chunk=chunk, micro_batch_sharding=self.batch_sharding if accum > 1 else None,
-                                     grad_shardings=param_shardings if accum > 1 else None)
-        self._train_step = jax.jit(train_step, in_shardings=(self.state_shardings, rest_sharding, self.batch_sharding,
-                                                             replicated),
-                                   out_shardings=(self.state_shardings, replicated), donate_argnums=(0,))
-        self._eval_step = jax.jit(make_eval_step(self.graphdef, objective=objective, loss_chunk=chunk),
-                                  in_shardings=(param_shardings, rest_sharding, self.batch_sharding),
-                                  out_shardings=replicated)
-        self._predict = (jax.jit(make_predict_masked(self.graphdef), out_shardings=replicated)
-                         if objective == "mlm" else None)
+        self.program = program
+        self.graphdef, self.tx, self.schedule, self.lora = program.graphdef, program.tx, program.schedule, program.lora
+        self.param_count, self.trainable_count = program.param_count, program.trainable_count
+        self.state_shardings, self.rest_shardings = program.state_shardings, program.rest_shardings
+        self.replicated, self.batch_sharding, self.placement = (program.replicated, program.batch_sharding,
+                                                                program.placement)
+        self.target = program.target
+        self._train_step, self._eval_step, self._predict = program.train_step, program.eval_step, program.predict
+        self._trainable = program.trainable
 
     def _pretrained_model(self) -> nnx.Module:
         """``init_from``'s model in this run's config (precision, layout), with LoRA adapters when asked for."""
@@ -462,16 +414,16 @@ class Trainer:
     def initial_state(self):
         """A fresh ``(state, rest)``, sharded over the mesh: random, or ``init_from``'s weights."""
         if not self.cfg.init_from:
-            return self._init()
+            return self.program.init()
         model = self._pretrained_model()
         _, params, _ = nnx.split(model, self._trainable, ...)
         params = jax.device_put(nnx.to_pure_dict(params), self.state_shardings["params"])
-        return self._state_of(params), self._pretrained_rest(model)
+        return self.program.state_of(params), self._pretrained_rest(model)
 
     def resumed_rest(self):
         """``rest`` for a resumed run: the RNG streams, and (``init_from``) the frozen base weights again."""
         if not self.cfg.init_from:
-            return self._init_rest()
+            return self.program.init_rest()
         return self._pretrained_rest(self._pretrained_model())
 
     def meta(self) -> dict[str, Any]:
@@ -583,10 +535,7 @@ class Trainer:
 
         # compile, FLOPs, peak
         compile_start = time.perf_counter()
-        abstract_batch = {k: jax.ShapeDtypeStruct(shape, jnp.int32, sharding=self.batch_sharding)
-                          for k, shape in datalib.batch_shapes(cfg.data, cfg.batch_size).items()}
-        train_step = self._train_step.lower(state, rest, abstract_batch,
-                                            jax.ShapeDtypeStruct((), jnp.bool_, sharding=self.replicated)).compile()
+        train_step = self.compiled_step or self.program.lower_train_step().compile()
         summary.compile_s = time.perf_counter() - compile_start
         flops_per_token = flopslib.flops_per_token(self.model_config, cfg.seq_len, self.model_cls,
                                                    trained=self.trainable_count if self.lora else None)

@@ -15,8 +15,12 @@ from typing import Any, Mapping, Sequence
 
 import jax
 from flax import nnx
+from jax.experimental import mesh_utils
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
+
+from models.layers.partitioning import (ACTIVATION_BATCH, ACTIVATION_EMBED, ACTIVATION_HEADS, ACTIVATION_KV_HEADS,
+                                        ACTIVATION_LENGTH, ACTIVATION_MLP, ACTIVATION_VOCAB, ActivationPlacement)
 
 MESH_AXES = ("data", "fsdp", "tensor")
 BATCH_AXES = ("data", "fsdp")
@@ -32,6 +36,15 @@ LOGICAL_RULES: dict[str | None, str | tuple[str, ...] | None] = {
     "mlp": "tensor",
     "norm": None,
     "layers": None,  # the stacked-layers axis (scan_layers): every device runs every layer
+    # Activations (models/layers/partitioning.py): rows over data x fsdp, the residual stream whole on every device
+    # of a row's group (FSDP gathers the weights, not the batch), heads / MLP width / vocabulary over tensor.
+    ACTIVATION_BATCH: BATCH_AXES,
+    ACTIVATION_LENGTH: None,
+    ACTIVATION_EMBED: None,
+    ACTIVATION_HEADS: "tensor",
+    ACTIVATION_KV_HEADS: "tensor",
+    ACTIVATION_MLP: "tensor",
+    ACTIVATION_VOCAB: "tensor",
     None: None,
 }
 # Whole-parameter overrides, checked first. The token table is split over its rows only: splitting [vocab, embed] as
@@ -41,12 +54,44 @@ PARAMETER_RULES: dict[tuple[str | None, ...], tuple[Any, ...]] = {
 }
 
 
+def slice_count(devices: Sequence[jax.Device]) -> int:
+    """How many slices (TPU pods joined over the data-centre network, DCN) ``devices`` span; 1 elsewhere."""
+    return len({getattr(d, "slice_index", 0) for d in devices})
+
+
 def make_mesh(shape: Sequence[int], devices: Sequence[jax.Device] | None = None) -> Mesh:
-    """A ``(data, fsdp, tensor)`` mesh of ``shape`` over ``devices`` (default: all), Auto axes."""
+    """A ``(data, fsdp, tensor)`` mesh of ``shape`` over ``devices`` (default: all), Auto axes.
+
+    Devices of several slices (multi-slice TPU) get a hybrid mesh: the ``data`` axis spans the slices, so that only
+    the gradient all-reduce crosses the slow DCN links; ``fsdp`` and ``tensor`` (and the rest of ``data``) stay
+    inside a slice, on its ICI links. ``data`` must then be a multiple of the slice count."""
     devices = list(jax.devices() if devices is None else devices)
+    shape = tuple(shape)
     if math.prod(shape) != len(devices):
-        raise ValueError(f"mesh shape {tuple(shape)} needs {math.prod(shape)} devices; got {len(devices)}")
-    return jax.make_mesh(tuple(shape), MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES), devices=devices)
+        raise ValueError(f"mesh shape {shape} needs {math.prod(shape)} devices; got {len(devices)}")
+    axis_types = (AxisType.Auto,) * len(MESH_AXES)
+    slices = slice_count(devices)
+    if slices == 1:
+        return jax.make_mesh(shape, MESH_AXES, axis_types=axis_types, devices=devices)
+    data, fsdp, tensor = shape
+    if data % slices:
+        raise ValueError(f"mesh shape {shape} over {slices} slices: the data axis ({data}) spans the slices, so it "
+                         f"must be a multiple of {slices} (e.g. mesh.data=-1)")
+    grid = mesh_utils.create_hybrid_device_mesh((data // slices, fsdp, tensor), (slices, 1, 1), devices,
+                                                allow_split_physical_axes=True)
+    return Mesh(grid, MESH_AXES, axis_types=axis_types)
+
+
+def activation_placement(mesh: Mesh) -> ActivationPlacement:
+    """The placement the train / eval steps trace the model under: activations split by :data:`LOGICAL_RULES`
+    (each dimension only over mesh axes that divide it), the platform of the mesh's devices."""
+    return ActivationPlacement(mesh=mesh, spec_for=lambda logical, shape: logical_to_mesh(logical, shape, mesh),
+                               platform=platform_of(mesh.devices.flat[0]))
+
+
+def platform_of(device: jax.Device) -> str:
+    """``"cpu"``, ``"gpu"`` (CUDA and ROCm devices, compile-only ones included) or ``"tpu"``."""
+    return "gpu" if device.platform in ("cuda", "rocm", "gpu") else device.platform
 
 
 def _as_tuple(axes) -> tuple[str, ...]:

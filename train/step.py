@@ -26,6 +26,7 @@ import optax
 from einops import rearrange
 from flax import nnx
 
+from models.layers.partitioning import ActivationPlacement, placed
 from train.batches import IGNORE_INDEX
 
 Batch = dict[str, jax.Array]
@@ -180,7 +181,8 @@ def step_key(state: TrainState) -> jax.Array:
 def make_train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, schedule: optax.Schedule, *,
                     objective: str, accum_steps: int = 1, loss_chunk: int = 0,
                     micro_batch_sharding: jax.sharding.Sharding | None = None,
-                    grad_shardings: Any = None, trainable: Callable[[tuple], bool] | None = None) -> Callable:
+                    grad_shardings: Any = None, trainable: Callable[[tuple], bool] | None = None,
+                    placement: ActivationPlacement | None = None) -> Callable:
     """``train_step(state, rest, batch, with_accuracy=True) -> (state, metrics)``, not yet jitted: the one place a
     loss is differentiated (the training loop and ``train.bench`` both build their step here).
 
@@ -199,13 +201,18 @@ def make_train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, sc
 
     ``trainable`` (a predicate on a parameter's path keys): differentiate those parameters only; the others get
     zero gradients and no backward pass (fine-tuning a head on a frozen encoder).
+
+    ``placement`` (``train.sharding.activation_placement(mesh)``): the model is traced with its activations
+    constrained to the mesh (batch over ``data`` x ``fsdp``) and its attention chosen for the mesh's platform; None:
+    no constraints (one device, tests).
     """
     loss_of = LOSSES[objective]
 
     def summed_loss(params, rest, batch, key, with_accuracy):
         model = nnx.merge(graphdef, params, rest, copy=True)
         reseed_dropout(model, key)
-        loss_sum, count, correct = loss_of(model, batch, loss_chunk=loss_chunk, with_accuracy=with_accuracy)
+        with placed(placement):
+            loss_sum, count, correct = loss_of(model, batch, loss_chunk=loss_chunk, with_accuracy=with_accuracy)
         return loss_sum, (count, correct)
 
     full_grad_fn = jax.value_and_grad(summed_loss, has_aux=True)
@@ -273,15 +280,17 @@ def update_with_norm(tx: optax.GradientTransformation, grads: Any, opt_state: An
     return tx.update(grads, opt_state, params)
 
 
-def make_eval_step(graphdef: nnx.GraphDef, *, objective: str, loss_chunk: int = 0) -> Callable:
+def make_eval_step(graphdef: nnx.GraphDef, *, objective: str, loss_chunk: int = 0,
+                   placement: ActivationPlacement | None = None) -> Callable:
     """``eval_step(params, rest, batch) -> {"loss_sum", "tokens", "correct"}`` (sums, to add up over batches),
-    dropout off. Not yet jitted."""
+    dropout off. Not yet jitted. ``placement``: as in :func:`make_train_step`."""
     loss_of = LOSSES[objective]
 
     def eval_step(params: Any, rest: Any, batch: Batch) -> dict[str, jax.Array]:
         model = nnx.merge(graphdef, params, rest, copy=True)
         model.eval()
-        loss_sum, count, correct = loss_of(model, batch, loss_chunk=loss_chunk)
+        with placed(placement):
+            loss_sum, count, correct = loss_of(model, batch, loss_chunk=loss_chunk)
         return {"loss_sum": loss_sum, "tokens": count, "correct": correct}
 
     return eval_step

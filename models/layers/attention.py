@@ -13,7 +13,13 @@ from models.config import TransformerConfig
 from models.layers.attention_core import attend, attention_with_weights
 from models.layers.linear import Dense
 from models.layers.masking import AttentionLayout
+from models.layers.partitioning import (ACTIVATION_BATCH, ACTIVATION_HEADS, ACTIVATION_KV_HEADS, ACTIVATION_LENGTH,
+                                        constrain)
 from models.layers.positions import alibi_bias, apply_rope
+
+
+QUERY_HEADS = (ACTIVATION_BATCH, ACTIVATION_LENGTH, ACTIVATION_HEADS, None)  # [batch, seq, heads, head_dim]
+KV_HEADS = (ACTIVATION_BATCH, ACTIVATION_LENGTH, ACTIVATION_KV_HEADS, None)
 
 
 class KVCache(NamedTuple):
@@ -66,7 +72,8 @@ class Attention(nnx.Module):
         Returns ``(output [batch, seq, hidden], updated cache or None, weights or None)``.
         """
         config = self.config
-        query, key, value = self.query(x), self.key(x), self.value(x)  # [batch, seq, heads, head_dim]
+        query = constrain(self.query(x), QUERY_HEADS)  # [batch, seq, heads, head_dim]
+        key, value = constrain(self.key(x), KV_HEADS), constrain(self.value(x), KV_HEADS)
         if config.position == "rope":
             query = apply_rope(query, layout.query_positions, theta=config.rope_theta, layout=config.rope_layout)
             key = apply_rope(key, layout.query_positions, theta=config.rope_theta, layout=config.rope_layout)
@@ -86,4 +93,4 @@ class Attention(nnx.Module):
             context = attend(query, key, value, mask=mask, bias=bias, is_causal=is_causal,
                              impl=config.attention_impl, dropout=dropout)
             weights = None
-        return self.out(context), cache, weights
+        return self.out(constrain(context, QUERY_HEADS)), cache, weights

@@ -11,6 +11,7 @@ from flax import nnx
 from models.config import TransformerConfig
 from models.layers.linear import logical_param, take_rows
 from models.layers.norms import make_norm
+from models.layers.partitioning import ACTIVATION_BATCH, ACTIVATION_LENGTH, ACTIVATION_VOCAB, HIDDEN, constrain
 from models.layers.positions import LearnedPositions, sinusoidal_table
 
 
@@ -163,7 +164,7 @@ class InputEmbeddings(nnx.Module):
             x = x + take_rows(self.token_types[...], types).astype(x.dtype)
         if self.norm is not None:
             x = self.norm(x)
-        return self.dropout(x)
+        return constrain(self.dropout(x), HIDDEN)
 
 
 class LMHead(nnx.Module):
@@ -193,7 +194,7 @@ class LMHead(nnx.Module):
             logits = tokens.attend(hidden)
         else:
             logits = jnp.einsum("bsd,dv->bsv", hidden.astype(self.dtype), self.kernel[...].astype(self.dtype))
-        logits = logits.astype(jnp.float32)
+        logits = constrain(logits, (ACTIVATION_BATCH, ACTIVATION_LENGTH, ACTIVATION_VOCAB)).astype(jnp.float32)
         if self.bias is not None:
             logits = logits + self.bias[...]
         return mask_padded_logits(logits, self.vocab_size)

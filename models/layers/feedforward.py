@@ -10,6 +10,9 @@ from flax import nnx
 
 from models.config import TransformerConfig
 from models.layers.linear import Dense
+from models.layers.partitioning import ACTIVATION_BATCH, ACTIVATION_LENGTH, ACTIVATION_MLP, constrain
+
+MLP_HIDDEN = (ACTIVATION_BATCH, ACTIVATION_LENGTH, ACTIVATION_MLP)  # [batch, seq, intermediate]
 
 ACTIVATION_FUNCTIONS = {
     "gelu": lambda x: jax.nn.gelu(x, approximate=False),
@@ -40,4 +43,4 @@ class FeedForward(nnx.Module):
     def __call__(self, x: jax.Array) -> jax.Array:
         hidden = self.up(x)
         hidden = self.activation(self.gate(x)) * hidden if self.gate is not None else self.activation(hidden)
-        return self.down(hidden)
+        return self.down(constrain(hidden, MLP_HIDDEN))

@@ -23,6 +23,7 @@ from models.layers.decode_state import DecodeState
 from models.layers.embeddings import InputEmbeddings, as_index_array, check_index_range, check_token_ids, is_concrete
 from models.layers.masking import AttentionLayout, full_sequence_layout, input_positions
 from models.layers.norms import make_norm
+from models.layers.partitioning import HIDDEN, constrain
 
 # The remat policies a config can name: what each layer keeps for the backward pass.
 REMAT_POLICIES = {
@@ -214,8 +215,9 @@ class TransformerStack(nnx.Module):
 
         def apply(graphdef, params, rest, h, layer_cache):
             layer = nnx.merge(graphdef, params, rest)
-            h, layer_cache, weights = layer(h, layout, cache=layer_cache, return_weights=return_weights)
-            return (h, layer_cache, weights), nnx.state(layer, nnx.Not(nnx.Param))
+            h, layer_cache, weights = layer(constrain(h, HIDDEN), layout, cache=layer_cache,
+                                            return_weights=return_weights)
+            return (constrain(h, HIDDEN), layer_cache, weights), nnx.state(layer, nnx.Not(nnx.Param))
 
         if config.remat != "none" and cache is None and not return_weights:
             apply = jax.checkpoint(apply, policy=REMAT_POLICIES[config.remat], static_argnums=(0,),
