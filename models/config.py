@@ -18,7 +18,7 @@ ACTIVATIONS = ("gelu", "gelu_tanh", "relu", "silu")
 MODEL_TYPES = ("bert", "roberta", "gpt2", "llama")
 DTYPES = ("float32", "bfloat16", "float16")
 REMAT_POLICIES = ("none", "full", "dots")
-ATTENTION_IMPLS = ("auto", "softmax", "fused")
+ATTENTION_IMPLS = ("auto", "softmax", "fused", "splash", "gpu_flash")
 
 
 class FieldError(ValueError):
@@ -44,7 +44,10 @@ class TransformerConfig:
     to full-sequence forward passes (training, evaluation); cached decoding always runs the plain loop.
     ``attention_impl`` picks the attention core (same outputs): ``"fused"`` is ``jax.nn.dot_product_attention``
     (cuDNN flash attention on GPU where cuDNN takes the shapes, XLA otherwise), ``"softmax"`` the kernel with a
-    closed-form backward (``models/layers/attention_core.py``), ``"auto"`` the first on GPU and the second elsewhere
+    closed-form backward (``models/layers/attention_core.py``), ``"splash"`` Pallas' TPU splash attention and
+    ``"gpu_flash"`` Pallas' Triton GPU flash attention (``models/layers/attention_kernels.py``; both run in Pallas
+    interpret mode on CPU), ``"auto"`` by the platform the step is compiled for: splash on TPU, cuDNN (plain
+    causal) or the Pallas GPU kernel (packed documents, padding) on GPU, the softmax kernel on CPU
     (``models.attention_backend`` says which one a call gets, and why).
 
     ``dropout`` is the residual / embedding dropout rate, ``attention_dropout`` the rate on the attention

@@ -59,15 +59,68 @@ def test_flop_formula_matches_xla_cost_analysis():
     assert xla_forward == pytest.approx(formula_forward, rel=0.03), (xla_forward, formula_forward)
 
 
-def test_mlm_head_counts_only_the_scored_fraction():
+def test_bench_counts_flops_as_the_training_loop():
+    """The bench's MFU uses ``train.flops.flops_per_token`` with the loader's ``predictions`` (the MLM head on the
+    ``P`` gathered slots), the count the training loop reports; causal workloads have no ``predictions``."""
     from train import bench
+    from train.data import DataConfig
 
-    args = bench.parse_args(["--work", "bert_train"])
-    spec = bench.workload_spec("bert_train", args)
-    full = flopslib.flops_per_token(spec["config"], spec["seq"], spec["cls"])
-    head = bench.mlm_head_params(spec["config"])
-    assert spec["masked"] == 19  # 15% of 128
-    assert bench.train_flops_per_token(spec) == pytest.approx(full - 6 * head * (1 - 19 / 128))
+    for work, seq, predictions in (("bert_train", 128, 20), ("bert_base", 128, 20), ("gpt_train", 256, None)):
+        spec = bench.workload_spec(work, bench.parse_args(["--work", work]))
+        assert (spec["seq"], spec["predictions"]) == (seq, predictions)
+        if predictions is not None:
+            assert DataConfig(seq_len=seq, objective="mlm").predictions == predictions
+        assert bench.train_flops_per_token(spec) == flopslib.flops_per_token(
+            spec["config"], seq, spec["cls"], predictions=predictions)
+
+
+@pytest.mark.parametrize("work, argv", [("gpt_train", []), ("bert_train", []), ("bert_train", ["--tiny"]),
+                                        ("gpt_train", ["--tiny", "--seq", "17"])])
+def test_bench_batches_are_the_clis(work, argv):
+    """``make_batch``: exactly the keys, order, shapes and dtype of ``train.data.batch_shapes`` (what
+    ``python -m train`` compiles its step for), and packed rows as the loader emits them: two or more documents per
+    row numbered from 1; causal targets the next token but ``IGNORE_INDEX`` across a document end (after its EOS);
+    MLM segments ``[CLS] ... [SEP]``, padding with segment 0 and attention 0, the loader's number of masked tokens
+    (``train.data.masking.num_to_predict``) at ``masked_positions`` (ascending, then 0) with their original ids."""
+    from train import bench
+    from train.batches import IGNORE_INDEX
+    from train.data import DataConfig, batch_shapes
+    from train.data.masking import num_to_predict
+
+    spec = bench.workload_spec(work, bench.parse_args(["--work", work, *argv]))
+    rows, seq, vocab = spec["batch"], spec["seq"], spec["config"].vocab_size
+    mlm = spec["predictions"] is not None
+    batch = bench.make_batch(spec, seed=3)
+    shapes = batch_shapes(DataConfig(seq_len=seq, batch_size=rows, objective="mlm" if mlm else "causal"), rows)
+    assert list(batch) == list(shapes)
+    assert {k: v.shape for k, v in batch.items()} == shapes and all(v.dtype == np.int32 for v in batch.values())
+    segments, ids = batch["segment_ids"], batch["input_ids"]
+    real = segments > 0
+    assert np.all(segments[:, 0] == 1) and np.all(np.diff(segments, axis=1)[real[:, 1:]] >= 0)
+    assert np.all(segments.max(axis=1) >= 2), segments.max(axis=1)  # several documents in every row
+    assert np.all((ids >= 0) & (ids < vocab))
+    if not mlm:
+        assert real.all()
+        same = segments[:, 1:] == segments[:, :-1]
+        np.testing.assert_array_equal(batch["targets"][:, :-1], np.where(same, ids[:, 1:], IGNORE_INDEX))
+        assert np.all(ids[:, :-1][~same] == bench.EOS_ID)  # a document's last input is its EOS
+        assert np.all((~same).sum(axis=1) == segments.max(axis=1) - 1)
+        return
+    np.testing.assert_array_equal(batch["attention_mask"], real)
+    assert not batch["token_type_ids"].any() and np.all(ids[~real] == bench.PAD_ID)
+    starts = np.diff(segments, axis=1, prepend=0) > 0
+    ends = np.diff(segments, axis=1, append=0) != 0
+    assert np.all(ids[starts] == bench.CLS_ID) and np.all(ids[ends & real] == bench.SEP_ID)
+    labels, positions, masked = batch["labels"], batch["masked_positions"], batch["masked_labels"]
+    valid = masked != IGNORE_INDEX
+    candidates = (real & ~starts & ~ends).sum(axis=1)
+    np.testing.assert_array_equal(valid.sum(axis=1), num_to_predict(candidates, 0.15, spec["predictions"]))
+    assert np.all(valid[:, :-1] >= valid[:, 1:]) and np.all(positions[~valid] == 0)
+    assert np.all(np.diff(positions, axis=1)[valid[:, 1:]] > 0)  # ascending, distinct
+    np.testing.assert_array_equal(np.take_along_axis(labels, positions, axis=1)[valid], masked[valid])
+    assert (labels != IGNORE_INDEX).sum() == valid.sum() and np.all(masked[valid] >= bench.FIRST_WORD_ID)
+    unmasked = labels == IGNORE_INDEX
+    assert np.all((ids == bench.MASK_ID) <= ~unmasked)  # [MASK] only where a label is scored
 
 
 def test_bench_json_output_parses():

@@ -8,7 +8,10 @@ import pathlib
 import subprocess
 import sys
 
-from train import gpu_check
+import pytest
+
+from train import bench, gpu_check
+from train import flops as flopslib
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 CHECKS = ("versions", "gpt2_small_train", "bert_base_train", "train_cli", "smollm2_decode_b1", "smollm2_decode_b16")
@@ -29,6 +32,10 @@ def test_tiny_check_prints_every_figure(tmp_path):
         assert math.isfinite(figures[name]["mfu"]) and figures[name]["mfu"] > 0, figures[name]
     assert figures["gpt2_small_train"]["peak_memory_mb"] > 0 and figures["gpt2_small_train"]["attention"]
     assert figures["gpt2_small_train"]["fused_attention_in_hlo"] == []  # no cuDNN on CPU
+    for name, work in (("gpt2_small_train", "gpt_train"), ("bert_base_train", "bert_train")):
+        spec = bench.workload_spec(work, bench.parse_args(["--work", work, "--tiny"]))
+        assert figures[name]["flops_per_token"] == pytest.approx(flopslib.flops_per_token(
+            spec["config"], spec["seq"], spec["cls"], predictions=spec["predictions"])), name  # the loop's count
     train = figures["train_cli"]
     assert train["exit_code"] == 0 and math.isfinite(train["first_loss"]) and math.isfinite(train["last_loss"])
     assert train["last_step"] > train["first_step"]

@@ -31,7 +31,7 @@ def available_configs() -> list[str]:
     return sorted(p.stem for p in CONFIG_DIR.glob("*.py") if not p.stem.startswith("_"))
 
 
-def _resolve_config_argument(argv: list[str]) -> tuple[list[str], str | None]:
+def resolve_config_argument(argv: list[str]) -> tuple[list[str], str | None]:
     """Accept ``--config NAME`` for ``configs/NAME.py``; return (argv, error message or None)."""
     out = list(argv)
     for i, arg in enumerate(out):
@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         print(__doc__.strip() + "\n\nConfigs: " + ", ".join(available_configs()) + "\n\n"
               + config_module.__doc__.strip())
         return 0
-    argv, error = _resolve_config_argument(argv)
+    argv, error = resolve_config_argument(argv)
     if error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -1,11 +1,13 @@
 """``python -m train.bench --work NAME [--json] [--compare transformers]``: the benchmark workloads.
 
-Workloads (random token ids, fixed seed, no dropout; fp32 on CPU, bf16 compute on accelerators for ``gpt2_small``):
+Workloads (random token ids in packed rows shaped as ``python -m train``'s batches, fixed seed, no dropout; fp32 on
+CPU, bf16 compute on accelerators for ``gpt2_small``):
 
 - ``gpt_train``: GPT-2 layout, vocab 8192, 256 positions, 6 layers × 384 wide, 6 heads, MLP 4× GELU-tanh, tied
   embeddings; batch 8 × 256; one step = forward, cross-entropy, backward, AdamW (lr 3e-4, weight decay 0.1).
 - ``bert_train``: BERT layout, vocab 8192, 6 layers × 384, 6 heads, intermediate 1536, 256 positions; batch 16 × 128;
-  MLM loss on 15% of the positions (19 of 128 per row); otherwise as above.
+  MLM loss on 15% of the tokens (``masked_positions`` 20 slots wide per row of 128, as the loader's
+  ``DataConfig.predictions``); otherwise as above.
 - ``gpt_generate``: the ``gpt_train`` model, batch 1, a 32-token prompt, 128 new tokens, greedy, KV cache.
 - ``main_gpt_train``: the main job, ``python -m train --config gpt_train`` (the ``gpt_train`` model and batch on the
   embedded corpus: real data, the loop's metrics, its final evaluation), in a subprocess; its tokens/s is the median
@@ -39,22 +41,30 @@ the accuracy off as between logging steps), with ``optax.adamw`` (decay on every
 ``train.batches`` (plain constants): no Grain, tensorflow-datasets or ml_collections, which the accelerator image
 lacks. PyTorch and transformers are imported only with ``--compare transformers``.
 
-MFU uses ``train.flops`` (``6N + 12·L·T·d`` model FLOPs per training token) against the measured CPU matmul peak
-(2048³ float32, best of 5, measured in the same process) or the accelerator's table peak. Two workload-specific
-conventions:
+**Batches as the CLI's.** Every training batch has exactly the keys and shapes of
+``train.data.batch_shapes(data_config, rows)`` (``train.batches.CAUSAL_KEYS`` / ``MLM_KEYS``) and packed rows like
+``train.data.packing``'s, built here without the data stack (:func:`make_batch`): causal windows of a stream of
+documents (``seq/8`` to ``seq/2`` tokens, each ending in EOS) with ``segment_ids`` numbering them from 1 and
+``targets`` ``IGNORE_INDEX`` across document ends; MLM rows of ``[CLS] ... [SEP]`` segments then padding, with
+``attention_mask``, ``token_type_ids`` and BERT masking (``train.data.masking``'s rule: ``min(P, round(15 % of the
+non-special tokens))`` chosen, 80/10/10) into ``labels`` and ``masked_positions`` / ``masked_labels`` ``[rows, P]``.
+Every row holds at least two documents, so the step takes the packed-attention path the CLI takes.
 
-- ``bert_train`` scores 15% of the positions, and both sides' work that matters is the MLM head on those positions:
-  the head (transform, its norm, the tied vocabulary projection and its bias) is counted for the scored fraction
-  only. (Ours gathers the scored positions before the head; transformers computes the head everywhere and ignores
-  85% of it, which counts as wasted work, not as model FLOPs.)
-- ``gpt_generate`` reports forward-only FLOPs, ``2N + 4·L·T̄·d`` per new token with ``T̄`` the mean context length,
-  against the same peak (decoding at batch 1 is memory-bound: its MFU is low by nature).
+MFU uses ``train.flops.flops_per_token``, the training loop's own count (``6N + 12·L·T·d`` model FLOPs per training
+token; for the MLM workloads the head on the ``P`` gathered slots only, ``predictions=P``), against the measured CPU
+matmul peak (2048³ float32, best of 5, measured in the same process) or the accelerator's table peak. transformers
+computes the MLM head everywhere and ignores 85% of it, which counts as wasted work, not as model FLOPs.
+``gpt_generate`` reports forward-only FLOPs (``train.flops.forward_flops_per_token``: ``2N + 4·L·T̄·d`` per new token
+with ``T̄`` the mean context length) against the same peak (decoding at batch 1 is memory-bound: its MFU is low by
+nature).
 
 Execution defaults: the layers run as one ``lax.scan`` and, on CPU, with ``remat="dots"`` (the fastest ``gpt_train``
 step measured on the 2-core CPU; see the README's Performance section); attention goes through the config's
-``attention_impl="auto"`` (``jax.nn.dot_product_attention``, cuDNN flash attention, on GPU; the closed-form-backward
-kernel of ``models/layers/attention_core.py`` elsewhere). ``--remat``, ``--no-scan-layers`` and ``--attention``
-change them; none changes the parameters or the outputs.
+``attention_impl="auto"`` (on GPU ``jax.nn.dot_product_attention``: cuDNN flash attention where cuDNN takes the call,
+which excludes the packed batches' document mask, else its XLA path; the closed-form-backward kernel of
+``models/layers/attention_core.py`` elsewhere); the reported backend is the one chosen for a masked (packed) call, as
+``python -m train``'s. ``--remat``, ``--no-scan-layers`` and ``--attention`` change them; none changes the parameters
+or the outputs.
 
 Peak memory: ``device.memory_stats()["peak_bytes_in_use"]`` where the backend has it (GPU, TPU); on CPU the process's
 maximum resident set size (``getrusage``), which includes Python, the libraries and, after a comparison, PyTorch.
@@ -64,6 +74,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import re
@@ -80,19 +91,24 @@ import optax
 from flax import nnx
 
 from models.bert import BertForMaskedLM
-from models.config import TransformerConfig, get_preset
+from models.config import get_preset
 from models.generate import generate
 from models.gpt import GPTForCausalLM
 from models.layers.attention_core import attention_backend
 from models.hub.packaged import SMOLLM2_FILE, smollm2_gguf
 from models.modeling import create_model, param_count
 from train import flops as flopslib
+from train.batches import CAUSAL_KEYS, IGNORE_INDEX, MLM_KEYS
 from train.step import make_train_step
 
 WORKLOADS = ("gpt_train", "bert_train", "gpt_generate", "gpt2_small", "bert_base", "main_gpt_train",
              "smollm2_generate")
 CPU_WORKLOADS = ("gpt_train", "bert_train", "gpt_generate")
-MLM_FRACTION = 0.15
+MLM_PROB = 0.15  # DataConfig.mask_prob's default
+# Special ids of the trained tokenizers (train/tokenizer.py): BPE's <|endoftext|> = 0 (EOS); WordPiece's [PAD],
+# [CLS], [SEP], [MASK] = 0, 2, 3, 4. Ordinary tokens are drawn from [FIRST_WORD_ID, vocab_size).
+EOS_ID, PAD_ID, CLS_ID, SEP_ID, MASK_ID = 0, 0, 2, 3, 4
+FIRST_WORD_ID = 5
 LR, WEIGHT_DECAY = 3e-4, 0.1
 
 
@@ -144,45 +160,98 @@ def workload_spec(name: str, args: argparse.Namespace) -> dict[str, Any]:
         raise ValueError(f"--seq {spec['seq']} exceeds the model's {spec['config'].max_position_embeddings} positions")
     if name == "gpt_generate" and args.new_tokens is not None:
         spec["new_tokens"] = args.new_tokens
-    spec["masked"] = max(1, round(MLM_FRACTION * spec["seq"])) if name in ("bert_train", "bert_base") else None
+    # The width P of masked_positions, as DataConfig.predictions resolves max_predictions=0: ceil(mask_prob * seq).
+    spec["predictions"] = (max(1, math.ceil(MLM_PROB * spec["seq"] - 1e-9)) if name in ("bert_train", "bert_base")
+                           else None)
     return spec
 
 
-def mlm_head_params(config: TransformerConfig) -> int:
-    """Matmul parameters of ``BertForMaskedLM``'s head: transform dense + norm, tied vocabulary table, its bias."""
-    d, v = config.hidden_size, config.padded_vocab_size
-    return (d * d + d) + 2 * d + v * d + v
-
-
 def train_flops_per_token(spec: dict[str, Any]) -> float:
-    """Model FLOPs per training token (``train.flops`` convention; the MLM head only on the scored fraction)."""
-    config, seq = spec["config"], spec["seq"]
-    total = flopslib.flops_per_token(config, seq, spec["cls"])
-    if spec["masked"] is not None:
-        total -= 6.0 * mlm_head_params(config) * (1.0 - spec["masked"] / seq)
-    return total
-
-
-def forward_flops_per_token(config: TransformerConfig, context: float, cls: type) -> float:
-    """Forward model FLOPs per token: ``2N + 4·L·context·d`` (a third of the training count)."""
-    return 2.0 * flopslib.matmul_params(config, cls) + 4.0 * config.num_layers * context * (
-        config.num_heads * config.head_dim)
+    """``train.flops.flops_per_token`` of a training workload: the MLM head on the ``P`` gathered slots."""
+    return flopslib.flops_per_token(spec["config"], spec["seq"], spec["cls"], predictions=spec["predictions"])
 
 
 # ========================================================================================================= batches
+def packed_causal(rng: np.random.Generator, rows: int, seq: int, vocab: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(windows, segment_ids)``, both ``[rows, seq + 1]`` int32, cut as ``train.data.packing.pack_causal`` cuts
+    the stream ``doc_1 EOS doc_2 EOS ...``: window ``k`` = ``stream[k*seq : k*seq + seq + 1]``, documents numbered
+    from 1 within each window. Documents of ``seq/8`` to ``seq/2`` tokens (EOS included): every window holds two
+    or more."""
+    need = rows * seq + 1
+    lengths: list[int] = []
+    while sum(lengths) < need:  # a few hundred documents at most
+        lengths.append(int(rng.integers(max(2, seq // 8), max(2, seq // 2) + 1)))
+    stream = rng.integers(FIRST_WORD_ID, vocab, need, dtype=np.int32)
+    ends = np.cumsum(lengths) - 1
+    stream[ends[ends < need]] = EOS_ID
+    docs = np.repeat(np.arange(1, len(lengths) + 1, dtype=np.int32), lengths)[:need]
+    index = np.arange(rows)[:, None] * seq + np.arange(seq + 1)[None, :]
+    return stream[index], docs[index] - docs[index[:, :1]] + 1
+
+
+def packed_mlm(rng: np.random.Generator, rows: int, seq: int, vocab: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(input_ids, segment_ids)``, both ``[rows, seq]`` int32, laid out as ``train.data.packing.pack_mlm``'s rows:
+    segments ``[CLS] tokens [SEP]`` of ``seq/8`` to ``seq/2`` tokens packed greedily (two or more per row), numbered
+    from 1, then ``[PAD]`` (segment 0) up to ``seq``."""
+    ids = np.full((rows, seq), PAD_ID, np.int32)
+    segments = np.zeros((rows, seq), np.int32)
+    low, high = max(3, seq // 8), max(3, seq // 2)
+    for row in range(rows):
+        at, number = 0, 0
+        while (length := int(rng.integers(low, high + 1))) <= seq - at:
+            number += 1
+            ids[row, at:at + length] = [CLS_ID, *rng.integers(FIRST_WORD_ID, vocab, length - 2), SEP_ID]
+            segments[row, at:at + length] = number
+            at += length
+    return ids, segments
+
+
+def mask_rows(rng: np.random.Generator, ids: np.ndarray, vocab: int, predictions: int) -> dict[str, np.ndarray]:
+    """BERT masking of ``ids [rows, seq]`` by ``train.data.masking.mask_tokens``'s rule (with numpy's generator in
+    place of its counter-based hashes): per row ``min(P, max(1, round(candidates * MLM_PROB)))`` of the non-special
+    tokens (0 in a row without any), uniformly without replacement, become ``[MASK]`` (80 %), a random token (10 %)
+    or stay (10 %). ``input_ids``, ``labels`` ``[rows, seq]`` (``IGNORE_INDEX`` where not chosen),
+    ``masked_positions`` / ``masked_labels`` ``[rows, P]`` (ascending, then 0 / ``IGNORE_INDEX``), P =
+    ``predictions``."""
+    rows, seq = ids.shape
+    candidate = ids >= FIRST_WORD_ID
+    candidates = candidate.sum(axis=1)
+    count = np.where(candidates > 0, np.minimum(predictions, np.maximum(1, np.rint(candidates * MLM_PROB))), 0)
+    first = np.argsort(np.where(candidate, rng.random(ids.shape), 2.0), axis=1)[:, :predictions]
+    positions = np.sort(np.where(np.arange(predictions)[None, :] < count[:, None], first, seq), axis=1)
+    valid = positions < seq
+    chosen = np.zeros((rows, seq + 1), bool)
+    np.put_along_axis(chosen, positions, True, axis=1)
+    chosen = chosen[:, :seq]
+    positions = np.where(valid, positions, 0)
+    action = rng.random(ids.shape)
+    inputs = np.where(chosen & (action < 0.8), MASK_ID, ids)
+    inputs = np.where(chosen & (action >= 0.8) & (action < 0.9), rng.integers(FIRST_WORD_ID, vocab, ids.shape), inputs)
+    return {"input_ids": inputs, "labels": np.where(chosen, ids, IGNORE_INDEX),
+            "masked_positions": positions,
+            "masked_labels": np.where(valid, np.take_along_axis(ids, positions, axis=1), IGNORE_INDEX)}
+
+
 def make_batch(spec: dict[str, Any], seed: int = 0) -> dict[str, np.ndarray]:
-    """Random token ids (fixed seed); GPT: ``input_ids``, ``targets`` (the ids shifted by one); BERT: ``input_ids``
-    and ``masked_positions`` / ``masked_labels`` ``[batch, masked]`` (distinct positions per row, sorted)."""
+    """A batch of ``spec["batch"]`` packed rows of ``spec["seq"]`` random tokens (fixed seed) with the CLI's keys and
+    shapes (``train.data.batch_shapes``), every array int32 ``[batch, seq]`` except ``[batch, P]`` ones. Causal
+    (``CAUSAL_KEYS``): ``input_ids``, ``targets`` (the next token, ``IGNORE_INDEX`` where it starts another
+    document), ``segment_ids``. MLM (``MLM_KEYS``): masked ``input_ids``, ``attention_mask`` (0 on padding),
+    ``token_type_ids`` (0), ``segment_ids``, ``labels``, ``masked_positions`` / ``masked_labels`` ``[batch, P]``."""
     rng = np.random.default_rng(seed)
-    vocab, batch, seq = spec["config"].vocab_size, spec["batch"], spec["seq"]
-    ids = rng.integers(0, vocab, (batch, seq + 1), dtype=np.int32)
-    if spec["masked"] is None:
-        return {"input_ids": ids[:, :-1], "targets": ids[:, 1:]}
-    positions = np.sort(np.stack([rng.choice(seq, spec["masked"], replace=False) for _ in range(batch)]), axis=1)
-    labels = np.take_along_axis(ids[:, :-1], positions, axis=1)
-    inputs = ids[:, :-1].copy()
-    np.put_along_axis(inputs, positions, 4, axis=1)  # a [MASK]-like id
-    return {"input_ids": inputs, "masked_positions": positions.astype(np.int32), "masked_labels": labels}
+    vocab, rows, seq = spec["config"].vocab_size, spec["batch"], spec["seq"]
+    if spec["predictions"] is None:
+        windows, segments = packed_causal(rng, rows, seq, vocab)
+        scored = segments[:, 1:] == segments[:, :-1]
+        batch = {"input_ids": windows[:, :-1], "targets": np.where(scored, windows[:, 1:], IGNORE_INDEX),
+                 "segment_ids": segments[:, :-1]}
+        keys = CAUSAL_KEYS
+    else:
+        ids, segments = packed_mlm(rng, rows, seq, vocab)
+        batch = {"attention_mask": (segments > 0), "token_type_ids": np.zeros_like(ids), "segment_ids": segments,
+                 **mask_rows(rng, ids, vocab, spec["predictions"])}
+        keys = MLM_KEYS
+    return {key: np.ascontiguousarray(batch[key], np.int32) for key in keys}
 
 
 # ======================================================================================================== measures
@@ -262,7 +331,7 @@ def run_train(name: str, spec: dict[str, Any], args: argparse.Namespace, peak: f
     state = {"params": params, "opt_state": jax.jit(tx.init)(params), "step": jnp.zeros((), jnp.int32),
              "rng": jax.random.key_data(jax.random.key(args.seed))}
     batch = jax.device_put(make_batch(spec, args.seed))
-    objective = "mlm" if spec["masked"] is not None else "causal"
+    objective = "mlm" if spec["predictions"] is not None else "causal"
     step = make_train_step(graphdef, tx, optax.constant_schedule(LR), objective=objective,
                            loss_chunk=args.loss_chunk)
     no_accuracy = jnp.bool_(False)
@@ -338,7 +407,7 @@ def run_generate(spec: dict[str, Any], args: argparse.Namespace, peak: float) ->
     times = timed(lambda: generate(model, prompt, new).block_until_ready(), 0, args.generate_repeats)
     call_s = statistics.median(times)
     tokens_per_s = spec["batch"] * new / call_s
-    fpt = forward_flops_per_token(config, spec["prompt"] + new / 2, GPTForCausalLM)
+    fpt = flopslib.forward_flops_per_token(config, spec["prompt"] + new / 2, GPTForCausalLM)
     memory, memory_kind = peak_memory_bytes()
     profile = (profile_ops(lambda: generate(model, prompt, new).block_until_ready(),
                            os.path.join(args.profile, "gpt_generate"), 1) if args.profile else None)
@@ -396,23 +465,24 @@ def run_transformers(name: str, spec: dict[str, Any], args: argparse.Namespace, 
         times = timed(call, 0, args.generate_repeats)
         call_s = statistics.median(times)
         tokens_per_s = spec["batch"] * new / call_s
-        fpt = forward_flops_per_token(spec["config"], spec["prompt"] + new / 2, GPTForCausalLM)
+        fpt = flopslib.forward_flops_per_token(spec["config"], spec["prompt"] + new / 2, GPTForCausalLM)
         return dict(step_ms=1e3 * call_s / new, tokens_per_s=tokens_per_s, mfu=fpt * tokens_per_s / peak,
                     first_call_s=first_s, call_s=call_s, params=params,
                     peak_memory_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                     memory_kind="process max RSS (both frameworks)")
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
-    if spec["masked"] is not None:
-        labels = torch.full(ids.shape, -100, dtype=torch.int64)
-        labels.scatter_(1, torch.from_numpy(batch["masked_positions"].astype(np.int64)),
-                        torch.from_numpy(batch["masked_labels"].astype(np.int64)))
-    else:
-        labels = ids  # GPT2LMHeadModel shifts the labels itself
+    extra = {}
+    if spec["predictions"] is not None:
+        labels = torch.from_numpy(batch["labels"].astype(np.int64))  # IGNORE_INDEX = transformers' -100
+        extra = {k: torch.from_numpy(batch[k].astype(np.int64)) for k in ("attention_mask", "token_type_ids")}
+    else:  # GPT2LMHeadModel scores labels[:, t + 1] at position t: our targets, one to the right
+        targets = batch["targets"].astype(np.int64)
+        labels = torch.from_numpy(np.concatenate([np.full_like(targets[:, :1], IGNORE_INDEX), targets[:, :-1]], 1))
     losses = []
 
     def step():
-        loss = model(input_ids=ids, labels=labels).loss
+        loss = model(input_ids=ids, labels=labels, **extra).loss
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -743,7 +813,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
             results.append(run_smollm2_workload(args))
             continue
         spec = workload_spec(name, args)
-        backend, why = attention_backend(spec["config"], q_len=spec["seq"], training=name != "gpt_generate")
+        training = name != "gpt_generate"  # training batches are packed: segment_ids make a document mask
+        backend, why = attention_backend(spec["config"], q_len=spec["seq"], masked=training, training=training)
         result = dict(work=name, framework="flaxzoo (jax)", machine=machine(), jax=jax.__version__,
                       dtype=spec["config"].dtype, attention=backend, attention_reason=why,
                       remat=spec["config"].remat, scan_layers=spec["config"].scan_layers, batch=spec["batch"],

@@ -1,4 +1,5 @@
-"""Model FLOPs per token, accelerator peaks, and model FLOPs utilisation (MFU).
+"""Model FLOPs per token, accelerator peaks, and model FLOPs utilisation (MFU): the one definition the training loop,
+the benchmark (``train/bench.py``) and the accelerator check (``train/gpu_check.py``, through the bench) share.
 
 Convention (Kaplan et al., 2020; PaLM, Chowdhery et al., 2022, appendix B), for one training token:
 
@@ -16,6 +17,18 @@ Convention (Kaplan et al., 2020; PaLM, Chowdhery et al., 2022, appendix B), for 
   and layer each (``T`` = sequence length, ``d`` = heads × head_dim), i.e. ``4 · T · d`` FLOPs forward, ×3 with the
   backward pass. The causal mask is not discounted (the usual convention; nanoGPT and PaLM do the same).
 
+Two refinements, both arguments of :func:`flops_per_token`:
+
+- ``predictions`` (masked LM): the MLM loss (``train.step.masked_lm_loss``) gathers the ``P`` slots of
+  ``masked_positions [batch, P]`` (``DataConfig.predictions``, padding slots included) before the head, so the head's
+  parameters (:func:`mlm_head_params`: the transform dense and its norm, the vocabulary projection, i.e. the tied
+  token table, and its bias) work on ``P / T`` of the positions: ``N = N_encoder + (P / T) · N_head``. Without it
+  the head counts on every position (the model's plain forward). BERT base, ``T`` = 128: 668.9 MFLOP per token with
+  the head everywhere, 547.1 with ``P`` = 20 (the loader's 15 %: ``ceil(0.15 · 128)``).
+- ``trained`` (a frozen base, LoRA): the frozen weights cost their forward and the backward to the activations,
+  ``4 N``, the ``N_trained`` trained ones ``6`` each: ``4 N + 6 N_trained + 12 L T d`` (with ``predictions``, ``N``
+  as above).
+
 Not counted: softmax, norms, activations, the loss, rematerialised recomputation (MFU counts model FLOPs, not hardware
 FLOPs: recomputing with ``remat`` lowers MFU, as it should).
 
@@ -26,7 +39,6 @@ from the vendors' data sheets. On CPU there is no data sheet: :func:`measure_cpu
 from __future__ import annotations
 
 import functools
-
 import time
 
 import jax
@@ -54,30 +66,60 @@ PEAK_FLOPS: tuple[tuple[str, float], ...] = (
 )
 
 
-def matmul_params(config: TransformerConfig, cls: type | None = None) -> int:
-    """``N`` of the convention above, counted on the abstract model (nothing is allocated); vocabulary tables with
-    their padded rows (``config.padded_vocab_size``)."""
+@functools.lru_cache(maxsize=32)
+def _matmul_leaves(config: TransformerConfig, cls: type | None) -> tuple[tuple[tuple[str, ...], int], ...]:
+    """``(key path, size)`` of every parameter in ``N`` (lookup-only tables left out), on the abstract model (built
+    once per config and class)."""
     params = nnx.to_pure_dict(nnx.state(abstract_model(config, cls), nnx.Param))
-    total = 0
+    leaves = []
     for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
-        keys = [getattr(p, "key", None) for p in path]
+        keys = tuple(str(getattr(p, "key", p)) for p in path)
         lookup_only = "positions" in keys or "token_types" in keys or (
             "tokens" in keys and not config.tie_word_embeddings)
         if not lookup_only:
-            total += int(np.prod(leaf.shape))
-    return total
+            leaves.append((keys, int(np.prod(leaf.shape))))
+    return tuple(leaves)
+
+
+def matmul_params(config: TransformerConfig, cls: type | None = None) -> int:
+    """``N`` of the convention above, counted on the abstract model (nothing is allocated); vocabulary tables with
+    their padded rows (``config.padded_vocab_size``)."""
+    return sum(size for _, size in _matmul_leaves(config, cls))
+
+
+def mlm_head_params(config: TransformerConfig, cls: type | None = None) -> int:
+    """The part of ``N`` in a masked-LM head (``BertForMaskedLM``): every matmul parameter outside the encoder
+    (``model.bert``: the transform dense and norm, the decoder's bias or untied kernel) plus the tied token table (the
+    vocabulary projection). ValueError for a model without such a head."""
+    leaves = _matmul_leaves(config, cls)
+    if not any(keys[0] == "bert" for keys, _ in leaves) or all(keys[0] == "bert" for keys, _ in leaves):
+        raise ValueError(f"{getattr(cls, '__name__', cls)} has no masked-LM head beside a 'bert' encoder")
+    return sum(size for keys, size in leaves if keys[0] != "bert" or "tokens" in keys)
 
 
 def flops_per_token(config: TransformerConfig, seq_len: int, cls: type | None = None, *,
-                    trained: int | None = None) -> float:
-    """Training FLOPs per token: ``6 N + 12 L T d`` (see the module docstring). ``trained``: the number of trained
-    parameters when the base is frozen (LoRA): the frozen weights cost their forward and the backward to the
-    activations, ``4 N``, the trained ones ``6`` each: ``4 N + 6 N_trained + 12 L T d``."""
-    d_attn = config.num_heads * config.head_dim
-    attention = 12.0 * config.num_layers * seq_len * d_attn
+                    trained: int | None = None, predictions: int | None = None) -> float:
+    """Training FLOPs per token (see the module docstring): ``6 N + 12 L T d``, ``T = seq_len``.
+
+    ``predictions``: the masked-LM head runs on ``predictions`` gathered positions of each ``[seq_len]`` row
+    (``DataConfig.predictions``; ``masked_positions [batch, predictions]``), so its parameters count for
+    ``predictions / seq_len`` of the tokens. ``trained``: the number of trained parameters when the base is frozen
+    (LoRA): ``4 N + 6 N_trained + 12 L T d``."""
+    n = float(matmul_params(config, cls))
+    if predictions is not None:
+        if not 1 <= predictions <= seq_len:
+            raise ValueError(f"predictions={predictions}: expected a count of positions in [1, seq_len={seq_len}]")
+        n -= mlm_head_params(config, cls) * (1.0 - predictions / seq_len)
+    attention = 12.0 * config.num_layers * seq_len * config.num_heads * config.head_dim
     if trained is None:
-        return 6.0 * matmul_params(config, cls) + attention
-    return 4.0 * matmul_params(config, cls) + 6.0 * trained + attention
+        return 6.0 * n + attention
+    return 4.0 * n + 6.0 * trained + attention
+
+
+def forward_flops_per_token(config: TransformerConfig, context: float, cls: type | None = None) -> float:
+    """Forward-only model FLOPs per token (decoding): ``2 N + 4 L · context · d``, a third of the training count at
+    ``T = context`` (the mean context length of the generated tokens)."""
+    return 2.0 * matmul_params(config, cls) + 4.0 * config.num_layers * context * config.num_heads * config.head_dim
 
 
 def peak_flops(device: jax.Device) -> float | None:

@@ -8,7 +8,10 @@ is reported as a failed figure, ``{"check": ..., "ok": false, "error": ...}``, a
 2. ``gpt2_small_train``: ``python -m train.bench --work gpt2_small --seq 1024 --batch B --json`` (bf16 compute off
    CPU) at the largest B of ``GPT2_BATCHES`` that fits: tokens/s, MFU, peak memory, the attention backend chosen and
    why, and the fused-attention custom calls found in the compiled HLO (cuDNN's ``__cudnn$fmha*``);
-   ``bert_base_train``: the same for ``--work bert_base`` (BERT-base MLM, 64 × 128);
+   ``bert_base_train``: the same for ``--work bert_base`` (BERT-base MLM, 64 × 128). The bench times the CLI's
+   step on batches with the CLI's keys and shapes (packed rows with ``segment_ids``; ``train.bench.make_batch``) and
+   counts ``flops_per_token`` (in the figure) with ``train.flops.flops_per_token``, the training loop's MFU
+   definition (the MLM head on the ``masked_positions`` slots only);
 3. ``train_cli``: 30 steps of ``python -m train --config configs/gpt2_small.py`` into a temporary work directory
    (warm-up shortened to 5 steps so the loss moves within 30): the CLI's exit code, the first and last logged loss of
    ``metrics.jsonl``, tokens/s and MFU (the median of the logged windows after the first, as the loop's summary);
@@ -168,7 +171,7 @@ def bench_figures(stdout: str, workdir: pathlib.Path) -> Figures:
     matter first."""
     keep = ("tokens_per_s", "mfu", "peak_memory_mb", "memory_kind", "attention", "attention_reason",
             "fused_attention_in_hlo", "dtype", "batch", "seq", "step_ms", "compile_s", "machine", "peak_flops",
-            "peak_kind")
+            "peak_kind", "flops_per_token")
     names = {"gpt2_small": "gpt2_small_train", "gpt_train": "gpt2_small_train", "bert_base": "bert_base_train",
              "bert_train": "bert_base_train"}
     return [{"check": names[r["work"]], "work": r["work"], **{k: r[k] for k in keep if k in r}}

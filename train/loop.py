@@ -537,8 +537,9 @@ class Trainer:
         compile_start = time.perf_counter()
         train_step = self.compiled_step or self.program.lower_train_step().compile()
         summary.compile_s = time.perf_counter() - compile_start
-        flops_per_token = flopslib.flops_per_token(self.model_config, cfg.seq_len, self.model_cls,
-                                                   trained=self.trainable_count if self.lora else None)
+        flops_per_token = flopslib.flops_per_token(
+            self.model_config, cfg.seq_len, self.model_cls, trained=self.trainable_count if self.lora else None,
+            predictions=cfg.data.predictions if cfg.objective == "mlm" else None)
         peak, peak_source = flopslib.device_peak(self.devices)
         summary.flops_per_token = flops_per_token
         if self.devices[0].platform == "cpu":

@@ -90,7 +90,9 @@ class Attention(nnx.Module):
         if return_weights:
             context, weights = attention_with_weights(query, key, value, mask, bias, is_causal, dropout)
         else:
+            segments = None if layout.query_segments is None else (layout.query_segments, layout.key_segments)
             context = attend(query, key, value, mask=mask, bias=bias, is_causal=is_causal,
-                             impl=config.attention_impl, dropout=dropout)
+                             impl=config.attention_impl, dropout=dropout, segments=segments,
+                             causal_segments=config.causal and mask is not None)
             weights = None
         return self.out(constrain(context, QUERY_HEADS)), cache, weights

@@ -32,6 +32,9 @@ import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
 from models.config import ATTENTION_IMPLS
+from models.layers import attention_kernels
+from models.layers.partitioning import (ACTIVATION_BATCH, ACTIVATION_HEADS, ACTIVATION_KV_HEADS, current_placement,
+                                        current_platform)
 
 
 def _heads_major(query: jax.Array, kv_heads: int) -> jax.Array:
@@ -247,24 +250,61 @@ def _cudnn_head_dim_limit() -> int:
         return 128
 
 
-def choose_backend(impl: str, *, dtype, head_dim: int, q_len: int, k_len: int, masked: bool, biased: bool,
-                   is_causal: bool, dropout: bool, platform: str | None = None) -> tuple[str, str]:
-    """Which attention core a call runs: ``("cudnn" | "xla" | "softmax", reason)``.
+KERNELS = ("splash", "gpu_flash")  # the Pallas kernels (models/layers/attention_kernels.py): masks as segment ids
 
-    ``"cudnn"`` is ``jax.nn.dot_product_attention(implementation="cudnn")`` (cuDNN flash attention), ``"xla"`` the
-    same function's XLA path, ``"softmax"`` this module's closed-form-backward kernel. ``impl`` is the config's
-    ``attention_impl``; ``"fused"`` / ``"auto"`` on a GPU take cuDNN when it supports the call: a GPU, bfloat16 or
-    float16, a head dim that is a multiple of 8 within cuDNN's limit, no additive bias (ALiBi), no mask beyond plain
-    causality (padding and packed documents are masks), query and key lengths equal when causal, and no attention
-    dropout (jax.nn's cuDNN entry point has none). Otherwise XLA, or the kernel where dropout is on.
+
+def choose_backend(impl: str, *, dtype, head_dim: int, q_len: int, k_len: int, masked: bool, biased: bool,
+                   is_causal: bool, dropout: bool, platform: str | None = None, kv_heads: int | None = None,
+                   heads: int | None = None, shared_segments: bool = True) -> tuple[str, str]:
+    """Which attention core a call runs: ``("splash" | "gpu_flash" | "cudnn" | "xla" | "softmax", reason)``.
+
+    ``platform``: the platform the step is compiled for (default: the one in force, ``partitioning
+    .current_platform()``: a compile-only TPU mesh is ``"tpu"`` on a CPU host). ``impl`` is the config's
+    ``attention_impl``:
+
+    - ``"auto"``: on TPU splash attention; on GPU cuDNN flash attention for plain causal or unmasked calls
+      (``jax.nn.dot_product_attention(implementation="cudnn")``) and Pallas' GPU flash attention for packed
+      documents and padding (a mask of segment ids); the closed-form-backward kernel on CPU.
+    - ``"splash"`` / ``"gpu_flash"``: that kernel on any platform (Pallas interpret mode on CPU).
+    - ``"fused"``: cuDNN where it takes the call, else XLA (``jax.nn.dot_product_attention``).
+    - ``"softmax"``: the closed-form-backward kernel.
+
+    A kernel takes full-sequence calls only (``q_len == k_len``: training, evaluation, encoding; a cached decode
+    step goes to XLA), no additive bias (ALiBi), and no attention dropout: with dropout on, every platform runs the
+    softmax kernel, which keeps the ``[batch, heads, q, k]`` probabilities (the accelerator presets train without
+    attention dropout). ``shared_segments``: the queries' and keys' segment ids are one array (packed documents;
+    BERT's padding mask gives them apart), which the GPU kernel needs.
     """
-    platform = platform or jax.default_backend()
+    platform = platform or current_platform()
     if impl not in ATTENTION_IMPLS:
         raise ValueError(f"attention impl {impl!r}: expected one of {ATTENTION_IMPLS}")
-    if impl == "softmax" or (impl == "auto" and platform != "gpu"):
+    if impl == "softmax" or (impl == "auto" and platform == "cpu"):
         return "softmax", f"attention_impl={impl!r} on {platform}: the closed-form-backward kernel"
     if dropout:
-        return "softmax", "attention dropout is on, which jax.nn.dot_product_attention does not take"
+        return "softmax", "attention dropout is on, which no fused kernel takes: the closed-form-backward kernel"
+    heads = heads or 1
+    kv_heads = kv_heads or heads
+    query_shape, key_shape = (1, q_len, heads, head_dim), (1, k_len, kv_heads, head_dim)
+    kernel = impl if impl in KERNELS else None
+    if impl == "auto":
+        kernel = "splash" if platform == "tpu" else "gpu_flash" if platform == "gpu" and masked else None
+    if kernel is not None:
+        interpret = platform != {"splash": "tpu", "gpu_flash": "gpu"}[kernel]
+        if biased:
+            ok, reason = False, f"{kernel} does not take an additive bias (ALiBi)"
+        elif q_len != k_len:
+            ok, reason = False, f"{kernel} runs full-sequence calls only (query length {q_len} != key length {k_len})"
+        elif kernel == "splash":
+            ok, reason = attention_kernels.splash_supported(query_shape, key_shape, dtype, causal=is_causal,
+                                                            platform=platform, interpret=interpret)
+        else:
+            ok, reason = attention_kernels.gpu_flash_supported(query_shape, key_shape, dtype, causal=is_causal,
+                                                               shared_segments=shared_segments or not masked,
+                                                               platform=platform, interpret=interpret)
+        if ok:
+            return kernel, reason + (" in Pallas interpret mode" if interpret else "")
+        if impl != "auto" or platform == "tpu":
+            return "xla", f"{reason}: XLA"
     if platform != "gpu":
         return "xla", f"cuDNN needs a GPU (backend {platform!r})"
     limit = _cudnn_head_dim_limit()
@@ -285,17 +325,27 @@ def choose_backend(impl: str, *, dtype, head_dim: int, q_len: int, k_len: int, m
 
 
 def attend(query: jax.Array, key: jax.Array, value: jax.Array, *, mask: jax.Array | None, bias: jax.Array | None,
-           is_causal: bool, impl: str = "auto", dropout: jax.Array | None = None) -> jax.Array:
+           is_causal: bool, impl: str = "auto", dropout: jax.Array | None = None,
+           segments: tuple[jax.Array, jax.Array] | None = None, causal_segments: bool = False) -> jax.Array:
     """Attention context ``[batch, q, heads, d]`` through the backend ``choose_backend`` picks.
 
     ``query: [batch, q, heads, d]``, ``key`` / ``value: [batch, k, kv_heads, d]``; ``mask`` (True = may attend) and
     ``bias`` broadcastable to ``[batch, heads, q, k]``; ``is_causal``: query ``i`` sees keys ``<= i + (k - q)``
     (bottom-right, on every backend); ``dropout``: None or the probabilities' multiplier (``[batch, heads, q, k]``).
+    ``segments``: the ``(query [batch, q], key [batch, k])`` segment ids ``mask`` was built from (a query sees keys
+    of its own segment, and with ``causal_segments`` only earlier ones), which the Pallas kernels take instead of
+    the dense mask.
     """
     q_len, k_len = query.shape[1], key.shape[1]
     backend, _ = choose_backend(impl, dtype=query.dtype, head_dim=query.shape[-1], q_len=q_len, k_len=k_len,
-                                masked=mask is not None, biased=bias is not None, is_causal=is_causal,
-                                dropout=dropout is not None)
+                                masked=mask is not None, biased=bias is not None, is_causal=is_causal or
+                                causal_segments, dropout=dropout is not None, heads=query.shape[2],
+                                kv_heads=key.shape[2], shared_segments=segments is None or
+                                segments[0] is segments[1])
+    if backend in KERNELS and mask is not None and segments is None:
+        backend = "xla"  # a mask not made of segment ids: the kernels cannot take it
+    if backend in KERNELS:
+        return _kernel_attention(backend, query, key, value, segments, is_causal or causal_segments)
     if backend == "softmax":
         return softmax_attention(query, key, value, mask, bias, is_causal, dropout)
     if is_causal and q_len != k_len:  # jax.nn aligns its causal mask top-left: give it the bottom-right one
@@ -312,12 +362,54 @@ def attend(query: jax.Array, key: jax.Array, value: jax.Array, *, mask: jax.Arra
                                         implementation="xla")
 
 
+def _kernel_attention(kernel: str, query: jax.Array, key: jax.Array, value: jax.Array,
+                      segments: tuple[jax.Array, jax.Array] | None, causal: bool) -> jax.Array:
+    """A Pallas kernel over the call, per device of the mesh in force: a custom call cannot be split by XLA's
+    partitioner (it would gather the whole batch onto every device), so under a placement the kernel runs in a
+    ``shard_map`` over the batch (``data`` x ``fsdp``) and, where both query and key/value heads divide it, the
+    ``tensor`` axis."""
+    placement = current_placement()
+    shared = segments is not None and segments[0] is segments[1]
+    interpret = (placement.platform if placement is not None else jax.default_backend()) != (
+        "tpu" if kernel == "splash" else "gpu")
+
+    def run(q, k, v, q_seg, kv_seg):
+        if kernel == "splash":
+            if shared:
+                kv_seg = q_seg
+            return attention_kernels.splash_attention(q, k, v, q_segments=q_seg, kv_segments=kv_seg, causal=causal,
+                                                      interpret=interpret)
+        return attention_kernels.gpu_flash_attention(q, k, v, segment_ids=q_seg, causal=causal, interpret=interpret)
+
+    q_seg, kv_seg = segments if segments is not None else (None, None)
+    if placement is None:
+        return run(query, key, value, q_seg, kv_seg)
+    q_spec = placement.spec((ACTIVATION_BATCH, None, ACTIVATION_HEADS, None), query.shape)
+    kv_spec = placement.spec((ACTIVATION_BATCH, None, ACTIVATION_KV_HEADS, None), key.shape)
+    if q_spec[2] != kv_spec[2]:  # heads split but key/value heads not (or the other way): keep both whole
+        q_spec = jax.sharding.PartitionSpec(q_spec[0], None, None, None)
+        kv_spec = jax.sharding.PartitionSpec(kv_spec[0], None, None, None)
+    rows = jax.sharding.PartitionSpec(q_spec[0], None)
+    if q_seg is None:
+        def local(q, k, v):
+            return run(q, k, v, None, None)
+        return jax.shard_map(local, mesh=placement.mesh, in_specs=(q_spec, kv_spec, kv_spec), out_specs=q_spec,
+                             check_vma=False)(query, key, value)
+    return jax.shard_map(run, mesh=placement.mesh, in_specs=(q_spec, kv_spec, kv_spec, rows, rows),
+                         out_specs=q_spec, check_vma=False)(query, key, value, q_seg, kv_seg)
+
+
 def attention_backend(config, *, q_len: int, k_len: int | None = None, masked: bool = False,
-                      training: bool = False, platform: str | None = None) -> tuple[str, str]:
+                      training: bool = False, platform: str | None = None,
+                      shared_segments: bool | None = None) -> tuple[str, str]:
     """The attention core ``config``'s layers run for a call of ``q_len`` queries over ``k_len`` keys (default
-    ``q_len``): ``("cudnn" | "xla" | "softmax", reason)``. ``masked``: padding or packed documents (a mask beyond
-    plain causality); ``training``: attention dropout applies (``config.attention_dropout`` > 0)."""
+    ``q_len``): ``("splash" | "gpu_flash" | "cudnn" | "xla" | "softmax", reason)``. ``masked``: padding or packed
+    documents (a mask beyond plain causality); ``training``: attention dropout applies (``config.attention_dropout``
+    > 0); ``platform``: the target's (default: the one in force); ``shared_segments``: one segment array for
+    queries and keys (default: a decoder's packed documents yes, an encoder's padding mask no)."""
     return choose_backend(config.attention_impl, dtype=config.dtype, head_dim=config.head_dim, q_len=q_len,
                           k_len=q_len if k_len is None else k_len, masked=masked,
                           biased=config.position == "alibi", is_causal=config.causal,
-                          dropout=training and config.attention_dropout > 0, platform=platform)
+                          dropout=training and config.attention_dropout > 0, platform=platform,
+                          heads=config.num_heads, kv_heads=config.num_kv_heads,
+                          shared_segments=config.causal if shared_segments is None else shared_segments)
