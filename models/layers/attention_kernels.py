@@ -180,7 +180,9 @@ def splash_attention(query: jax.Array, key: jax.Array, value: jax.Array, *, q_se
     :func:`splash_supported` refuses."""
     batch, q_len, heads, head_dim = query.shape
     k_len = key.shape[1]
-    ok, reason = splash_supported(query.shape, key.shape, query.dtype, causal=causal, interpret=interpret)
+    # The platform is the caller's to choose (a compile-only TPU mesh traces on a CPU host): only the shapes are checked.
+    ok, reason = splash_supported(query.shape, key.shape, query.dtype, causal=causal, platform="tpu",
+                                  interpret=interpret)
     if not ok:
         raise ValueError(reason)
     if (q_segments is None) != (kv_segments is None):
@@ -217,7 +219,7 @@ def gpu_flash_attention(query: jax.Array, key: jax.Array, value: jax.Array, *, s
     CPU). Raises ValueError for a call :func:`gpu_flash_supported` refuses."""
     batch, seq, heads, head_dim = query.shape
     ok, reason = gpu_flash_supported(query.shape, key.shape, query.dtype, causal=causal, shared_segments=True,
-                                     interpret=interpret)
+                                     platform="gpu", interpret=interpret)
     if not ok:
         raise ValueError(reason)
     block = min(GPU_MAX_BLOCK, max(16, _next_power_of_2(seq)))

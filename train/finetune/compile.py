@@ -1,0 +1,101 @@
+"""The fine-tuner's train step (``task="classify"``) compiled for compile-only devices: ``python -m train.compile``.
+
+The step is the one ``train.finetune.trainer.Finetuner`` runs: ``train.step.make_train_step(objective="classify")``
+over the classifier built from ``init_from``'s config (only its config is read), with the fine-tuning optimizer
+(layer decay, the head's own schedule), its parameters replicated and its batch (``input_ids``, ``attention_mask``
+``[batch_size, data.max_len]``; ``labels``, ``example_weights`` ``[batch_size]``) split over every device, as the
+fine-tuner places them. What depends on the data is taken at its bound: ``num_labels`` (0: the data's classes) as
+``len(data.label_names)`` or 2, and ``vocab.frequent`` adds its ``vocab.max_new`` rows.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from models import BertForSequenceClassification
+from models.hub.source import describe_pretrained
+from models.layers.attention_core import attention_backend
+from models.lora import apply_lora, frozen_and_trainable
+from train import flops as flopslib
+from train import sharding as shardlib
+from train.config import execution_defaults
+from train.finetune.config import SCRATCH, FinetuneConfig
+from train.finetune.trainer import is_head, packaged_minilm
+from train.optim import make_finetune_optimizer
+from train.step import make_train_step
+
+STEPS = 1000  # the schedule's length does not change the compiled step
+
+
+def compile_finetune(config, target, devices: list[jax.Device], *, report: Callable) -> tuple[Any, Any]:
+    """Compile ``config``'s fine-tuning step for ``devices``: ``(report, compiled)``; ``report`` is the function that
+    builds ``train.compile.Report`` (passed in: ``train.compile`` imports this module)."""
+    cfg = FinetuneConfig.from_config_dict(config)
+    platform = shardlib.platform_of(devices[0])
+    notes = []
+    if cfg.init_from == SCRATCH:
+        model_config = cfg.model
+    else:
+        model_config, _ = describe_pretrained(cfg.init_from or packaged_minilm())
+    labels = cfg.num_labels or len(cfg.data.class_names) or 2
+    if not cfg.num_labels:
+        notes.append(f"num_labels follows the data: compiled with {labels}")
+    added = len(cfg.vocab.given) + (cfg.vocab.max_new if cfg.vocab.frequent else 0)
+    if added:
+        notes.append(f"vocabulary compiled with {added} added rows (vocab.*'s most)")
+    remat, scan = execution_defaults(platform, model_config.num_layers)
+    remat = remat if cfg.remat == "auto" else cfg.remat
+    scan = scan if cfg.scan_layers == "auto" else cfg.scan_layers
+    dtype = cfg.compute_dtype if cfg.compute_dtype != "auto" else ("float32" if platform == "cpu" else "bfloat16")
+    model_config = model_config.replace(num_labels=labels, label_names=None, vocab_size=model_config.vocab_size + added,
+                                        dtype=dtype, param_dtype="float32", remat=remat, scan_layers=scan,
+                                        **({} if cfg.dropout < 0 else {"dropout": cfg.dropout}))
+    lora = cfg.lora.spec()
+    trainable = frozen_and_trainable(cfg.fully_trained) if lora else nnx.Param
+
+    def build() -> nnx.Module:
+        model = BertForSequenceClassification(model_config, rngs=nnx.Rngs(cfg.seed))
+        return apply_lora(model, lora, seed=cfg.seed) if lora else model
+
+    graphdef, params, rest = nnx.split(nnx.eval_shape(build), trainable, ...)
+    params = nnx.to_pure_dict(params)
+    tx, schedule = make_finetune_optimizer(cfg.optim, STEPS, params, model_config.num_layers,
+                                           freeze_steps=cfg.freeze_steps, is_head=is_head,
+                                           head_lr=cfg.head_lr or None)
+    rows_axis = len(devices) if cfg.batch_size % len(devices) == 0 else 1
+    mesh = shardlib.make_mesh((rows_axis, 1, 1), devices[:rows_axis])
+    replicated, rows = shardlib.replicated(mesh), shardlib.batch_sharding(mesh)
+    if rows_axis == 1:
+        notes.append(f"batch_size={cfg.batch_size} does not divide {len(devices)} devices: one device trains "
+                     "(the fine-tuner's rule)")
+
+    def state_of(params):
+        return {"params": params, "opt_state": tx.init(params), "step": jnp.zeros((), jnp.int32),
+                "rng": jax.random.key_data(jax.random.key(cfg.seed))}
+
+    def abstract(tree, sharding):
+        return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), tree)
+
+    state = abstract(jax.eval_shape(state_of, params), replicated)
+    batch, seq = cfg.batch_size, cfg.data.max_len
+    abstract_batch = {"input_ids": (batch, seq), "attention_mask": (batch, seq), "labels": (batch,),
+                      "example_weights": (batch,)}
+    abstract_batch = {k: jax.ShapeDtypeStruct(shape, jnp.float32 if k == "example_weights" else jnp.int32,
+                                              sharding=rows) for k, shape in abstract_batch.items()}
+    step = jax.jit(make_train_step(graphdef, tx, schedule, objective="classify",
+                                   placement=shardlib.activation_placement(mesh)), donate_argnums=(0,))
+    start = time.perf_counter()
+    compiled = step.lower(state, abstract(rest, replicated), abstract_batch).compile()
+    compile_s = time.perf_counter() - start
+    trained = sum(x.size for x in jax.tree.leaves(params)) if lora else None
+    per_token = flopslib.flops_per_token(model_config, seq, BertForSequenceClassification, trained=trained)
+    attention = attention_backend(model_config, q_len=seq, masked=True, training=True, platform=platform)
+    return report(target, "train (fine-tune)", devices[:rows_axis], mesh, compiled,
+                  flops_total=per_token * batch * seq, flops_source="analytic model FLOPs, train.flops (6N + 12LTd)",
+                  tokens=batch * seq, attention=attention, remat=remat, scan_layers=scan, compile_s=compile_s,
+                  notes=notes), compiled
