@@ -11,6 +11,7 @@ import pytest
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # two test workers may load libtpu at once
 
 from train import compile as compilelib  # noqa: E402
+from train import hlo as hlolib  # noqa: E402
 from train import sharding, targets  # noqa: E402
 
 TPU = "v5e-8"
@@ -60,7 +61,7 @@ def test_the_batch_is_never_replicated(target_name, mesh):
     assert not whole, f"the whole batch on one device: {whole}"
     assert re.search(rf"\b(?:bf16|f32)\[{rows},256,", hlo), f"no [{rows}, 256, ...] activation found"
     if fsdp > 1:  # FSDP: weights gathered for use, gradients reduced back to each device's slice
-        kinds = compilelib.collectives(hlo)
+        kinds = hlolib.collectives(hlo)
         assert kinds.get("all-gather", 0) + kinds.get("collective-permute", 0) > 0
         assert "all-to-all" not in kinds  # the replicated-batch program reshuffled activations
 
@@ -153,8 +154,31 @@ def test_hlo_readers_count_collectives_and_kernels():
   %reduce-scatter.2 = f32[96]{0} reduce-scatter(f32[768]{0} %g), dimensions={0}
   %all-reduce.3 = f32[] all-reduce(f32[] %x), to_apply=%add
   %big = bf16[12,64,1024,3072]{3,2,1,0} fusion(%a), kind=kLoop
-  %custom-call.4 = bf16[8,2,256,64]{3,2,1,0} custom-call(%q), custom_call_target="tpu_custom_call", backend_config="splash_mha_fwd"
+  %custom-call.4 = bf16[8,2,256,64]{3,2,1,0} custom-call(%q), custom_call_target="tpu_custom_call", kernel="splash_mha_fwd"
 """
-    assert compilelib.collectives(hlo) == {"all-gather": 1, "all-reduce": 1, "reduce-scatter": 1}
-    assert compilelib.attention_kernels(hlo) == ["splash"]
-    assert compilelib.largest_buffers(hlo, top=1) == ["bf16[12,64,1024,3072] (big): 4.50 GiB"]
+    assert hlolib.collectives(hlo) == {"all-gather": 1, "all-reduce": 1, "reduce-scatter": 1}
+    assert hlolib.attention_kernels(hlo) == ["splash"]
+    assert hlolib.largest_buffers(hlo, top=1) == ["bf16[12,64,1024,3072] (big): 4.50 GiB"]
+    fused = "%fused_computation.1 (p: f32[4]) -> f32[4] {\n  %inner = f32[999,999,999] add(%p, %p)\n}\n"
+    assert hlolib.largest_buffers(fused) == []  # a fusion's inner values are no buffers
+    assert hlolib.collectives("%r = f32[8] ragged-all-to-all(%a)") == {}
+    cudnn = '%c = bf16[8,12,64] custom-call(%q), custom_call_target="__cudnn$fmhaSoftmax"'
+    assert hlolib.attention_kernels(cudnn) == ["cudnn"]
+
+
+def test_generate_step_compiles_at_batch_one_and_the_configs_batch():
+    need("tpu")
+    reports = compilelib.compile_config(compilelib.load_config("default", TINY), targets.parse_target(TPU),
+                                        step="generate")
+    assert [r.tokens_per_step for r in reports] == [1, 32]  # one new token per row
+    assert all(r.fits and r.step.startswith("generate") for r in reports)
+    assert reports[0].attention == "xla"  # one query over the cache: no full-sequence kernel
+
+
+def test_finetune_config_compiles_the_finetuners_step(minilm_dir):
+    need("gpu")
+    config = compilelib.load_config("finetune_cls", [f"--config.init_from={minilm_dir}", "--config.num_labels=5"])
+    report = compilelib.compile_config(config, targets.parse_target(GPU))[0]
+    assert report.step == "train (fine-tune)" and report.fits
+    assert report.mesh == {"data": 8, "fsdp": 1, "tensor": 1}  # batch 32 over 8 GPUs, parameters replicated
+    assert report.tokens_per_step == 32 * 64  # batch_size x data.max_len

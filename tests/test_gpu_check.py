@@ -43,15 +43,6 @@ def test_tiny_check_prints_every_figure(tmp_path):
                                                          "train_cli", "smollm2_decode"}
 
 
-def test_fused_attention_calls_are_found_in_hlo_text():
-    from train.bench import fused_attention_calls
-
-    hlo = ('%c = (bf16[8,12,1024,64]) custom-call(%q, %k, %v), custom_call_target="__cudnn$fmhaSoftmax", '
-           'backend_config={}\n%d = f32[2] custom-call(%x), custom_call_target="__cudnn$fmhaSoftmaxBackward"')
-    assert fused_attention_calls(hlo) == ["__cudnn$fmhaSoftmax", "__cudnn$fmhaSoftmaxBackward"]
-    assert fused_attention_calls("%e = f32[2] dot(%a, %b)") == []
-
-
 def test_a_part_past_its_time_is_a_failed_figure(tmp_path):
     command = [sys.executable, "-c", "import time; print('{\"check\": \"x\", \"tokens_per_s\": 1.0}', flush=True); "
                                      "time.sleep(60)"]

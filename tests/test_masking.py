@@ -180,8 +180,8 @@ def test_attention_dropout_drops_at_its_rate_in_training_mode_only():
     (dict(impl="softmax", platform="gpu"), ("softmax", "kernel")),
 ])
 def test_backend_choice(kwargs, expected):
-    call = dict(dtype=jnp.bfloat16, head_dim=64, q_len=64, k_len=64, masked=False, biased=False, is_causal=True,
-                dropout=False) | kwargs
+    call = dict(dtype=jnp.bfloat16, head_dim=64, heads=4, kv_heads=2, q_len=64, k_len=64, masked=False, biased=False,
+                is_causal=True, dropout=False) | kwargs
     backend, why = choose_backend(call.pop("impl"), **call)
     assert backend == expected[0] and expected[1] in why, (backend, why)
 

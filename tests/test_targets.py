@@ -176,8 +176,6 @@ def _check_matmul(target: Target, devices: list[jax.Device]):
     assert memory.argument_size_in_bytes == x_bytes + w_bytes  # the row-split x: 1/8 of its 512 KiB per device
     assert memory.output_size_in_bytes == out_bytes
     assert 0 <= memory.temp_size_in_bytes < 64 * 2**20
-    flops = targets.cost_analysis(compiled)["flops"]  # per device
-    assert 2 * 128 * 256 * 512 <= flops <= 1.05 * 2 * 128 * 256 * 512
     return compiled
 
 
@@ -190,7 +188,8 @@ def test_tpu_devices_compile():
     assert {d.process_index for d in devices} == {0}  # one 8-chip host
     assert not hasattr(devices[0], "slice_index")  # a single slice's compile-only devices have none
     compiled = _check_matmul(target, devices)
-    assert targets.cost_analysis(compiled) == compiled.cost_analysis()  # libtpu's own (the matmul and the tanh)
+    flops = compiled.cost_analysis()["flops"]  # per device: libtpu's own count (the matmul and the tanh)
+    assert 2 * 128 * 256 * 512 <= flops <= 1.05 * 2 * 128 * 256 * 512
     assert compile_devices(target) == devices and compile_devices(target) is not compile_devices(target)
 
 
@@ -229,7 +228,7 @@ def test_gpu_devices_compile(name):
     assert len(devices) == 8 and {d.platform for d in devices} == {"gpu"}
     assert {d.device_kind for d in devices} == {target.device_kind}
     compiled = _check_matmul(target, devices)
-    assert compiled.cost_analysis() is None  # hence targets.cost_analysis's fallback
+    assert compiled.cost_analysis() is None  # GPU executables give none: train.compile counts FLOPs analytically
 
 
 @needs_gpu

@@ -98,6 +98,7 @@ from models.layers.attention_core import attention_backend
 from models.hub.packaged import SMOLLM2_FILE, smollm2_gguf
 from models.modeling import create_model, param_count
 from train import flops as flopslib
+from train import hlo
 from train.batches import CAUSAL_KEYS, IGNORE_INDEX, MLM_KEYS
 from train.step import make_train_step
 
@@ -338,7 +339,7 @@ def run_train(name: str, spec: dict[str, Any], args: argparse.Namespace, peak: f
     start = time.perf_counter()
     compiled = jax.jit(step, donate_argnums=(0,)).lower(state, rest, batch, no_accuracy).compile()
     compile_s = time.perf_counter() - start
-    fused = fused_attention_calls(compiled.as_text())
+    fused = hlo.attention_kernels(compiled.as_text())
     holder = {"state": state, "metrics": None}
 
     def one_step():
@@ -356,12 +357,6 @@ def run_train(name: str, spec: dict[str, Any], args: argparse.Namespace, peak: f
                 compile_s=compile_s, peak_memory_mb=memory / 2 ** 20, memory_kind=memory_kind,
                 params=param_count(config, cls), flops_per_token=fpt, loss=float(holder["metrics"]["loss"]),
                 step_ms_all=[round(1e3 * t, 2) for t in times], fused_attention_in_hlo=fused)
-
-
-def fused_attention_calls(hlo_text: str) -> list[str]:
-    """The fused-attention custom calls of a compiled program (cuDNN's ``__cudnn$fmha...`` targets): the proof, in the
-    HLO, that ``attention="cudnn"`` was not only chosen but compiled."""
-    return sorted(set(re.findall(r'custom_call_target="(__cudnn\$fmha[^"]*)"', hlo_text)))
 
 
 def run_main_job(spec: dict[str, Any], args: argparse.Namespace, peak: float) -> dict[str, Any]:

@@ -14,78 +14,43 @@ XLA's cost analysis counts a loop body once); a roofline lower bound of the step
 attention kernel found in the compiled HLO. ``--json``: the same as one JSON line. ``docs/accelerators.md`` says what
 a compile proves and what it does not.
 
-Exit codes: 0 compiled (whether or not it fits), 1 the compiler failed for another reason, 2 a bad command line or
-config.
+Exit codes: 0 compiled (on GPU also when it does not fit: XLA's GPU compiler does not refuse it, and the report says
+so with the largest buffers), 1 the compile failed (on TPU a program over HBM is refused: the message says how much
+it needed, and ``XLA_FLAGS=--xla_dump_to=DIR`` writes libtpu's memory report), 2 a bad command line or config, or
+the ``aot`` extra missing.
 """
 
 from __future__ import annotations
 
 import argparse
-import collections
 import dataclasses
 import json
-import math
 import os
-import re
 import sys
 import time
 from typing import Any
 
 # Several test processes may compile for TPU at once; libtpu refuses a second loader without this.
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+# The CUDA plugin checks NVIDIA's libraries when JAX starts, and a CPU host has none (train.targets registers it).
+os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
+from absl import flags  # noqa: E402
 from flax import nnx  # noqa: E402
+from ml_collections import ConfigDict, config_flags  # noqa: E402
 
 from models.layers.attention_core import attention_backend  # noqa: E402
+from models.layers.partitioning import placed  # noqa: E402
 from train import flops as flopslib  # noqa: E402
+from train import hlo as hlolib  # noqa: E402
 from train import sharding as shardlib  # noqa: E402
+from train.__main__ import DEFAULT_CONFIG, resolve_config_argument  # noqa: E402
 from train.config import ConfigError, TrainConfig  # noqa: E402
 from train.finetune.compile import compile_finetune  # noqa: E402
 from train.program import MemoryFigures, StepProgram, choose_remat  # noqa: E402
 from train.targets import Target, compile_devices, parse_target, persistent_cache_off  # noqa: E402
-
-COLLECTIVES = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute")
-_COLLECTIVE_RE = re.compile(r"=\s*[^=]*?\b(" + "|".join(COLLECTIVES) + r")(?:-start)?\(")
-_BUFFER_RE = re.compile(r"%?([\w.\-]+) = (pred|s8|u8|s16|u16|s32|u32|s64|f16|bf16|f32|f64)\[([\d,]*)\]")
-_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4, "u32": 4, "f32": 4,
-          "s64": 8, "f64": 8}
-
-
-# ================================================================================================ reading the HLO
-def collectives(hlo: str) -> dict[str, int]:
-    """``{kind: count}`` of the collective operations in compiled HLO text (async ``-start`` ops counted once)."""
-    counts = collections.Counter(m.group(1) for m in _COLLECTIVE_RE.finditer(hlo))
-    return {kind: counts[kind] for kind in COLLECTIVES if counts[kind]}
-
-
-def attention_kernels(hlo: str) -> list[str]:
-    """The fused attention kernels in compiled HLO text: ``"splash"`` (the Pallas TPU kernel's Mosaic custom call),
-    ``"gpu_flash"`` (a Triton custom call of Pallas' GPU flash attention), ``"cudnn"`` (cuDNN's fused
-    attention). Empty: attention runs as plain XLA ops (the closed-form softmax kernel or XLA's path)."""
-    found = []
-    if "tpu_custom_call" in hlo and re.search(r"splash|flash", hlo):
-        found.append("splash")
-    if "__gpu$xla.gpu.triton" in hlo and "mha" in hlo:
-        found.append("gpu_flash")
-    if "__cudnn$fmha" in hlo:
-        found.append("cudnn")
-    return found
-
-
-def largest_buffers(hlo: str, top: int = 5) -> list[str]:
-    """The ``top`` largest array shapes produced by instructions of compiled HLO text, in words
-    (``"bf16[12,64,1024,3072] (fusion.12): 4.50 GiB"``), largest first, each shape once."""
-    seen: dict[str, tuple[int, str]] = {}
-    for name, dtype, dims in _BUFFER_RE.findall(hlo):
-        shape = f"{dtype}[{dims}]"
-        size = _BYTES[dtype] * math.prod(int(d) for d in dims.split(",") if d)
-        if shape not in seen or seen[shape][0] < size:
-            seen[shape] = (size, name)
-    ranked = sorted(seen.items(), key=lambda item: -item[1][0])[:top]
-    return [f"{shape} ({name}): {size / 2**30:.2f} GiB" for shape, (size, name) in ranked]
-
 
 # ================================================================================================== the report
 @dataclasses.dataclass
@@ -99,7 +64,7 @@ class Report:
     mesh: dict[str, int]
     fits: bool
     bytes_per_device: int
-    hbm_bytes: int
+    hbm_bytes: int  # what a program may use per device (TPU: libtpu's limit; GPU: JAX's 75% of the memory)
     argument_bytes: int
     output_bytes: int
     temp_bytes: int
@@ -162,7 +127,7 @@ def _report(target: Target, step: str, devices: list[jax.Device], mesh: jax.shar
     # Every argument (parameters, optimizer state) is read and every output written at least once.
     traffic = memory.arguments + memory.outputs
     seconds = roofline(flops_per_device, traffic, target)
-    found = attention_kernels(hlo)
+    found = hlolib.attention_kernels(hlo)
     backend, reason = attention
     kernel = found[0] if found else backend
     if backend in ("splash", "gpu_flash", "cudnn") and backend not in found:
@@ -175,16 +140,12 @@ def _report(target: Target, step: str, devices: list[jax.Device], mesh: jax.shar
         flops_source=flops_source, tokens_per_step=tokens, roofline_s=seconds,
         tokens_per_s_at_100_mfu=(tokens / (flops_per_device / target.peak_flops)) if flops_per_device else 0.0,
         tokens_per_s_at_50_mfu=(0.5 * tokens / (flops_per_device / target.peak_flops)) if flops_per_device else 0.0,
-        collectives=collectives(hlo), attention=kernel, attention_reason=reason, remat=remat,
+        collectives=hlolib.collectives(hlo), attention=kernel, attention_reason=reason, remat=remat,
         scan_layers=scan_layers, compile_s=compile_s,
-        largest_buffers=largest_buffers(hlo) if memory.total > target.usable_hbm_bytes else [], notes=notes)
+        largest_buffers=hlolib.largest_buffers(hlo) if memory.total > target.usable_hbm_bytes else [], notes=notes)
 
 
 # ================================================================================================= compiling
-def _attention_choice(model_config, seq: int, masked: bool, training: bool, platform: str) -> tuple[str, str]:
-    return attention_backend(model_config, q_len=seq, masked=masked, training=training, platform=platform)
-
-
 def compile_pretraining(cfg: TrainConfig, target: Target, devices: list[jax.Device], *, step: str = "train",
                         dump_hlo: str | None = None) -> list[Report]:
     """Compile a pre-training config's train (or eval / generate) step for ``devices``; one report per program."""
@@ -210,12 +171,13 @@ def compile_pretraining(cfg: TrainConfig, target: Target, devices: list[jax.Devi
     predictions = cfg.data.predictions if cfg.objective == "mlm" else None
     per_token = flopslib.flops_per_token(cfg.model, cfg.seq_len, cfg.model_cls, predictions=predictions,
                                          trained=program.trainable_count if program.lora else None)
-    if step == "eval":
-        per_token /= 3.0  # the forward pass alone: a third of 6N + 12LTd
+    if step == "eval":  # the forward pass alone
+        per_token = flopslib.forward_flops_per_token(cfg.model, cfg.seq_len, cfg.model_cls)
     tokens = cfg.batch_size * cfg.seq_len
     if dump_hlo:
         _dump(dump_hlo, f"{target.name}x{target.slices}_{step}", compiled)
-    attention = _attention_choice(cfg.model, cfg.seq_len, True, step == "train", platform)
+    attention = attention_backend(cfg.model, q_len=cfg.seq_len, masked=True, training=step == "train",
+                                  platform=platform)
     return [_report(target, step, devices, mesh, compiled, flops_total=per_token * tokens,
                     flops_source="analytic model FLOPs, train.flops (6N + 12LTd; XLA counts a scanned layer once)",
                     tokens=tokens, attention=attention, remat=cfg.model.remat, scan_layers=cfg.model.scan_layers,
@@ -234,7 +196,8 @@ def compile_generate(cfg: TrainConfig, target: Target, devices: list[jax.Device]
         def decode(params, rest, state, tokens):
             model = nnx.merge(graphdef, params, rest)
             model.eval()
-            logits, state = model.decode(tokens, state)
+            with placed(program.activation_placement):  # the target's platform, as on its devices
+                logits, state = model.decode(tokens, state)
             return jnp.argmax(logits[:, -1], axis=-1), state
 
         state_shape = jax.eval_shape(lambda: _init_state(graphdef, program, batch, cfg.seq_len))
@@ -294,17 +257,19 @@ TABLE_CONFIGS = ("gpt2_small", "gpt2_medium", "bert_base", "llama_small", "finet
 TABLE_TARGETS = ("v5e-8", "v5p-8", "v6e-8", "h100x8")
 
 
-def table(configs: list[str], target_names: list[str], overrides: list[str]) -> str:
-    """A markdown table: one row per (config, target) with fits, GiB per chip, the roofline step time and tokens/s
-    at 50% MFU. A compile that fails gets its one-line error in the row."""
+def table(configs: list[str], target_names: list[str], overrides: list[str], *, slices: int = 1) -> tuple[str, int]:
+    """``(markdown table, failed compiles)``: one row per (config, target) with fits, GiB per chip, the roofline step
+    time and tokens/s at 50% MFU. A compile that fails gets its one-line error in the row."""
+    failures = 0
     rows = ["| config | target | mesh | remat | attention | fits | GiB / chip (of) | roofline step | tokens/s at "
             "50% MFU | compile |", "|---|---|---|---|---|---|---:|---:|---:|---:|"]
     for name in configs:
         for target_name in target_names:
-            target = parse_target(target_name)
+            target = parse_target(target_name, slices)
             try:
                 report = compile_config(load_config(name, overrides), target)[0]
             except Exception as exc:  # noqa: BLE001 - the table says what failed and goes on
+                failures += 1
                 rows.append(f"| {name} | {target_name} | | | | error: {str(exc).splitlines()[0][:160]} | | | | |")
                 print(rows[-1], file=sys.stderr, flush=True)
                 continue
@@ -314,26 +279,19 @@ def table(configs: list[str], target_names: list[str], overrides: list[str]) -> 
                         f"({report.hbm_bytes / 2**30:.1f}) | {1e3 * report.roofline_s:.1f} ms | "
                         f"{report.tokens_per_s_at_50_mfu:,.0f} | {report.compile_s:.0f} s |")
             print(rows[-1], file=sys.stderr, flush=True)
-    return "\n".join(rows)
+    return "\n".join(rows), failures
 
 
-def load_config(config: str, overrides: list[str]):
+def load_config(config: str, overrides: list[str]) -> ConfigDict:
     """The ``ConfigDict`` of ``--config`` with ``--config.KEY=VALUE`` overrides, as ``python -m train`` reads it."""
-    from absl import flags
-    from ml_collections import config_flags
-
-    from train.__main__ import resolve_config_argument
-
     argv, error = resolve_config_argument(["compile", f"--config={config}", *overrides])
     if error:
         raise ConfigError("config", error)
     values = flags.FlagValues()
-    from train.__main__ import DEFAULT_CONFIG
-
-    flag = config_flags.DEFINE_config_file("config", str(DEFAULT_CONFIG), "config", flag_values=values,
-                                           lock_config=True)
-    saved, sys.argv = sys.argv, argv  # ml_collections finds the override flags in sys.argv
+    saved, sys.argv = sys.argv, argv  # ml_collections defines the override flags from sys.argv
     try:
+        flag = config_flags.DEFINE_config_file("config", str(DEFAULT_CONFIG), "config", flag_values=values,
+                                               lock_config=True)
         values(argv)
         return flag.value
     except (flags.Error, AttributeError, KeyError, TypeError, ValueError) as exc:
@@ -342,14 +300,15 @@ def load_config(config: str, overrides: list[str]):
         sys.argv = saved
 
 
-def compile_config(config, target: Target, *, step: str = "train", dump_hlo: str | None = None) -> list[Report]:
+def compile_config(config: ConfigDict, target: Target, *, step: str = "train",
+                   dump_hlo: str | None = None) -> list[Report]:
     """Compile a ``ConfigDict`` (pre-training or ``task="classify"``) for ``target``; its reports."""
     devices = compile_devices(target)
     with persistent_cache_off():  # compile-only executables can be stored in it but not loaded back
         return _compile_config(config, target, devices, step=step, dump_hlo=dump_hlo)
 
 
-def _compile_config(config, target: Target, devices: list[jax.Device], *, step: str,
+def _compile_config(config: ConfigDict, target: Target, devices: list[jax.Device], *, step: str,
                     dump_hlo: str | None) -> list[Report]:
     if config.get("task", None) == "classify":
         report, compiled = compile_finetune(config, target, devices, report=_report)
@@ -367,8 +326,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: unrecognised arguments {unknown}; expected --config.KEY=VALUE overrides", file=sys.stderr)
         return 2
     if args.table:
-        print(table(args.configs.split(","), args.targets.split(","), rest))
-        return 0
+        if args.json or args.step != "train" or args.dump_hlo or args.target:
+            print("error: --table compiles the train step of --configs on --targets; it takes no --target, --step, "
+                  "--json or --dump-hlo", file=sys.stderr)
+            return 2
+        text, failures = table(args.configs.split(","), args.targets.split(","), rest, slices=args.slices)
+        print(text)
+        return 1 if failures else 0
     if not args.target:
         print("error: --target is required (v5e-8, v5p-8, v6e-8, h100x8, a100x8, ...)", file=sys.stderr)
         return 2
@@ -387,7 +351,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except Exception as exc:  # the compiler's own error (e.g. RESOURCE_EXHAUSTED), said in one line
-        print(f"error: the compile failed: {str(exc).splitlines()[0][:2000]}", file=sys.stderr)
+        first = str(exc).splitlines()[0][:2000] if str(exc) else type(exc).__name__
+        verdict = "does not fit" if "RESOURCE_EXHAUSTED" in str(exc) else "the compile failed"
+        print(f"error: {verdict} on {target.name}: {first}", file=sys.stderr)
         return 1
     for report in reports:
         print(report.json_line() if args.json else report.text())

@@ -290,8 +290,9 @@ def execution_defaults(backend: str, num_layers: int) -> tuple[str, bool]:
       on a 2-core AMD EPYC: 9,365 tokens/s with remat none and unrolled layers, 10,717 with dots + scan; scan
       without remat was 8,854 (so the gain is the pair, not the scan alone).
     - CPU, fewer layers: ``("none", False)``: unrolled, no remat (the tiny test models; nothing measured to beat it).
-    - accelerators (``gpu``, ``tpu``, ...): ``("none", True)``: one compiled layer body, every activation kept, until
-      a GPU run measures otherwise.
+    - accelerators (``gpu``, ``tpu``, ...): ``("none", True)``: one compiled layer body. ``"none"`` is where the
+      search starts: with ``precision.remat="auto"`` the trainer compiles the step with ``none``, ``dots`` and
+      ``full`` in turn and runs the first that fits the device memory (``train.program.choose_remat``).
 
     Only the backend and the depth enter, so a resumed run on the same backend resolves the same way (a checkpoint
     records ``scan_layers``; resuming it with the other layout is refused with a message).

@@ -372,15 +372,21 @@ class Trainer:
             self.base = {"path": os.path.abspath(cfg.init_from) if os.path.exists(cfg.init_from) else cfg.init_from,
                          "fingerprint": fingerprint(cfg.init_from)}
             _say(f"base: {self.base['path']} ({self.base['fingerprint'][:19]}..., {time.perf_counter() - start:.1f} s)")
-        self.compiled_step = None
-        capacity = device_memory_bytes(self.devices[0])
+        self.compiled_step, self.remat_search_s = None, None
+        # This process's own device: every process sees the same kind, and only addressable devices report memory.
+        capacity = device_memory_bytes(jax.local_devices()[0])
         if "remat" in cfg.precision.auto and shardlib.platform_of(self.devices[0]) != "cpu" and capacity:
             start = time.perf_counter()
             choice = choose_remat(cfg, self.mesh, capacity)
+            if choice.compiled is None or choice.tried[-1][2] != "fits":
+                raise ValueError(f"the train step fits {capacity / 2**30:.2f} GiB per device with no remat policy "
+                                 f"({choice.describe(capacity)}); expected a smaller batch_size, more "
+                                 "optim.accum_steps, precision.loss_chunk, or more devices on mesh.fsdp")
             self.cfg = cfg = choice.program.cfg
             self.model_config = cfg.model
             self.compiled_step = choice.compiled
-            _say(f"{choice.describe(capacity)}; {time.perf_counter() - start:.1f} s")
+            self.remat_search_s = time.perf_counter() - start
+            _say(f"{choice.describe(capacity)}; {self.remat_search_s:.1f} s")
             program = choice.program
         else:
             program = StepProgram(cfg, self.mesh)
@@ -536,7 +542,7 @@ class Trainer:
         # compile, FLOPs, peak
         compile_start = time.perf_counter()
         train_step = self.compiled_step or self.program.lower_train_step().compile()
-        summary.compile_s = time.perf_counter() - compile_start
+        summary.compile_s = self.remat_search_s or time.perf_counter() - compile_start
         flops_per_token = flopslib.flops_per_token(
             self.model_config, cfg.seq_len, self.model_cls, trained=self.trainable_count if self.lora else None,
             predictions=cfg.data.predictions if cfg.objective == "mlm" else None)
@@ -548,8 +554,9 @@ class Trainer:
                    if self.trainable_count != self.param_count else "")
         _say(f"model: {self.model_cls.__name__}, {self.param_count:,} parameters{trained}, "
              f"{flops_per_token / 1e6:.2f} MFLOP "
-             f"per token ({'4N + 6N_trained' if self.lora else '6N'} + 12LTd); peak {peak / 1e9:.1f} GFLOP/s ({peak_source}); train step compiled in "
-             f"{summary.compile_s:.1f} s")
+             f"per token ({'4N + 6N_trained' if self.lora else '6N'} + 12LTd"
+             f"{', the MLM head on the predicted positions' if cfg.objective == 'mlm' else ''}); peak "
+             f"{peak / 1e9:.1f} GFLOP/s ({peak_source}); train step compiled in {summary.compile_s:.1f} s")
 
         writer = MetricsWriter(self.workdir, start)
         if start == 0 and cfg.eval_at_start:

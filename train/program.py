@@ -33,8 +33,8 @@ class StepProgram:
     Attributes: ``graphdef`` (the model's static structure), ``tx`` / ``schedule`` (the optimizer), ``lora`` (the
     ``models.lora.LoraConfig`` or None), ``param_count`` / ``trainable_count``, ``state_shardings`` (of the train
     state ``{"params", "opt_state", "step", "rng"}``), ``rest_shardings`` (RNG streams; LoRA's frozen base),
-    ``batch_sharding`` and ``placement`` (which rows this process loads), ``activations`` (the activation placement
-    the steps trace under), ``target`` (the abstract sharded train state: what checkpoints restore into),
+    ``batch_sharding`` and ``placement`` (which rows this process loads), ``activation_placement`` (what the
+    steps trace the model under: activation shardings, the platform), ``target`` (the abstract sharded train state: what checkpoints restore into),
     ``train_step`` / ``eval_step`` / ``predict`` (jitted), ``unsplit`` (parameters a mesh axis could not split).
     """
 
@@ -89,7 +89,7 @@ class StepProgram:
         }
         self.batch_sharding = shardlib.batch_sharding(mesh)
         self.placement = shardlib.BatchPlacement(self.batch_sharding, cfg.batch_size)
-        self.activations = shardlib.activation_placement(mesh)
+        self.activation_placement = shardlib.activation_placement(mesh)
         self.init = jax.jit(init, out_shardings=(self.state_shardings, self.rest_shardings))
         self.init_rest = jax.jit(lambda: init()[1], out_shardings=self.rest_shardings)
         self.state_of = jax.jit(state_of, out_shardings=self.state_shardings)
@@ -102,16 +102,17 @@ class StepProgram:
         objective, accum, chunk = cfg.objective, cfg.optim.accum_steps, cfg.precision.loss_chunk
         train_step = make_train_step(self.graphdef, tx, self.schedule, objective=objective, accum_steps=accum,
                                      loss_chunk=chunk, micro_batch_sharding=self.batch_sharding if accum > 1 else None,
-                                     grad_shardings=param_shardings if accum > 1 else None,
-                                     placement=self.activations)
+                                     grad_shardings=param_shardings,
+                                     placement=self.activation_placement)
         self.train_step = jax.jit(train_step, in_shardings=(self.state_shardings, rest_shardings,
                                                             self.batch_sharding, self.replicated),
                                   out_shardings=(self.state_shardings, self.replicated), donate_argnums=(0,))
         self.eval_step = jax.jit(make_eval_step(self.graphdef, objective=objective, loss_chunk=chunk,
-                                                placement=self.activations),
+                                                placement=self.activation_placement),
                                  in_shardings=(param_shardings, rest_shardings, self.batch_sharding),
                                  out_shardings=self.replicated)
-        self.predict = (jax.jit(make_predict_masked(self.graphdef), out_shardings=self.replicated)
+        self.predict = (jax.jit(make_predict_masked(self.graphdef, self.activation_placement),
+                                out_shardings=self.replicated)
                         if objective == "mlm" else None)
 
     def abstract_batch(self, rows: int | None = None) -> dict[str, jax.ShapeDtypeStruct]:

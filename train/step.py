@@ -190,7 +190,8 @@ def make_train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, sc
     they are cut into micro-batches by striding (micro-batch ``i`` = rows ``i, i + accum_steps, ...``), so that each
     micro-batch keeps rows on every device of a batch-sharded layout, and gradients are summed over a ``lax.scan``
     whose carry keeps ``grad_shardings`` (the parameters' shardings: under FSDP each device holds its slice of the
-    running sum, never the whole gradient). ``loss_chunk``: positions per cross-entropy chunk (0 = all at once; see
+    running sum, never the whole gradient); with one micro-batch the gradients are constrained to them too (a
+    reduce-scatter under FSDP). ``loss_chunk``: positions per cross-entropy chunk (0 = all at once; see
     :func:`chunked_cross_entropy`).
 
     The gradient norm is computed once, here, and handed to the optimizer as ``tx.update(..., grad_norm=norm)``
@@ -235,7 +236,7 @@ def make_train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, sc
         return value, jax.tree_util.tree_unflatten(tree, [next(it) if c else jnp.zeros_like(leaf)
                                                           for c, leaf in zip(chosen, leaves)])
 
-    def constrain(tree):
+    def constrain_grads(tree):
         return tree if grad_shardings is None else jax.lax.with_sharding_constraint(tree, grad_shardings)
 
     def train_step(state: TrainState, rest: Any, batch: Batch,
@@ -243,6 +244,7 @@ def make_train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, sc
         params, key = state["params"], step_key(state)
         if accum_steps == 1:
             (loss_sum, (count, correct)), grads = grad_fn(params, rest, batch, key, with_accuracy)
+            grads = constrain_grads(grads)  # under FSDP: each device's slice (a reduce-scatter), never the whole
         else:
             micro = jax.tree.map(lambda x: rearrange(x, "(m a) ... -> a m ...", a=accum_steps), batch)
 
@@ -252,9 +254,9 @@ def make_train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, sc
                     micro_batch = jax.lax.with_sharding_constraint(micro_batch, micro_batch_sharding)
                 (l, (c, k)), g = grad_fn(params, rest, micro_batch, jax.random.fold_in(key, index), with_accuracy)
                 grads, loss_sum, count, correct = carry
-                return (constrain(jax.tree.map(jnp.add, grads, g)), loss_sum + l, count + c, correct + k), None
+                return (constrain_grads(jax.tree.map(jnp.add, grads, g)), loss_sum + l, count + c, correct + k), None
 
-            zeros = constrain(jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params))
+            zeros = constrain_grads(jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params))
             init = (zeros, jnp.float32(0), jnp.float32(0), jnp.float32(0))
             (grads, loss_sum, count, correct), _ = jax.lax.scan(accumulate, init,
                                                                 (jnp.arange(accum_steps), micro))
@@ -296,25 +298,28 @@ def make_eval_step(graphdef: nnx.GraphDef, *, objective: str, loss_chunk: int = 
     return eval_step
 
 
-def make_predict_masked(graphdef: nnx.GraphDef) -> Callable:
-    """``predict(params, rest, batch) -> [batch, seq]`` argmax token ids of a masked LM (for the eval sample)."""
+def make_predict_masked(graphdef: nnx.GraphDef, placement: ActivationPlacement | None = None) -> Callable:
+    """``predict(params, rest, batch) -> [batch, seq]`` argmax token ids of a masked LM (for the eval sample).
+    ``placement``: as in :func:`make_train_step`."""
     def predict(params: Any, rest: Any, batch: Batch) -> jax.Array:
         model = nnx.merge(graphdef, params, rest, copy=True)
         model.eval()
-        logits = model(batch["input_ids"], batch.get("attention_mask"), batch.get("token_type_ids"),
-                       segment_ids=batch.get("segment_ids"))
+        with placed(placement):
+            logits = model(batch["input_ids"], batch.get("attention_mask"), batch.get("token_type_ids"),
+                           segment_ids=batch.get("segment_ids"))
         return jnp.argmax(logits, axis=-1).astype(jnp.int32)
 
     return predict
 
 
-def make_predict_probabilities(graphdef: nnx.GraphDef) -> Callable:
+def make_predict_probabilities(graphdef: nnx.GraphDef, placement: ActivationPlacement | None = None) -> Callable:
     """``predict(params, rest, batch) -> [batch, num_labels]`` class probabilities (float32) of a sequence
-    classifier, dropout off. Not yet jitted."""
+    classifier, dropout off. Not yet jitted. ``placement``: as in :func:`make_train_step`."""
     def predict(params: Any, rest: Any, batch: Batch) -> jax.Array:
         model = nnx.merge(graphdef, params, rest, copy=True)
         model.eval()
-        logits = model(batch["input_ids"], batch.get("attention_mask"), batch.get("token_type_ids"))
+        with placed(placement):
+            logits = model(batch["input_ids"], batch.get("attention_mask"), batch.get("token_type_ids"))
         return jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
 
     return predict

@@ -37,8 +37,8 @@ mesh over hosts takes ``process_is_granule=True``; the compiled HLO is the same 
 What the compilers check: libtpu refuses a program that does not fit the chip (``RESOURCE_EXHAUSTED: ... exceeds
 available HBM (15.75G)``: :attr:`Target.usable_hbm_bytes`); XLA's GPU compiler does not (it only logs that the
 scheduler's memory limit is exceeded), so a GPU fit check is ``memory_analysis()`` against ``hbm_bytes``. Compile-only
-devices have no ``memory_stats()``. A GPU executable's ``cost_analysis()`` is ``None``: :func:`cost_analysis` falls
-back to XLA's HLO cost analysis of the optimized module. JAX's persistent compilation cache writes compile-only
+devices have no ``memory_stats()``. A GPU executable's ``cost_analysis()`` is ``None`` (``train.compile`` counts
+FLOPs analytically anyway: XLA counts a loop body once). JAX's persistent compilation cache writes compile-only
 executables but cannot read them back (``PjRtCompiler must be constructed with a Client``, a warning and a fresh
 compile): compile under :func:`persistent_cache_off`.
 """
@@ -52,7 +52,7 @@ import importlib.util
 import os
 import re
 import threading
-from typing import Any, Iterator
+from typing import Iterator
 
 import jax
 
@@ -103,9 +103,11 @@ _CHIPS: dict[str, _Chip] = {chip.family: chip for chip in (
     _Chip("v6e", "tpu", "TPU v6 lite", 32 * GiB, int(31.25 * GiB), 918e12, 1.638e12,
           topology_prefix="v6e", dims=2, max_chips=256, host_chips=8),
     # H100 SXM5: BF16 Tensor Core 1,979 TFLOPS with sparsity -> 989 dense; 80 GB HBM3 at 3.35 TB/s.
-    _Chip("h100", "gpu", "NVIDIA H100 80GB HBM3", 80 * GiB, 80 * GiB, 989e12, 3.35e12, host_chips=8),
+    # Usable, GPU: JAX's allocator takes XLA_PYTHON_CLIENT_MEM_FRACTION = 75% of the memory by default, which is the
+    # bytes_limit a real run (and so remat=auto there) sees.
+    _Chip("h100", "gpu", "NVIDIA H100 80GB HBM3", 80 * GiB, int(0.75 * 80 * GiB), 989e12, 3.35e12, host_chips=8),
     # A100 SXM4 80 GB: BF16 Tensor Core 312 TFLOPS dense (624 with sparsity); 80 GB HBM2e at 2,039 GB/s.
-    _Chip("a100", "gpu", "NVIDIA A100-SXM4-80GB", 80 * GiB, 80 * GiB, 312e12, 2.039e12, host_chips=8),
+    _Chip("a100", "gpu", "NVIDIA A100-SXM4-80GB", 80 * GiB, int(0.75 * 80 * GiB), 312e12, 2.039e12, host_chips=8),
 )}
 _ALIASES = {"v5litepod": "v5e"}  # Cloud TPU's accelerator-type name for v5e
 
@@ -204,7 +206,7 @@ class Target:
     chips: int  # devices per slice (TPU chips, megacore on v4 / v5p; GPUs)
     slices: int  # TPU slices joined over the data-centre network; GPU: copies of the N-GPU system
     hbm_bytes: int  # per device, the vendor's figure
-    usable_hbm_bytes: int  # per device, what the compiler lets a program have (TPU); hbm_bytes on GPU
+    usable_hbm_bytes: int  # per device: what the compiler lets a program have (TPU); JAX's 75% of it (GPU)
     peak_flops: float  # dense bf16 FLOP/s per device
     hbm_bandwidth: float  # bytes/s per device
     device_kind: str  # as jax reports it
@@ -443,27 +445,10 @@ def _check_ptx_toolchain(target: Target, device: jax.Device) -> None:
 def persistent_cache_off() -> Iterator[None]:
     """Compile with JAX's persistent compilation cache off: it stores compile-only executables but cannot load
     them (a warning and a fresh compile on every later hit), so caching them only costs disk."""
-    from jax._src import config as jax_config
-
-    with jax_config.enable_compilation_cache(False):
+    previous = jax.config.jax_enable_compilation_cache
+    jax.config.update("jax_enable_compilation_cache", False)
+    try:
         yield
+    finally:
+        jax.config.update("jax_enable_compilation_cache", previous)
 
-
-def cost_analysis(compiled: Any) -> dict[str, float] | None:
-    """``compiled.cost_analysis()`` (``{"flops": ..., "bytes accessed": ...}`` per device), or, where the backend
-    gives none (GPU compile-only executables), XLA's HLO cost analysis of the optimized module run by the CPU client;
-    ``None`` if neither works. Like XLA's, it counts a loop body once."""
-    try:
-        costs = compiled.cost_analysis()
-    except Exception:  # noqa: BLE001 - a backend without cost analysis
-        costs = None
-    if costs:
-        return dict(costs[0] if isinstance(costs, (list, tuple)) else costs)
-    try:
-        from jax._src.lib import xla_client
-
-        module = compiled.runtime_executable().hlo_modules()[0]
-        cpu = jax.local_devices(backend="cpu")[0].client
-        return dict(xla_client._xla.hlo_module_cost_analysis(cpu, module))
-    except Exception:  # noqa: BLE001 - internal API; absent or changed in another jaxlib
-        return None

@@ -16,6 +16,9 @@ head stacked as rows: grouped-query attention without copying keys and values), 
 k, head_dim]``; each (batch, kv head) pair is one matmul, and the layouts are transposed once on the way in and
 out. Fully masked rows (pad queries) attend uniformly, as in ``jax.nn.dot_product_attention``.
 
+On accelerators ``attend`` dispatches to fused kernels instead (``choose_backend``): Pallas splash attention on TPU,
+cuDNN or Pallas' Triton flash attention on GPU (``models/layers/attention_kernels.py``), per device under a mesh.
+
 Causal self-attention over 128 positions or more runs in query blocks (``causal_blocks``): block ``j`` reads only
 the keys up to its own last query, so most of the masked upper triangle is never computed. 4 blocks do 62.5% of the
 score and weighted-sum FLOPs; on the 2-core CPU the ``gpt_train`` step went from 1,434 to 1,348 ms.
@@ -242,8 +245,11 @@ _softmax_attention.defvjp(_softmax_attention_forward, _softmax_attention_backwar
 
 
 def _cudnn_head_dim_limit() -> int:
-    """cuDNN flash attention takes head dims up to 256 on Hopper and later (compute capability 9.0), 128 before."""
-    capability = getattr(jax.devices()[0], "compute_capability", "0")
+    """cuDNN flash attention takes head dims up to 256 on Hopper and later (compute capability 9.0), 128 before. The
+    device is the mesh's in force (a compile-only H100 on a CPU host), else the first device."""
+    placement = current_placement()
+    device = placement.mesh.devices.flat[0] if placement is not None else jax.devices()[0]
+    capability = getattr(device, "compute_capability", "0")
     try:
         return 256 if float(capability) >= 9.0 else 128
     except ValueError:
@@ -253,9 +259,9 @@ def _cudnn_head_dim_limit() -> int:
 KERNELS = ("splash", "gpu_flash")  # the Pallas kernels (models/layers/attention_kernels.py): masks as segment ids
 
 
-def choose_backend(impl: str, *, dtype, head_dim: int, q_len: int, k_len: int, masked: bool, biased: bool,
-                   is_causal: bool, dropout: bool, platform: str | None = None, kv_heads: int | None = None,
-                   heads: int | None = None, shared_segments: bool = True) -> tuple[str, str]:
+def choose_backend(impl: str, *, dtype, head_dim: int, heads: int, kv_heads: int, q_len: int, k_len: int,
+                   masked: bool, biased: bool, is_causal: bool, dropout: bool, platform: str | None = None,
+                   shared_segments: bool = True) -> tuple[str, str]:
     """Which attention core a call runs: ``("splash" | "gpu_flash" | "cudnn" | "xla" | "softmax", reason)``.
 
     ``platform``: the platform the step is compiled for (default: the one in force, ``partitioning
@@ -272,8 +278,10 @@ def choose_backend(impl: str, *, dtype, head_dim: int, q_len: int, k_len: int, m
     A kernel takes full-sequence calls only (``q_len == k_len``: training, evaluation, encoding; a cached decode
     step goes to XLA), no additive bias (ALiBi), and no attention dropout: with dropout on, every platform runs the
     softmax kernel, which keeps the ``[batch, heads, q, k]`` probabilities (the accelerator presets train without
-    attention dropout). ``shared_segments``: the queries' and keys' segment ids are one array (packed documents;
-    BERT's padding mask gives them apart), which the GPU kernel needs.
+    attention dropout). ``shared_segments``: the queries' and keys' segment ids are one array (packed documents,
+    also an MLM batch's; an encoder given only ``attention_mask`` has them apart), which the GPU kernel needs. Outside
+    a placement (a call that is not a train / eval step) a kernel needs a single device: with several, its custom
+    call would have to be partitioned by XLA, which Mosaic kernels refuse, so XLA runs instead.
     """
     platform = platform or current_platform()
     if impl not in ATTENTION_IMPLS:
@@ -282,8 +290,6 @@ def choose_backend(impl: str, *, dtype, head_dim: int, q_len: int, k_len: int, m
         return "softmax", f"attention_impl={impl!r} on {platform}: the closed-form-backward kernel"
     if dropout:
         return "softmax", "attention dropout is on, which no fused kernel takes: the closed-form-backward kernel"
-    heads = heads or 1
-    kv_heads = kv_heads or heads
     query_shape, key_shape = (1, q_len, heads, head_dim), (1, k_len, kv_heads, head_dim)
     kernel = impl if impl in KERNELS else None
     if impl == "auto":
@@ -294,6 +300,9 @@ def choose_backend(impl: str, *, dtype, head_dim: int, q_len: int, k_len: int, m
             ok, reason = False, f"{kernel} does not take an additive bias (ALiBi)"
         elif q_len != k_len:
             ok, reason = False, f"{kernel} runs full-sequence calls only (query length {q_len} != key length {k_len})"
+        elif not interpret and current_placement() is None and jax.device_count() > 1:
+            ok, reason = False, (f"{kernel} outside a mesh placement over {jax.device_count()} devices (only the "
+                                 "train / eval steps place a call)")
         elif kernel == "splash":
             ok, reason = attention_kernels.splash_supported(query_shape, key_shape, dtype, causal=is_causal,
                                                             platform=platform, interpret=interpret)
@@ -343,6 +352,9 @@ def attend(query: jax.Array, key: jax.Array, value: jax.Array, *, mask: jax.Arra
                                 kv_heads=key.shape[2], shared_segments=segments is None or
                                 segments[0] is segments[1])
     if backend in KERNELS and mask is not None and segments is None:
+        if impl in KERNELS:
+            raise ValueError(f"attention_impl={impl!r} takes masks as segment ids (models/layers/masking.py); this call "
+                             "has a dense mask only")
         backend = "xla"  # a mask not made of segment ids: the kernels cannot take it
     if backend in KERNELS:
         return _kernel_attention(backend, query, key, value, segments, is_causal or causal_segments)
@@ -406,10 +418,11 @@ def attention_backend(config, *, q_len: int, k_len: int | None = None, masked: b
     ``q_len``): ``("splash" | "gpu_flash" | "cudnn" | "xla" | "softmax", reason)``. ``masked``: padding or packed
     documents (a mask beyond plain causality); ``training``: attention dropout applies (``config.attention_dropout``
     > 0); ``platform``: the target's (default: the one in force); ``shared_segments``: one segment array for
-    queries and keys (default: a decoder's packed documents yes, an encoder's padding mask no)."""
+    queries and keys (the default: every pre-training batch packs documents with ``segment_ids``, causal or masked
+    LM; an encoder given only ``attention_mask``, as fine-tuning's, has them apart)."""
     return choose_backend(config.attention_impl, dtype=config.dtype, head_dim=config.head_dim, q_len=q_len,
                           k_len=q_len if k_len is None else k_len, masked=masked,
                           biased=config.position == "alibi", is_causal=config.causal,
                           dropout=training and config.attention_dropout > 0, platform=platform,
                           heads=config.num_heads, kv_heads=config.num_kv_heads,
-                          shared_segments=config.causal if shared_segments is None else shared_segments)
+                          shared_segments=True if shared_segments is None else shared_segments)

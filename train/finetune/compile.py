@@ -16,6 +16,7 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from ml_collections import ConfigDict
 
 from models import BertForSequenceClassification
 from models.hub.source import describe_pretrained
@@ -25,30 +26,36 @@ from train import flops as flopslib
 from train import sharding as shardlib
 from train.config import execution_defaults
 from train.finetune.config import SCRATCH, FinetuneConfig
-from train.finetune.trainer import is_head, packaged_minilm
+from train.finetune.trainer import is_head, packaged_minilm, read_num_layers
 from train.optim import make_finetune_optimizer
 from train.step import make_train_step
+from train.targets import Target
 
 STEPS = 1000  # the schedule's length does not change the compiled step
 
 
-def compile_finetune(config, target, devices: list[jax.Device], *, report: Callable) -> tuple[Any, Any]:
+def compile_finetune(config: ConfigDict, target: Target, devices: list[jax.Device], *,
+                     report: Callable[..., Any]) -> tuple[Any, jax.stages.Compiled]:
     """Compile ``config``'s fine-tuning step for ``devices``: ``(report, compiled)``; ``report`` is the function that
     builds ``train.compile.Report`` (passed in: ``train.compile`` imports this module)."""
     cfg = FinetuneConfig.from_config_dict(config)
     platform = shardlib.platform_of(devices[0])
     notes = []
+    source = cfg.init_from or packaged_minilm()
     if cfg.init_from == SCRATCH:
         model_config = cfg.model
     else:
-        model_config, _ = describe_pretrained(cfg.init_from or packaged_minilm())
+        model_config, _ = describe_pretrained(source)
     labels = cfg.num_labels or len(cfg.data.class_names) or 2
     if not cfg.num_labels:
         notes.append(f"num_labels follows the data: compiled with {labels}")
     added = len(cfg.vocab.given) + (cfg.vocab.max_new if cfg.vocab.frequent else 0)
     if added:
         notes.append(f"vocabulary compiled with {added} added rows (vocab.*'s most)")
-    remat, scan = execution_defaults(platform, model_config.num_layers)
+    # The fine-tuner's rule (FinetuneConfig.execution) for the target's platform: a depth it cannot read before
+    # loading (a Hub id) means no remat and unrolled layers.
+    depth = model_config.num_layers if cfg.init_from == SCRATCH else read_num_layers(source)
+    remat, scan = execution_defaults(platform, depth) if depth else cfg.execution_without_depth()
     remat = remat if cfg.remat == "auto" else cfg.remat
     scan = scan if cfg.scan_layers == "auto" else cfg.scan_layers
     dtype = cfg.compute_dtype if cfg.compute_dtype != "auto" else ("float32" if platform == "cpu" else "bfloat16")
@@ -94,7 +101,8 @@ def compile_finetune(config, target, devices: list[jax.Device], *, report: Calla
     compile_s = time.perf_counter() - start
     trained = sum(x.size for x in jax.tree.leaves(params)) if lora else None
     per_token = flopslib.flops_per_token(model_config, seq, BertForSequenceClassification, trained=trained)
-    attention = attention_backend(model_config, q_len=seq, masked=True, training=True, platform=platform)
+    attention = attention_backend(model_config, q_len=seq, masked=True, training=True, platform=platform,
+                                  shared_segments=False)  # attention_mask only: query and key segments differ
     return report(target, "train (fine-tune)", devices[:rows_axis], mesh, compiled,
                   flops_total=per_token * batch * seq, flops_source="analytic model FLOPs, train.flops (6N + 12LTd)",
                   tokens=batch * seq, attention=attention, remat=remat, scan_layers=scan, compile_s=compile_s,

@@ -312,11 +312,13 @@ class Finetuner:
                       "step": jnp.zeros((), jnp.int32), "rng": jax.random.key_data(jax.random.key(seed))}
         self.state = jax.device_put(self.state, self.replicated)
         jit_step = lambda fn: jax.jit(fn, donate_argnums=(0,))  # noqa: E731
-        self.full_step = jit_step(make_train_step(self.graphdef, self.tx, self.schedule, objective="classify"))
+        placement = shardlib.activation_placement(self.mesh)  # batch over the devices; attention for their platform
+        self.full_step = jit_step(make_train_step(self.graphdef, self.tx, self.schedule, objective="classify",
+                                                  placement=placement))
         self.head_step = (jit_step(make_train_step(self.graphdef, self.tx, self.schedule, objective="classify",
-                                                   trainable=is_head)) if freeze else None)
+                                                   trainable=is_head, placement=placement)) if freeze else None)
         self.freeze_steps = freeze
-        self.predict = jax.jit(make_predict_probabilities(self.graphdef))
+        self.predict = jax.jit(make_predict_probabilities(self.graphdef, placement))
 
     def batches(self, epoch: int):
         """The training batches of ``epoch`` (:func:`epoch_batches`)."""

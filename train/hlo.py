@@ -1,0 +1,61 @@
+"""Reading a compiled program's HLO text: its collectives, its fused attention kernels, its largest buffers.
+
+Used by ``train.compile`` (the deviceless compile report) and ``train.bench`` (which kernel a timed step ran).
+Shapes in a partitioned (SPMD) program are per device.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+import re
+
+COLLECTIVES = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute")
+# An instruction whose op is a collective (its async "-start" half counted once; "ragged-all-to-all" is not one).
+_COLLECTIVE = re.compile(r"=\s*[^=]*?(?<![\w-])(" + "|".join(COLLECTIVES) + r")(?:-start)?\(")
+_ARRAY = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+) = (\w+)\[([\d,]*)\]")
+_COMPUTATION = re.compile(r"^\s*(?:ENTRY\s+)?%?([\w.\-]+)\s*\(.*\{\s*$")
+BYTES_PER_ELEMENT = {"pred": 1, "s4": 0.5, "u4": 0.5, "s8": 1, "u8": 1, "f8e4m3fn": 1, "f8e5m2": 1, "s16": 2, "u16": 2,
+                     "f16": 2, "bf16": 2, "s32": 4, "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8,
+                     "c128": 16}
+# Which fused attention kernel a custom call is: (the call's target, a name the kernel's metadata carries).
+KERNEL_SIGNS = {
+    "splash": ('custom_call_target="tpu_custom_call"', "splash_mha_fwd"),  # Pallas' TPU (Mosaic) splash attention
+    "gpu_flash": ('custom_call_target="__gpu$xla.gpu.triton"', "mha_forward"),  # Pallas' Triton flash attention
+    "cudnn": ('custom_call_target="__cudnn$fmha', ""),  # cuDNN's fused attention
+}
+
+
+def collectives(hlo: str) -> dict[str, int]:
+    """``{kind: count}`` of the collective operations (kinds of :data:`COLLECTIVES` that occur)."""
+    counts = collections.Counter(m.group(1) for m in _COLLECTIVE.finditer(hlo))
+    return {kind: counts[kind] for kind in COLLECTIVES if counts[kind]}
+
+
+def attention_kernels(hlo: str) -> list[str]:
+    """The fused attention kernels the program calls (names of :data:`KERNEL_SIGNS`); empty: attention runs as
+    plain XLA operations (the closed-form softmax kernel or XLA's path)."""
+    return [name for name, (target, kernel) in KERNEL_SIGNS.items() if target in hlo and kernel in hlo]
+
+
+def largest_buffers(hlo: str, top: int = 5) -> list[str]:
+    """The ``top`` largest arrays that instructions outside fusions produce, in words (``"bf16[12,64,1024,3072]
+    (fusion.12): 4.50 GiB"``), largest first, each shape once. (A fusion's inner values live in registers or
+    on-chip memory; its output is the instruction that calls it.)"""
+    largest: dict[str, tuple[float, str]] = {}
+    inside_fusion = False
+    for line in hlo.splitlines():
+        header = _COMPUTATION.match(line)
+        if header:
+            inside_fusion = "fused" in header.group(1) or header.group(1).startswith("wrapped")
+            continue
+        match = _ARRAY.match(line)
+        if inside_fusion or not match or match.group(2) not in BYTES_PER_ELEMENT:
+            continue
+        name, dtype, dims = match.groups()
+        size = BYTES_PER_ELEMENT[dtype] * math.prod(int(d) for d in dims.split(",") if d)
+        shape = f"{dtype}[{dims}]"
+        if shape not in largest or largest[shape][0] < size:
+            largest[shape] = (size, name)
+    ranked = sorted(largest.items(), key=lambda item: -item[1][0])[:top]
+    return [f"{shape} ({name}): {size / 2**30:.2f} GiB" for shape, (size, name) in ranked]
