@@ -137,3 +137,71 @@ def test_predicates():
     with pytest.raises(ValueError, match="query length"):
         gpu_flash_attention(jnp.zeros((1, 128, 4, 32)), jnp.zeros((1, 64, 4, 32)), jnp.zeros((1, 64, 4, 32)),
                             causal=False, interpret=True)
+
+
+# ----------------------------------------------------------------------------------- whole models, and under a mesh
+MODEL_CHECK = r'''
+import json, sys
+import jax, jax.numpy as jnp, numpy as np
+from flax import nnx
+from models import BertForMaskedLM, GPTForCausalLM, get_preset
+from models.layers.partitioning import placed
+from train import sharding
+
+jax.config.update("jax_default_matmul_precision", "highest")
+impl, mesh_shape = sys.argv[1], json.loads(sys.argv[2])
+mesh = sharding.make_mesh(mesh_shape) if mesh_shape else None
+placement = sharding.activation_placement(mesh) if mesh else None
+rng = np.random.default_rng(0)
+segments = np.zeros((8, 160), np.int32)
+for row in range(7):  # packed documents of random lengths, padding at the end; row 7 all padding
+    cuts = np.sort(rng.choice(np.arange(8, 150), size=row % 3 + 1, replace=False))
+    segments[row, :cuts[-1]] = np.searchsorted(cuts, np.arange(cuts[-1]), side="right") + 1
+ids = jnp.asarray(rng.integers(0, 1000, (8, 160)), jnp.int32)
+out = {}
+for name, cls, preset in (("gpt", GPTForCausalLM, "llama-tiny"), ("bert", BertForMaskedLM, "bert-tiny")):
+    def loss(params, impl_):
+        model = nnx.merge(graphdef, params, rest)
+        with placed(placement if impl_ != "softmax" else None):
+            if name == "gpt":
+                logits = model(ids, segment_ids=jnp.asarray(segments))
+            else:
+                mask = jnp.asarray(segments > 0, jnp.int32)
+                logits = model(ids, mask, segment_ids=jnp.asarray(segments))
+        return jnp.mean(jnp.where(jnp.asarray(segments > 0)[..., None], logits, 0.0) ** 2)
+    reference_model = cls(get_preset(preset, attention_impl="softmax", max_position_embeddings=256), rngs=nnx.Rngs(1))
+    kernel_model = cls(get_preset(preset, attention_impl=impl, max_position_embeddings=256), rngs=nnx.Rngs(1))
+    values = {}
+    for key, model in (("softmax", reference_model), (impl, kernel_model)):
+        graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+        values[key] = jax.jit(jax.value_and_grad(lambda p: loss(p, key)))(params)
+    (l0, g0), (l1, g1) = values["softmax"], values[impl]
+    out[name] = {"loss": abs(float(l0) - float(l1)),
+                 "grad": max(float(jnp.max(jnp.abs(a - b))) for a, b in zip(jax.tree.leaves(g0), jax.tree.leaves(g1)))}
+print(json.dumps(out))
+'''
+
+
+@pytest.mark.parametrize("impl, mesh", [("splash", None), ("gpu_flash", None), ("splash", [2, 2, 2]),
+                                        ("gpu_flash", [4, 2, 1])])
+def test_models_with_a_kernel_equal_the_softmax_kernel(impl, mesh):
+    """A Llama-layout decoder and a BERT encoder on packed rows (and a fully padded one) with ``attention_impl`` set
+    to a kernel, alone and under an 8-device mesh (the kernel in a ``shard_map``: batch over data x fsdp, heads over
+    tensor), against the closed-form softmax kernel without a mesh: the loss and every parameter's gradient. Its
+    own process: 8 simulated CPU devices."""
+    import json
+    import os
+    import pathlib
+    import subprocess
+    import sys
+
+    repo = pathlib.Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": str(repo), "JAX_PLATFORMS": "cpu",
+           "XLA_FLAGS": "--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0"}
+    proc = subprocess.run([sys.executable, "-c", MODEL_CHECK, impl, json.dumps(mesh)], cwd=repo, env=env,
+                          capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    errors = json.loads(proc.stdout.strip().splitlines()[-1])
+    tolerance = GPU_FLASH_GRAD_TOLERANCE if impl == "gpu_flash" else TOLERANCE
+    for model, error in errors.items():
+        assert error["loss"] < 1e-5 and error["grad"] < tolerance, (model, error)
