@@ -102,7 +102,7 @@ def test_two_slices_put_the_data_axis_over_dcn():
     with pytest.raises(ValueError, match="multiple of 2"):
         sharding.make_mesh((1, 16, 1), devices)
     report = compile_tiny(TPU, "--config.mesh.data=4", "--config.mesh.fsdp=4", slices=2)
-    assert report.devices == 16 and report.fits
+    assert report.devices == 16 and report.slices == 2 and report.fits
 
 
 def test_auto_remat_picks_the_cheapest_policy_that_fits():
@@ -182,3 +182,13 @@ def test_finetune_config_compiles_the_finetuners_step(minilm_dir):
     assert report.step == "train (fine-tune)" and report.fits
     assert report.mesh == {"data": 8, "fsdp": 1, "tensor": 1}  # batch 32 over 8 GPUs, parameters replicated
     assert report.tokens_per_step == 32 * 64  # batch_size x data.max_len
+
+
+def test_lora_config_compiles_in_bfloat16():
+    """LoRA on the packaged SmolLM2 with the accelerators' bfloat16 compute and scanned layers: qwix's float32
+    adapters once turned the residual stream float32 inside the scan ("carry input and carry output must have equal
+    types"), which no CPU (float32) run could show."""
+    need("tpu")
+    config = compilelib.load_config("lora_smollm2", ["--config.batch_size=8", "--config.seq_len=128"])
+    report = compilelib.compile_config(config, targets.parse_target(TPU))[0]
+    assert report.fits and report.attention == "splash" and report.scan_layers

@@ -61,6 +61,7 @@ class Report:
     step: str
     devices: int
     device_kind: str
+    slices: int
     mesh: dict[str, int]
     fits: bool
     bytes_per_device: int
@@ -87,7 +88,8 @@ class Report:
     def text(self) -> str:
         gib = 2**30
         lines = [
-            f"target {self.target}: {self.devices} x {self.device_kind}; mesh "
+            f"target {self.target}: {self.devices} x {self.device_kind}"
+            + (f" in {self.slices} slices (data across them, over DCN)" if self.slices > 1 else "") + "; mesh "
             + " x ".join(f"{k}={v}" for k, v in self.mesh.items()) + f"; step {self.step}; remat {self.remat}, "
             f"scan_layers {self.scan_layers}; compiled in {self.compile_s:.1f} s",
             f"memory per device: {self.bytes_per_device / gib:.2f} GiB of {self.hbm_bytes / gib:.2f} GiB -> "
@@ -134,6 +136,7 @@ def _report(target: Target, step: str, devices: list[jax.Device], mesh: jax.shar
         notes = [*notes, f"the dispatcher chose {backend} but its kernel is not in the compiled HLO"]
     return Report(
         target=target.name, step=step, devices=len(devices), device_kind=devices[0].device_kind,
+        slices=shardlib.slice_count(devices),
         mesh=dict(mesh.shape), fits=memory.total <= target.usable_hbm_bytes, bytes_per_device=memory.total,
         hbm_bytes=target.usable_hbm_bytes, argument_bytes=memory.arguments, output_bytes=memory.outputs - memory.aliased,
         temp_bytes=memory.temporaries, code_bytes=memory.code, flops_per_device=flops_per_device,

@@ -61,7 +61,9 @@ class Dense(nnx.Module):
         # A float kernel is an nnx.Param; a quantised one (models/quantize.py: qwix's ``WithAux`` of an int8 QArray)
         # goes to dot_general whole, which qwix intercepts in a quantised Dense.
         kernel = kernel[...].astype(self.dtype) if isinstance(kernel, nnx.Variable) else kernel
-        y = jax.lax.dot_general(x.astype(self.dtype), kernel, (contract, ((), ())))
+        # In the compute dtype: qwix's LoRA adds its float32 adapters' product inside dot_general, which would turn a
+        # bfloat16 model's activations float32 from the first adapted layer on (and break lax.scan's carry type).
+        y = jax.lax.dot_general(x.astype(self.dtype), kernel, (contract, ((), ()))).astype(self.dtype)
         if self.bias is not None:
             y = y + self.bias[...].astype(self.dtype)
         return y
