@@ -28,7 +28,6 @@ import json
 import os
 import sys
 import time
-from typing import Any
 
 # Several test processes may compile for TPU at once; libtpu refuses a second loader without this.
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
@@ -138,7 +137,8 @@ def _report(target: Target, step: str, devices: list[jax.Device], mesh: jax.shar
         target=target.name, step=step, devices=len(devices), device_kind=devices[0].device_kind,
         slices=shardlib.slice_count(devices),
         mesh=dict(mesh.shape), fits=memory.total <= target.usable_hbm_bytes, bytes_per_device=memory.total,
-        hbm_bytes=target.usable_hbm_bytes, argument_bytes=memory.arguments, output_bytes=memory.outputs - memory.aliased,
+        hbm_bytes=target.usable_hbm_bytes, argument_bytes=memory.arguments,
+        output_bytes=memory.outputs - memory.aliased,
         temp_bytes=memory.temporaries, code_bytes=memory.code, flops_per_device=flops_per_device,
         flops_source=flops_source, tokens_per_step=tokens, roofline_s=seconds,
         tokens_per_s_at_100_mfu=(tokens / (flops_per_device / target.peak_flops)) if flops_per_device else 0.0,

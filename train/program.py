@@ -34,7 +34,8 @@ class StepProgram:
     ``models.lora.LoraConfig`` or None), ``param_count`` / ``trainable_count``, ``state_shardings`` (of the train
     state ``{"params", "opt_state", "step", "rng"}``), ``rest_shardings`` (RNG streams; LoRA's frozen base),
     ``batch_sharding`` and ``placement`` (which rows this process loads), ``activation_placement`` (what the
-    steps trace the model under: activation shardings, the platform), ``target`` (the abstract sharded train state: what checkpoints restore into),
+    steps trace the model under: activation shardings, the platform), ``target`` (the abstract sharded train
+    state: what checkpoints restore into),
     ``train_step`` / ``eval_step`` / ``predict`` (jitted), ``unsplit`` (parameters a mesh axis could not split).
     """
 

@@ -353,8 +353,8 @@ def attend(query: jax.Array, key: jax.Array, value: jax.Array, *, mask: jax.Arra
                                 segments[0] is segments[1])
     if backend in KERNELS and mask is not None and segments is None:
         if impl in KERNELS:
-            raise ValueError(f"attention_impl={impl!r} takes masks as segment ids (models/layers/masking.py); this call "
-                             "has a dense mask only")
+            raise ValueError(f"attention_impl={impl!r} takes masks as segment ids (models/layers/masking.py); "
+                             "this call has a dense mask only")
         backend = "xla"  # a mask not made of segment ids: the kernels cannot take it
     if backend in KERNELS:
         return _kernel_attention(backend, query, key, value, segments, is_causal or causal_segments)
