@@ -210,3 +210,13 @@ def test_lora_config_compiles_in_bfloat16():
     config = compilelib.load_config("lora_smollm2", ["--config.batch_size=8", "--config.seq_len=128"])
     report = compilelib.compile_config(config, targets.parse_target(TPU))[0]
     assert report.fits and report.attention == "splash" and report.scan_layers
+
+
+def test_dump_hlo_writes_the_compiled_program(tmp_path, capsys):
+    need("gpu")
+    code = compilelib.main(["--target", GPU, "--dump-hlo", str(tmp_path), *TINY])
+    assert code == 0
+    (path,) = tmp_path.glob("*.hlo.txt")
+    text = path.read_text()
+    assert "HloModule" in text and hlolib.attention_kernels(text) == ["gpu_flash"]
+    assert "attention: gpu_flash" in capsys.readouterr().out
