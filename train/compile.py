@@ -99,7 +99,7 @@ class Report:
         if not self.fits and self.largest_buffers:
             lines.append("largest buffers: " + "; ".join(self.largest_buffers))
         lines += [
-            f"FLOPs per device per step: {self.flops_per_device / 1e12:.3f} TFLOP ({self.flops_source})",
+            f"FLOPs per device per step: {self.flops_per_device / 1e9:,.1f} GFLOP ({self.flops_source})",
             f"roofline lower bound: {1e3 * self.roofline_s:.1f} ms per step of {self.tokens_per_step:,} tokens: "
             f"{self.tokens_per_s_at_100_mfu:,.0f} tokens/s at 100% MFU, {self.tokens_per_s_at_50_mfu:,.0f} at 50%",
             "collectives: " + (", ".join(f"{k} {v}" for k, v in self.collectives.items()) or "none"),
