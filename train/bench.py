@@ -100,7 +100,7 @@ from models.modeling import create_model, param_count
 from train import flops as flopslib
 from train import hlo
 from train.batches import CAUSAL_KEYS, IGNORE_INDEX, MLM_KEYS
-from train.step import make_train_step
+from train.step import make_train_step, new_train_state
 
 WORKLOADS = ("gpt_train", "bert_train", "gpt_generate", "gpt2_small", "bert_base", "main_gpt_train",
              "smollm2_generate")
@@ -329,8 +329,7 @@ def run_train(name: str, spec: dict[str, Any], args: argparse.Namespace, peak: f
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     del model
     tx = optax.adamw(LR, weight_decay=WEIGHT_DECAY)
-    state = {"params": params, "opt_state": jax.jit(tx.init)(params), "step": jnp.zeros((), jnp.int32),
-             "rng": jax.random.key_data(jax.random.key(args.seed))}
+    state = jax.jit(lambda p: new_train_state(p, tx, args.seed))(params)
     batch = jax.device_put(make_batch(spec, args.seed))
     objective = "mlm" if spec["predictions"] is not None else "causal"
     step = make_train_step(graphdef, tx, optax.constant_schedule(LR), objective=objective,

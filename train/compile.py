@@ -120,9 +120,8 @@ def roofline(flops_per_device: float, bytes_per_device: float, target: Target) -
 
 def _report(target: Target, step: str, devices: list[jax.Device], mesh: jax.sharding.Mesh,
             compiled: jax.stages.Compiled, *, flops_total: float, flops_source: str, tokens: int,
-            attention: tuple[str, str], remat: str, scan_layers: bool, compile_s: float, notes: list[str],
-            memory: MemoryFigures | None = None) -> Report:
-    memory = memory or MemoryFigures.of(compiled)
+            attention: tuple[str, str], remat: str, scan_layers: bool, compile_s: float, notes: list[str]) -> Report:
+    memory = MemoryFigures.of(compiled)
     hlo = compiled.as_text()
     flops_per_device = flops_total / len(devices)
     # Every argument (parameters, optimizer state) is read and every output written at least once.
@@ -194,6 +193,7 @@ def compile_generate(cfg: TrainConfig, target: Target, devices: list[jax.Device]
     program = StepProgram(cfg, mesh)
     params_sharding = program.state_shardings["params"]
     graphdef, rest = program.graphdef, program.abstract_rest
+    per_token = flopslib.forward_flops_per_token(cfg.model, cfg.seq_len, cfg.model_cls)
     reports = []
     for batch in sorted({1, cfg.batch_size}):
         def decode(params, rest, state, tokens):
@@ -203,7 +203,7 @@ def compile_generate(cfg: TrainConfig, target: Target, devices: list[jax.Device]
                 logits, state = model.decode(tokens, state)
             return jnp.argmax(logits[:, -1], axis=-1), state
 
-        state_shape = jax.eval_shape(lambda: _init_state(graphdef, program, batch, cfg.seq_len))
+        state_shape = jax.eval_shape(lambda: _init_state(program, batch, cfg.seq_len))
         state_sharding = jax.tree.map(lambda _: program.replicated, state_shape)  # the cache whole on every device
         abstract_state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state_shape,
                                       state_sharding)
@@ -215,7 +215,6 @@ def compile_generate(cfg: TrainConfig, target: Target, devices: list[jax.Device]
         compile_s = time.perf_counter() - start
         if dump_hlo:
             _dump(dump_hlo, f"{target.name}x{target.slices}_generate_b{batch}", compiled)
-        per_token = flopslib.forward_flops_per_token(cfg.model, cfg.seq_len, cfg.model_cls)
         attention = attention_backend(cfg.model, q_len=1, k_len=cfg.seq_len, masked=True,
                                       platform=shardlib.platform_of(devices[0]))
         reports.append(_report(target, f"generate (batch {batch}, cache {cfg.seq_len})", devices, mesh, compiled,
@@ -225,8 +224,8 @@ def compile_generate(cfg: TrainConfig, target: Target, devices: list[jax.Device]
     return reports
 
 
-def _init_state(graphdef, program: StepProgram, batch: int, max_len: int):
-    model = nnx.merge(graphdef, jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), program.target["params"]),
+def _init_state(program: StepProgram, batch: int, max_len: int):
+    model = nnx.merge(program.graphdef, jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), program.target["params"]),
                       jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), program.abstract_rest))
     return model.init_state(batch, max_len)
 

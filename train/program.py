@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Any, Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -22,7 +22,7 @@ from train import data as datalib
 from train import sharding as shardlib
 from train.config import ConfigError, TrainConfig
 from train.optim import make_optimizer
-from train.step import make_eval_step, make_predict_masked, make_train_step
+from train.step import make_eval_step, make_predict_masked, make_train_step, new_train_state
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +52,6 @@ class StepProgram:
             model = cls(config, rngs=nnx.Rngs(seed))
             return apply_lora(model, lora, seed=seed) if lora else model
 
-        self.build = build
         try:
             abstract = nnx.eval_shape(build) if lora else abstract_model(config, cls)
             if lora:
@@ -68,8 +67,7 @@ class StepProgram:
         tx = self.tx
 
         def state_of(params: Any) -> dict[str, Any]:
-            return {"params": params, "opt_state": tx.init(params), "step": jnp.zeros((), jnp.int32),
-                    "rng": jax.random.key_data(jax.random.key(seed))}
+            return new_train_state(params, tx, seed)
 
         def init():
             _, params, rest = nnx.split(build(), self.trainable, ...)
@@ -184,22 +182,20 @@ class RematChoice:
                 f"device; {'; '.join(parts)})")
 
 
-def choose_remat(cfg: TrainConfig, mesh: jax.sharding.Mesh, capacity: int,
-                 compile_step: Callable[[StepProgram], jax.stages.Compiled] | None = None) -> RematChoice:
+def choose_remat(cfg: TrainConfig, mesh: jax.sharding.Mesh, capacity: int) -> RematChoice:
     """The cheapest remat policy (``REMAT_ORDER``) whose compiled train step fits ``capacity`` bytes per device.
 
     Each candidate is compiled for ``mesh`` (real or compile-only devices); the first that fits is returned with
     its program and executable (so a run does not compile it again). When none fits, the last (``full``) is
     returned with the figures of all three. An out-of-memory compile error (TPU refuses programs over HBM) counts as
     not fitting."""
-    compile_step = compile_step or (lambda program: program.lower_train_step().compile())
     tried: list[tuple[str, MemoryFigures | None, str]] = []
     last: RematChoice | None = None
     for policy in REMAT_ORDER:
         candidate = dataclasses.replace(cfg, precision=dataclasses.replace(cfg.precision, remat=policy))
         program = StepProgram(candidate, mesh)
         try:
-            compiled = compile_step(program)
+            compiled = program.lower_train_step().compile()
         except Exception as exc:  # XlaRuntimeError RESOURCE_EXHAUSTED on TPU
             if "RESOURCE_EXHAUSTED" not in str(exc) and "out of memory" not in str(exc).lower():
                 raise

@@ -172,6 +172,13 @@ def reseed_dropout(model: nnx.Module, key: jax.Array) -> None:
         variable.set_value(value)
 
 
+def new_train_state(params: Any, tx: optax.GradientTransformation, seed: int) -> TrainState:
+    """The train state at step 0: ``{"params", "opt_state" (``tx.init``), "step", "rng" (the raw key data of
+    ``seed``)}``. Traceable: jit it with the state's ``out_shardings``."""
+    return {"params": params, "opt_state": tx.init(params), "step": jnp.zeros((), jnp.int32),
+            "rng": jax.random.key_data(jax.random.key(seed))}
+
+
 def step_key(state: TrainState) -> jax.Array:
     """The dropout key of the step about to run: ``fold_in(base key, step)``."""
     return jax.random.fold_in(jax.random.wrap_key_data(state["rng"]), state["step"])

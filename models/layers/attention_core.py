@@ -382,8 +382,7 @@ def _kernel_attention(kernel: str, query: jax.Array, key: jax.Array, value: jax.
     ``tensor`` axis."""
     placement = current_placement()
     shared = segments is not None and segments[0] is segments[1]
-    interpret = (placement.platform if placement is not None else jax.default_backend()) != (
-        "tpu" if kernel == "splash" else "gpu")
+    interpret = current_platform() != ("tpu" if kernel == "splash" else "gpu")
 
     def run(q, k, v, q_seg, kv_seg):
         if kernel == "splash":

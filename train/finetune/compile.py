@@ -28,7 +28,7 @@ from train.config import execution_defaults
 from train.finetune.config import SCRATCH, FinetuneConfig
 from train.finetune.trainer import is_head, packaged_minilm, read_num_layers
 from train.optim import make_finetune_optimizer
-from train.step import make_train_step
+from train.step import make_train_step, new_train_state
 from train.targets import Target
 
 STEPS = 1000  # the schedule's length does not change the compiled step
@@ -81,14 +81,10 @@ def compile_finetune(config: ConfigDict, target: Target, devices: list[jax.Devic
         notes.append(f"batch_size={cfg.batch_size} does not divide {len(devices)} devices: one device trains "
                      "(the fine-tuner's rule)")
 
-    def state_of(params):
-        return {"params": params, "opt_state": tx.init(params), "step": jnp.zeros((), jnp.int32),
-                "rng": jax.random.key_data(jax.random.key(cfg.seed))}
-
     def abstract(tree, sharding):
         return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), tree)
 
-    state = abstract(jax.eval_shape(state_of, params), replicated)
+    state = abstract(jax.eval_shape(lambda p: new_train_state(p, tx, cfg.seed), params), replicated)
     batch, seq = cfg.batch_size, cfg.data.max_len
     abstract_batch = {"input_ids": (batch, seq), "attention_mask": (batch, seq), "labels": (batch,),
                       "example_weights": (batch,)}

@@ -47,7 +47,7 @@ from train.finetune.data import LabelledSplit, load_labelled, stratified_split
 from train.finetune.report import scores, write_report
 from train.loop import setup_compilation_cache
 from train.optim import make_finetune_optimizer
-from train.step import make_predict_probabilities, make_train_step
+from train.step import make_predict_probabilities, make_train_step, new_train_state
 
 GROUP = 16  # batches whose examples are sorted by length together (data.group_by_length)
 
@@ -308,9 +308,7 @@ class Finetuner:
         self.batch_sharding = shardlib.batch_sharding(self.mesh)
         params = jax.device_put(trained, self.replicated)
         self.rest = jax.device_put(self.rest, self.replicated)
-        self.state = {"params": params, "opt_state": jax.jit(self.tx.init, out_shardings=self.replicated)(params),
-                      "step": jnp.zeros((), jnp.int32), "rng": jax.random.key_data(jax.random.key(seed))}
-        self.state = jax.device_put(self.state, self.replicated)
+        self.state = jax.jit(lambda p: new_train_state(p, self.tx, seed), out_shardings=self.replicated)(params)
         jit_step = lambda fn: jax.jit(fn, donate_argnums=(0,))  # noqa: E731
         placement = shardlib.activation_placement(self.mesh)  # batch over the devices; attention for their platform
         self.full_step = jit_step(make_train_step(self.graphdef, self.tx, self.schedule, objective="classify",
