@@ -4,7 +4,7 @@ betas 0.9/0.999, eps 1e-6, weight decay 0.01, linear warmup and decay) and seque
 See ``gpt2_small.py`` for pointing ``data`` at a real corpus.
 """
 
-from train.config import base_config, data_fields, model_fields
+from flaxzoo.train.config import base_config, data_fields, model_fields
 
 
 def get_config():

@@ -1,9 +1,9 @@
 """A tiny BERT pre-trained with masked-LM on the embedded corpus (WordPiece), a few minutes on 2 CPU cores.
 
-``python -m train --config configs/bert_tiny.py``: evaluation reports masked-token accuracy.
+``python -m flaxzoo.train --config configs/bert_tiny.py``: evaluation reports masked-token accuracy.
 """
 
-from train.config import base_config, data_fields, model_fields
+from flaxzoo.train.config import base_config, data_fields, model_fields
 
 
 def get_config():

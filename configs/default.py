@@ -1,9 +1,9 @@
 """The default job: a tiny GPT (GPT-2 layout) on the embedded corpus, sized to finish in minutes on 2 CPU cores.
 
-``python -m train`` trains it into ``runs/default``. Every key is documented in ``train/config.py``.
+``python -m flaxzoo.train`` trains it into ``runs/default``. Every key is documented in ``train/config.py``.
 """
 
-from train.config import base_config, data_fields, model_fields
+from flaxzoo.train.config import base_config, data_fields, model_fields
 
 
 def get_config():

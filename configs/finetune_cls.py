@@ -1,6 +1,6 @@
 """Fine-tune the packaged all-MiniLM-L6-v2 into a BBC News headline classifier (5 classes), with the recipe.
 
-``python -m train --config configs/finetune_cls.py`` (about a minute on 2 CPU cores) writes ``WORKDIR/eval/``
+``python -m flaxzoo.train --config configs/finetune_cls.py`` (about a minute on 2 CPU cores) writes ``WORKDIR/eval/``
 (``metrics.json``, ``confusion_matrix.png``, ``errors.jsonl``) and a checkpoint that ``models.from_pretrained(WORKDIR)``
 loads as the classifier. Another encoder: ``--config.init_from=PATH_OR_HUB_ID``; your data:
 ``--config.data.source=files --config.data.train_path=FILE.csv`` (``text`` / ``label`` columns, or set
@@ -22,7 +22,7 @@ the adapters, the head alone first). 1e-3 was chosen over the recipe's 2e-4 on t
 checkpoint is the merged classifier (``models.from_pretrained(WORKDIR)`` as for a full fine-tune).
 """
 
-from train.finetune.config import base_config
+from flaxzoo.train.finetune.config import base_config
 
 
 def get_config():

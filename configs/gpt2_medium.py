@@ -4,7 +4,7 @@ bf16 compute, dots-saveable remat, layers scanned (one compiled layer body).
 See ``gpt2_small.py`` for the data; mix data and FSDP parallelism with ``--config.mesh.data=N``.
 """
 
-from train.config import base_config, data_fields, model_fields
+from flaxzoo.train.config import base_config, data_fields, model_fields
 
 
 def get_config():
@@ -22,7 +22,7 @@ def get_config():
     c.optim.weight_decay = 0.1
     c.precision.remat = "dots"
     c.precision.scan_layers = True
-    c.precision.loss_chunk = 256  # the float32 logits 256 positions at a time (train.step)
+    c.precision.loss_chunk = 256  # the float32 logits 256 positions at a time (flaxzoo.train.step)
     c.model = model_fields("gpt2-medium", dropout=0.0, attention_dropout=0.0)
     c.model.pad_vocab_to = 128  # 50,257 rows -> 50,304 = 128 x 393: the table and its moments split over fsdp
     c.data = data_fields(source="embedded", tokenizer="bpe", vocab_size=50257)

@@ -2,12 +2,12 @@
 vocabulary 8192 (a BPE tokenizer trained on the corpus), 6 layers × 384, 6 heads, MLP 1536, 256 positions, batch
 8 × 256, no dropout.
 
-``python -m train --config gpt_train`` is what ``python -m train.bench --work main_gpt_train`` times next to the
-bench's own ``gpt_train`` step: the same step function (``train.step``), plus real data, the loop's metrics,
+``python -m flaxzoo.train --config gpt_train`` is what ``python -m flaxzoo.train.bench --work main_gpt_train`` times next to the
+bench's own ``gpt_train`` step: the same step function (``flaxzoo.train.step``), plus real data, the loop's metrics,
 evaluation and checkpoints.
 """
 
-from train.config import base_config, data_fields, model_fields
+from flaxzoo.train.config import base_config, data_fields, model_fields
 
 
 def get_config():

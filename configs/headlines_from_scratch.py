@@ -1,15 +1,15 @@
 """A small encoder trained from random initialisation on the BBC headline split: the brief's position-encoding
 comparison, for real. Same model, data, seed and schedule; only ``model.position`` changes.
 
-``python -m train --config configs/headlines_from_scratch.py --config.model.position=alibi`` (learned | sinusoidal |
-rope | alibi; under a minute on 2 CPU cores). ``python -m train.finetune.results positions`` runs the four schemes
+``python -m flaxzoo.train --config configs/headlines_from_scratch.py --config.model.position=alibi`` (learned | sinusoidal |
+rope | alibi; under a minute on 2 CPU cores). ``python -m flaxzoo.train.finetune.results positions`` runs the four schemes
 with three seeds each and prints the table the README shows. The tokenizer is MiniLM's WordPiece vocabulary (only its
 vocabulary: the weights start from random).
 """
 
-from train.config import model_fields
-from train.finetune.config import base_config
-from train.finetune.trainer import packaged_minilm
+from flaxzoo.train.config import model_fields
+from flaxzoo.train.finetune.config import base_config
+from flaxzoo.train.finetune.trainer import packaged_minilm
 
 
 def get_config():

@@ -4,7 +4,7 @@ RMSNorm, RoPE) for accelerators, with a tensor-parallel axis available (``--conf
 See ``gpt2_small.py`` for pointing ``data`` at a real corpus.
 """
 
-from train.config import base_config, data_fields, model_fields
+from flaxzoo.train.config import base_config, data_fields, model_fields
 
 
 def get_config():

@@ -1,13 +1,13 @@
 """LoRA on the packaged SmolLM2-135M-Instruct (its GGUF), continued on the embedded corpus (Python's documentation:
 a domain its chat pre-training saw little of), sized for a few minutes on 2 CPU cores.
 
-``python -m train --config configs/lora_smollm2.py --workdir runs/lora_smollm2`` evaluates validation perplexity at
+``python -m flaxzoo.train --config configs/lora_smollm2.py --workdir runs/lora_smollm2`` evaluates validation perplexity at
 step 0 (the base model) and at the end; ``--config.lora.rank=0`` trains every parameter instead (full fine-tuning,
 the comparison in the README). ``models.from_pretrained("runs/lora_smollm2")`` returns the merged model.
 """
 
-from models.hub.packaged import smollm2_gguf
-from train.config import base_config, data_fields, model_fields
+from flaxzoo.models.hub.packaged import smollm2_gguf
+from flaxzoo.train.config import base_config, data_fields, model_fields
 
 
 def get_config():

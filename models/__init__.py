@@ -1,14 +1,14 @@
 """flaxzoo models: shared layers assembled into BERT-style encoders and GPT-style decoders."""
 
-from models.bert import (BertForMaskedLM, BertForSequenceClassification, BertForTokenClassification, BertModel,
+from flaxzoo.models.bert import (BertForMaskedLM, BertForSequenceClassification, BertForTokenClassification, BertModel,
                          EncoderOutput)
-from models.config import PRESETS, TransformerConfig, get_preset
-from models.generate import generate
-from models.gpt import GPTForCausalLM, GPTModel
-from models.layers.attention_core import attention_backend
-from models.layers.decode_state import DecodeState
-from models.layers.embeddings import check_token_ids
-from models.modeling import abstract_model, create_model, default_model_class, param_count
+from flaxzoo.models.config import PRESETS, TransformerConfig, get_preset
+from flaxzoo.models.generate import generate
+from flaxzoo.models.gpt import GPTForCausalLM, GPTModel
+from flaxzoo.models.layers.attention_core import attention_backend
+from flaxzoo.models.layers.decode_state import DecodeState
+from flaxzoo.models.layers.embeddings import check_token_ids
+from flaxzoo.models.modeling import abstract_model, create_model, default_model_class, param_count
 
 __all__ = [
     "BertForMaskedLM", "BertForSequenceClassification", "BertForTokenClassification", "BertModel", "EncoderOutput",
@@ -19,8 +19,8 @@ __all__ = [
 ]
 
 # Loaded on first use: file formats, tokenizers and orbax are not needed to build and run a model.
-_LAZY = {"from_pretrained": "models.hub", "save_pretrained": "models.hub", "load_tokenizer": "models.tokenizer",
-         "embed": "models.text", "generate_text": "models.text", "classify": "models.text"}
+_LAZY = {"from_pretrained": "flaxzoo.models.hub", "save_pretrained": "flaxzoo.models.hub", "load_tokenizer": "flaxzoo.models.tokenizer",
+         "embed": "flaxzoo.models.text", "generate_text": "flaxzoo.models.text", "classify": "flaxzoo.models.text"}
 
 
 def __getattr__(name):

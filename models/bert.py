@@ -1,4 +1,4 @@
-"""Encoder-only models (Devlin et al., 2019), assembled from ``models.layers``."""
+"""Encoder-only models (Devlin et al., 2019), assembled from ``flaxzoo.models.layers``."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from models.config import TransformerConfig
-from models.layers.embeddings import LMHead
-from models.layers.feedforward import ACTIVATION_FUNCTIONS
-from models.layers.linear import Dense
-from models.layers.norms import make_norm
-from models.layers.stack import TransformerStack
+from flaxzoo.models.config import TransformerConfig
+from flaxzoo.models.layers.embeddings import LMHead
+from flaxzoo.models.layers.feedforward import ACTIVATION_FUNCTIONS
+from flaxzoo.models.layers.linear import Dense
+from flaxzoo.models.layers.norms import make_norm
+from flaxzoo.models.layers.stack import TransformerStack
 
 
 class EncoderOutput(NamedTuple):

@@ -1,6 +1,6 @@
 """flaxzoo training checkpoints, read as models (and written, for conversions).
 
-``python -m train`` keeps an orbax ``CheckpointManager`` rooted at ``WORKDIR/checkpoints``; each step directory holds
+``python -m flaxzoo.train`` keeps an orbax ``CheckpointManager`` rooted at ``WORKDIR/checkpoints``; each step directory holds
 the items
 
 * ``state``: a ``StandardSave`` of a dict whose ``"params"`` is ``nnx.to_pure_dict(nnx.state(model, nnx.Param))`` (plus
@@ -12,7 +12,7 @@ the items
 Loading a model reads ``meta`` and only ``params`` out of ``state`` (a partial restore: the optimizer state is never
 opened), onto the local devices whatever mesh wrote them, into either layer layout (blocks per
 layer, or stacked ``[num_layers, ...]`` with ``scan_layers``) whichever one wrote them. ``save_checkpoint`` writes the
-same layout with ``state`` holding ``params`` only, at step 0: what ``python -m models.convert ... --to flaxzoo``
+same layout with ``state`` holding ``params`` only, at step 0: what ``python -m flaxzoo.models.convert ... --to flaxzoo``
 produces.
 
 The vocabulary tables are stored as the model holds them, padded to ``config.pad_vocab_to`` (recorded in ``meta``'s
@@ -30,10 +30,10 @@ import numpy as np
 from etils import epath
 from flax import nnx
 
-from models.bert import BertModel
-from models.config import TransformerConfig
-from models.layers.stack import unstack_layer_values
-from models.modeling import (DECODER_CLASSES, MODEL_CLASSES, abstract_params, assemble_model, bert_without_pooler,
+from flaxzoo.models.bert import BertModel
+from flaxzoo.models.config import TransformerConfig
+from flaxzoo.models.layers.stack import unstack_layer_values
+from flaxzoo.models.modeling import (DECODER_CLASSES, MODEL_CLASSES, abstract_params, assemble_model, bert_without_pooler,
                              dotted, format_names, override_config, per_layer_shapes, plain_factory,
                              resize_vocab_values, vocab_axes, vocab_shapes, warn_initialised)
 
@@ -179,7 +179,7 @@ def load_checkpoint(path: str | pathlib.Path, *, cls: type | str | None = None, 
         raise ValueError(f"{path} holds no flaxzoo checkpoint step (expected checkpoints/<step>/{{state,meta}})")
     meta = read_meta(step_dir)
     if "lora" in meta:  # adapters and a reference to the base: merged into a plain model, then loaded as one
-        from models.lora import merge_lora
+        from flaxzoo.models.lora import merge_lora
 
         merged = merge_lora(load_adapted(step_dir))
         values = {p: v.get_value() for p, v in nnx.to_flat_state(nnx.state(merged, nnx.Param))}
@@ -246,10 +246,10 @@ def load_adapted(path: str | pathlib.Path, *, base: str | pathlib.Path | None = 
     """The model of a LoRA run's checkpoint with its adapters unmerged (qwix-intercepted projections, in the
     stored config): the base weights (``meta["base"]``, or ``base`` when they have moved; their fingerprint must
     match), ``apply_lora`` with the stored settings, then the stored adapters and fully trained parameters."""
-    from models.hub import from_pretrained
-    from models.hub.files import is_hub_id
-    from models.hub.source import fingerprint
-    from models.lora import LoraConfig, apply_lora
+    from flaxzoo.models.hub import from_pretrained
+    from flaxzoo.models.hub.files import is_hub_id
+    from flaxzoo.models.hub.source import fingerprint
+    from flaxzoo.models.lora import LoraConfig, apply_lora
 
     step_dir = find_step_dir(path)
     if step_dir is None:

@@ -61,7 +61,7 @@ class TransformerConfig:
     ``pad_vocab_to=128`` there are 50,304 = 128 · 393 rows (any power-of-two axis up to 128 splits them).
     ``vocab_size`` stays the real vocabulary (the tokenizer's, Hugging Face's ``config.json``): token ids are checked
     against it, padding rows start at zero, and their logits are masked out
-    (``models.layers.embeddings.mask_padded_logits``). 1: no padding.
+    (``flaxzoo.models.layers.embeddings.mask_padded_logits``). 1: no padding.
 
     ``label_names`` are the class names of a classifier head, one per label id (``num_labels`` distinct, non-empty
     strings; Hugging Face's ``id2label``), or None: the labels are their ids.

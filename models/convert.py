@@ -1,10 +1,10 @@
-"""Convert between checkpoint formats: ``python -m models.convert SRC DST [--to hf|flaxzoo]``.
+"""Convert between checkpoint formats: ``python -m flaxzoo.models.convert SRC DST [--to hf|flaxzoo]``.
 
 ``SRC`` is anything ``from_pretrained`` reads: a Hugging Face directory, a ``.gguf`` file, a flaxzoo training
 checkpoint (work directory, ``checkpoints/`` or one step) or a Hub id. ``DST`` is a new directory, written as
 
 * ``flaxzoo`` (the default for Hugging Face / GGUF sources): ``DST/checkpoints/0/{state,meta}``, the layout
-  ``python -m train`` writes, with only the parameters in ``state``;
+  ``python -m flaxzoo.train`` writes, with only the parameters in ``state``;
 * ``hf`` (the default for flaxzoo sources): ``config.json`` + ``model.safetensors`` (float32), loadable by
   ``transformers``; a GGUF's interleaved RoPE rows are permuted to Hugging Face's rotate-half layout.
 
@@ -26,7 +26,7 @@ import time
 import warnings
 from typing import Sequence
 
-from models.hub import checkpoint_kind, from_pretrained, resolve_pretrained, save_pretrained
+from flaxzoo.models.hub import checkpoint_kind, from_pretrained, resolve_pretrained, save_pretrained
 
 __all__ = ["convert", "main"]
 
@@ -36,10 +36,10 @@ _TOKENIZER_EXTRAS = ("tokenizer_config.json", "special_tokens_map.json", "vocab.
 
 def _tokenizer_folder(kind: str, source: pathlib.Path) -> pathlib.Path | None:
     """Where the source's tokenizer files are, if anywhere."""
-    from models.tokenizer import TOKENIZER_FILES
+    from flaxzoo.models.tokenizer import TOKENIZER_FILES
 
     if kind == "flaxzoo":  # a work directory may hold tokenizer.json beside checkpoints/
-        from models.checkpoint import find_step_dir
+        from flaxzoo.models.checkpoint import find_step_dir
 
         step = find_step_dir(source)
         candidates = [source, step.parent.parent] if step is not None else [source]
@@ -53,7 +53,7 @@ def _tokenizer_folder(kind: str, source: pathlib.Path) -> pathlib.Path | None:
 
 def _copy_tokenizer(kind: str, source: pathlib.Path, dst: pathlib.Path) -> pathlib.Path | None:
     """Write ``dst/tokenizer.json`` from the source's tokenizer; returns its path, or None when there is none."""
-    from models.tokenizer import load_tokenizer
+    from flaxzoo.models.tokenizer import load_tokenizer
 
     if kind == "gguf":
         try:
@@ -92,8 +92,8 @@ def convert(src: str | pathlib.Path, dst: str | pathlib.Path, *, to: str | None 
         if kind != "flaxzoo" or to != "hf":
             raise ValueError(f"--adapters-only writes a LoRA run's adapters in PEFT's (Hugging Face) layout: expected "
                              f"a flaxzoo LoRA work directory and --to hf, got a {kind} source and --to {to}")
-        from models.checkpoint import find_step_dir, load_adapted, read_meta
-        from models.hub.peft import save_adapters
+        from flaxzoo.models.checkpoint import find_step_dir, load_adapted, read_meta
+        from flaxzoo.models.hub.peft import save_adapters
 
         meta = read_meta(find_step_dir(source))
         save_adapters(load_adapted(source), dst, base_model=meta.get("base", {}).get("path", ""),
@@ -105,7 +105,7 @@ def convert(src: str | pathlib.Path, dst: str | pathlib.Path, *, to: str | None 
     if to == "hf":
         save_pretrained(model, dst)
     else:
-        from models.checkpoint import save_checkpoint
+        from flaxzoo.models.checkpoint import save_checkpoint
 
         save_checkpoint(model, dst)
     _copy_tokenizer(kind, source, dst)
@@ -114,7 +114,7 @@ def convert(src: str | pathlib.Path, dst: str | pathlib.Path, *, to: str | None 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m models.convert", description=__doc__.split("\n\n")[0],
+        prog="python -m flaxzoo.models.convert", description=__doc__.split("\n\n")[0],
         epilog="SRC: a Hugging Face directory, a .gguf file, a flaxzoo checkpoint or a Hub id. DST: a new directory.")
     parser.add_argument("src", help="the checkpoint to read")
     parser.add_argument("dst", help="the directory to write (must not exist or be empty)")

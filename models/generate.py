@@ -16,8 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from models.layers.embeddings import as_index_array, check_token_ids
-from models.sampling import check_sampling_args, sample_logits
+from flaxzoo.models.layers.embeddings import as_index_array, check_token_ids
+from flaxzoo.models.sampling import check_sampling_args, sample_logits
 
 
 def left_align(input_ids: np.ndarray, attention_mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

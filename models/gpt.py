@@ -6,10 +6,10 @@ from __future__ import annotations
 import jax
 from flax import nnx
 
-from models.config import TransformerConfig
-from models.layers.decode_state import DecodeState
-from models.layers.embeddings import LMHead
-from models.layers.stack import StackOutput, TransformerStack
+from flaxzoo.models.config import TransformerConfig
+from flaxzoo.models.layers.decode_state import DecodeState
+from flaxzoo.models.layers.embeddings import LMHead
+from flaxzoo.models.layers.stack import StackOutput, TransformerStack
 
 
 class GPTModel(nnx.Module):

@@ -29,9 +29,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from models.layers.linear import Dense
-from models.layers.stack import LAYER_AXIS
-from models.modeling import dotted, format_names
+from flaxzoo.models.layers.linear import Dense
+from flaxzoo.models.layers.stack import LAYER_AXIS
+from flaxzoo.models.modeling import dotted, format_names
 
 # Target names a config can use, each a regular expression over a Dense's dotted module path.
 TARGET_PATTERNS = {
@@ -191,7 +191,7 @@ def apply_lora(model: nnx.Module, lora: LoraConfig, *, seed: int = 0) -> nnx.Mod
     module path, ``B`` is zero. Works on concrete and abstract (``nnx.eval_shape``) models, per-layer or stacked.
     """
     if any(LORA_A in vars(m) for m in dense_modules(model).values()):
-        raise LoraError("targets", "this model already has LoRA adapters; merge them first (models.lora.merge_lora)")
+        raise LoraError("targets", "this model already has LoRA adapters; merge them first (flaxzoo.models.lora.merge_lora)")
     init_a = jax.nn.initializers.he_uniform(in_axis=-2, out_axis=-1)
     key = jax.random.key(seed)
     for path in target_paths(model, lora.targets):
@@ -200,7 +200,7 @@ def apply_lora(model: nnx.Module, lora: LoraConfig, *, seed: int = 0) -> nnx.Mod
         a_shape, b_shape = lora_shapes(dense, lora.rank)
         a_axes, b_axes = _lora_axes(dense)
         if lora.base_dtype == "int8":
-            from models.quantize import quantize_dense  # the int8 weight layout lives in one place
+            from flaxzoo.models.quantize import quantize_dense  # the int8 weight layout lives in one place
 
             dense = quantize_dense(dense)
         # One key per (module, layer), the same whether the layers are stored per layer or stacked.
@@ -288,7 +288,7 @@ def merge_lora(model: nnx.Module, scale: float | None = None) -> nnx.Module:
     """A plain model (no qwix, no adapters, float kernels) whose kernels are ``W + A·B·alpha/rank``: what the
     adapted ``model`` computes, as an ordinary model to save or convert. ``scale``: ``alpha / rank`` (default: the
     model's ``lora_config``). Kernels quantised to int8 (QLoRA) are dequantised first."""
-    from models.modeling import assemble_model, plain_factory
+    from flaxzoo.models.modeling import assemble_model, plain_factory
 
     config = model.config
     if scale is None:

@@ -13,10 +13,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from models.bert import BertForMaskedLM, BertForSequenceClassification, BertForTokenClassification, BertModel
-from models.config import TransformerConfig
-from models.gpt import GPTForCausalLM, GPTModel
-from models.layers.stack import is_stacked_path, stack_layer_values, unstack_layer_values
+from flaxzoo.models.bert import BertForMaskedLM, BertForSequenceClassification, BertForTokenClassification, BertModel
+from flaxzoo.models.config import TransformerConfig
+from flaxzoo.models.gpt import GPTForCausalLM, GPTModel
+from flaxzoo.models.layers.stack import is_stacked_path, stack_layer_values, unstack_layer_values
 
 MODEL_CLASSES = {cls.__name__: cls for cls in (BertModel, BertForMaskedLM, BertForSequenceClassification,
                                                BertForTokenClassification, GPTModel, GPTForCausalLM)}

@@ -31,8 +31,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from models.layers.linear import Dense
-from models.layers.stack import LAYER_AXIS, stack_modules
+from flaxzoo.models.layers.linear import Dense
+from flaxzoo.models.layers.stack import LAYER_AXIS, stack_modules
 
 __all__ = ["QUANTIZE_TYPES", "PROJECTIONS", "check_quantize", "quantize_model", "quantize_dense", "is_quantized",
            "module_at", "param_bytes", "projection_paths", "QuantizedAssembly"]
@@ -177,7 +177,7 @@ class QuantizedAssembly:
     The structure comes from quantising an abstract model (``nnx.eval_shape``: nothing allocated), which also gives
     each projection's qwix ``HowToQuantize`` (the one its PTQ ``Dense`` applies: per output channel, absmax).
     ``quantize_value`` turns one translated parameter into the leaves the quantised model holds; ``assemble`` is the
-    counterpart of ``models.modeling.assemble_model``.
+    counterpart of ``flaxzoo.models.modeling.assemble_model``.
     """
 
     def __init__(self, config: Any, factory: Callable[..., nnx.Module], quantize: str = "int8", *, seed: int = 0):
@@ -206,7 +206,7 @@ class QuantizedAssembly:
         """The model (eval mode) holding ``values`` (per layer or stacked; the dict is emptied, each array released
         once it is placed); ``fresh`` parameters (float heads a checkpoint lacks) get the model's initialisers at the
         seed."""
-        from models.modeling import check_values, dotted, to_layer_layout
+        from flaxzoo.models.modeling import check_values, dotted, to_layer_layout
 
         config, factory, seed = self.config, self.factory, self.seed
         graphdef, params, _ = nnx.split(self.abstract, nnx.Param, ...)

@@ -17,9 +17,9 @@ import numpy as np
 import tokenizers
 from flax import nnx
 
-from models.bert import BertForSequenceClassification, BertModel
-from models.generate import generate
-from models.gpt import GPTForCausalLM, GPTModel
+from flaxzoo.models.bert import BertForSequenceClassification, BertModel
+from flaxzoo.models.generate import generate
+from flaxzoo.models.gpt import GPTForCausalLM, GPTModel
 
 __all__ = ["Classifier", "PAD_MULTIPLE", "TRUNCATION_STRATEGIES", "classify", "embed", "encode_for_classification",
            "encode_texts", "generate_text", "pad_batch", "plain_tokenizer", "truncate_ids"]
@@ -128,7 +128,7 @@ def generate_text(model: nnx.Module, tokenizer: tokenizers.Tokenizer, prompt: st
     """Continue ``prompt`` (one string or a list, batched with left padding) and return only the new text.
 
     Args:
-      max_new_tokens, temperature, top_k, top_p, rng, seed: as ``models.generate`` (temperature 0 = greedy; sampling
+      max_new_tokens, temperature, top_k, top_p, rng, seed: as ``flaxzoo.models.generate`` (temperature 0 = greedy; sampling
         without rng / seed draws a fresh seed each call).
       eos_token_id: stop a row at this token (or any of a list); default ``model.config.eos_token_id``.
         ``stop_at_eos=False`` never stops early. The text ends before the stop token.

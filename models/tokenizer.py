@@ -184,7 +184,7 @@ def tokenizer_from_gguf(path: str | os.PathLike) -> tuple[tokenizers.Tokenizer, 
     llama.cpp matches both whole. BOS / EOS are added around each text only when ``tokenizer.ggml.add_bos_token`` /
     ``add_eos_token`` are true.
     """
-    from models.gguf import GGUFFile, tokenizer_metadata
+    from flaxzoo.models.gguf import GGUFFile, tokenizer_metadata
 
     file = GGUFFile(path)
     meta: Mapping[str, Any] = tokenizer_metadata(file)
@@ -223,7 +223,7 @@ def tokenizer_from_gguf(path: str | os.PathLike) -> tuple[tokenizers.Tokenizer, 
 
 
 def _from_file(path: pathlib.Path, lowercase: bool) -> tuple[tokenizers.Tokenizer, tuple[int, str] | None]:
-    from models.gguf import is_gguf
+    from flaxzoo.models.gguf import is_gguf
 
     if path.suffix == ".gguf" or is_gguf(path):
         return tokenizer_from_gguf(path)
@@ -251,7 +251,7 @@ def load_tokenizer(path: str | os.PathLike, *, padding: bool | int | None = Fals
 
     Truncation stays as the file sets it (``tok.no_truncation()`` removes it).
     """
-    from models.hub import is_hub_id, resolve_pretrained
+    from flaxzoo.models.hub import is_hub_id, resolve_pretrained
 
     if is_hub_id(path):
         path = resolve_pretrained(path, revision=revision)

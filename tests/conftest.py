@@ -6,7 +6,7 @@ import os
 import pathlib
 
 # The tests' models are tiny: compiling is most of their time and running them almost none. LLVM at -O0 halves the
-# compile time of a tiny GPT's train step (cold: 16 s -> 8 s for a whole `python -m train` run, 2-core AMD EPYC)
+# compile time of a tiny GPT's train step (cold: 16 s -> 8 s for a whole `python -m flaxzoo.train` run, 2-core AMD EPYC)
 # with the same losses. Set before jax starts its backend; the test processes inherit it.
 NO_LLVM_OPT = "--xla_backend_optimization_level=0"
 if NO_LLVM_OPT not in os.environ.get("XLA_FLAGS", ""):

@@ -11,7 +11,6 @@ import json
 import pathlib
 import sys
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
 
 def _save_batches(path, batches):
@@ -21,7 +20,7 @@ def _save_batches(path, batches):
 
 
 def main(argv):
-    from train import data
+    from flaxzoo.train import data
 
     command, cfg_json, out = argv[0], argv[1], argv[2]
     k = int(argv[3]) if len(argv) > 3 else 0

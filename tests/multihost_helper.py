@@ -1,12 +1,12 @@
 """The multi-process tests' side of each process (tests/test_multihost.py), run as ``python -m multihost_helper``
-(``PYTHONPATH=tests``), usually by ``python -m train.launch --module multihost_helper``.
+(``PYTHONPATH=tests``), usually by ``python -m flaxzoo.train.launch --module multihost_helper``.
 
   meshes ARGS_JSON   {"data_dir", "root", "out", "runs": [{"name", "kind", "mesh", "interleave", "extra"}]}: train
-                     each run with ``train.loop.Trainer`` in ``root/name``; the devices in ``jax.devices()`` order,
+                     each run with ``flaxzoo.train.loop.Trainer`` in ``root/name``; the devices in ``jax.devices()`` order,
                      or with ``interleave`` ordered device-major across processes (p0d0, p1d0, p0d1, p1d1), so the
                      mesh's axes do not follow process boundaries. Every process writes ``out.p<i>.json``: the
                      rows it loaded per run, and every file it opened for writing (a Python audit hook).
-  train ARGS...      ``python -m train ARGS...``, with test hooks from the environment:
+  train ARGS...      ``python -m flaxzoo.train ARGS...``, with test hooks from the environment:
                      FLAXZOO_TEST_STEP_DELAY=S    sleep S seconds after each logged step (so signals land mid-run);
                      FLAXZOO_TEST_UNREADABLE=P:STEP:TIMES[,...]  on process P, reading checkpoint STEP raises
                                                   OSError the first TIMES times (0 = always);
@@ -25,7 +25,6 @@ import sys
 import time
 
 HERE = pathlib.Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
 WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
@@ -52,8 +51,8 @@ def meshes(args: dict) -> None:
     written = record_writes()
     import jax
 
-    from train import multihost
-    from train.loop import Trainer
+    from flaxzoo.train import multihost
+    from flaxzoo.train.loop import Trainer
     from train_helper import make_config
 
     multihost.initialize()
@@ -76,7 +75,7 @@ def meshes(args: dict) -> None:
 def _install_faults() -> None:
     import jax
 
-    from train.checkpoint import Checkpointer
+    from flaxzoo.train.checkpoint import Checkpointer
 
     faults = {}
     for item in os.environ.get("FLAXZOO_TEST_UNREADABLE", "").split(","):
@@ -98,7 +97,7 @@ def _install_faults() -> None:
         Checkpointer._read_state = read_state
     delay = float(os.environ.get("FLAXZOO_TEST_STEP_DELAY", "0") or 0)
     if delay:
-        from train import loop
+        from flaxzoo.train import loop
 
         write = loop.MetricsWriter.write
 
@@ -110,7 +109,7 @@ def _install_faults() -> None:
 
 
 def train(argv: list[str]) -> int:
-    from train import multihost
+    from flaxzoo.train import multihost
 
     multihost.initialize()  # before the hooks touch jax (train.__main__ then finds it done)
     import jax
@@ -120,7 +119,7 @@ def train(argv: list[str]) -> int:
         pathlib.Path(pid_dir).mkdir(parents=True, exist_ok=True)
         (pathlib.Path(pid_dir) / f"p{jax.process_index()}").write_text(str(os.getpid()))
     _install_faults()
-    from train.__main__ import main
+    from flaxzoo.train.__main__ import main
 
     multihost.initialize = lambda: True  # already done above
     return main(["train", *argv])

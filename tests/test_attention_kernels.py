@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from models.layers.attention_kernels import (gpu_flash_attention, gpu_flash_supported, splash_attention,
+from flaxzoo.models.layers.attention_kernels import (gpu_flash_attention, gpu_flash_supported, splash_attention,
                                              splash_supported)
 
 TOLERANCE = 1e-5  # max abs error, float32; measured: forward <= 3.1e-6, gradients <= 6.7e-6 but GPU dv
@@ -144,9 +144,9 @@ MODEL_CHECK = r'''
 import json, sys
 import jax, jax.numpy as jnp, numpy as np
 from flax import nnx
-from models import BertForMaskedLM, GPTForCausalLM, get_preset
-from models.layers.partitioning import placed
-from train import sharding
+from flaxzoo.models import BertForMaskedLM, GPTForCausalLM, get_preset
+from flaxzoo.models.layers.partitioning import placed
+from flaxzoo.train import sharding
 
 jax.config.update("jax_default_matmul_precision", "highest")
 impl, mesh_shape = sys.argv[1], json.loads(sys.argv[2])

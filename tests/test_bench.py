@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from models.config import get_preset
-from models.gpt import GPTForCausalLM
-from models.modeling import abstract_model
-from train import flops as flopslib
+from flaxzoo.models.config import get_preset
+from flaxzoo.models.gpt import GPTForCausalLM
+from flaxzoo.models.modeling import abstract_model
+from flaxzoo.train import flops as flopslib
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -29,7 +29,7 @@ def _xla_flops(fn, *args) -> float:
 
 
 def test_flop_formula_matches_xla_cost_analysis():
-    """``train.flops.flops_per_token`` is the *training* count, ``6N + 12·L·T·d`` = 3 × the forward count
+    """``flaxzoo.train.flops.flops_per_token`` is the *training* count, ``6N + 12·L·T·d`` = 3 × the forward count
     ``2N + 4·L·T·d`` (2 FLOPs per multiply-add; the backward pass does twice the forward's matmuls).
 
     Forward, per token: every matmul parameter does one multiply-add (2N). ``N`` includes the tied token table, once,
@@ -60,10 +60,10 @@ def test_flop_formula_matches_xla_cost_analysis():
 
 
 def test_bench_counts_flops_as_the_training_loop():
-    """The bench's MFU uses ``train.flops.flops_per_token`` with the loader's ``predictions`` (the MLM head on the
+    """The bench's MFU uses ``flaxzoo.train.flops.flops_per_token`` with the loader's ``predictions`` (the MLM head on the
     ``P`` gathered slots), the count the training loop reports; causal workloads have no ``predictions``."""
-    from train import bench
-    from train.data import DataConfig
+    from flaxzoo.train import bench
+    from flaxzoo.train.data import DataConfig
 
     for work, seq, predictions in (("bert_train", 128, 20), ("bert_base", 128, 20), ("gpt_train", 256, None)):
         spec = bench.workload_spec(work, bench.parse_args(["--work", work]))
@@ -77,15 +77,15 @@ def test_bench_counts_flops_as_the_training_loop():
 @pytest.mark.parametrize("work, argv", [("gpt_train", []), ("bert_train", []), ("bert_train", ["--tiny"]),
                                         ("gpt_train", ["--tiny", "--seq", "17"])])
 def test_bench_batches_are_the_clis(work, argv):
-    """``make_batch``: exactly the keys, order, shapes and dtype of ``train.data.batch_shapes`` (what
-    ``python -m train`` compiles its step for), and packed rows as the loader emits them: two or more documents per
+    """``make_batch``: exactly the keys, order, shapes and dtype of ``flaxzoo.train.data.batch_shapes`` (what
+    ``python -m flaxzoo.train`` compiles its step for), and packed rows as the loader emits them: two or more documents per
     row numbered from 1; causal targets the next token but ``IGNORE_INDEX`` across a document end (after its EOS);
     MLM segments ``[CLS] ... [SEP]``, padding with segment 0 and attention 0, the loader's number of masked tokens
-    (``train.data.masking.num_to_predict``) at ``masked_positions`` (ascending, then 0) with their original ids."""
-    from train import bench
-    from train.batches import IGNORE_INDEX
-    from train.data import DataConfig, batch_shapes
-    from train.data.masking import num_to_predict
+    (``flaxzoo.train.data.masking.num_to_predict``) at ``masked_positions`` (ascending, then 0) with their original ids."""
+    from flaxzoo.train import bench
+    from flaxzoo.train.batches import IGNORE_INDEX
+    from flaxzoo.train.data import DataConfig, batch_shapes
+    from flaxzoo.train.data.masking import num_to_predict
 
     spec = bench.workload_spec(work, bench.parse_args(["--work", work, *argv]))
     rows, seq, vocab = spec["batch"], spec["seq"], spec["config"].vocab_size
@@ -126,7 +126,7 @@ def test_bench_batches_are_the_clis(work, argv):
 def test_bench_json_output_parses():
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     proc = subprocess.run(
-        [sys.executable, "-m", "train.bench", "--work", "gpt_train,bert_train,gpt_generate", "--tiny", "--json",
+        [sys.executable, "-m", "flaxzoo.train.bench", "--work", "gpt_train,bert_train,gpt_generate", "--tiny", "--json",
          "--steps", "2", "--warmup", "1", "--generate-repeats", "1", "--peak-size", "256"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -140,10 +140,10 @@ def test_bench_json_output_parses():
 
 
 def test_bench_times_the_main_job(tmp_path):
-    """``main_gpt_train`` runs ``python -m train --config gpt_train`` (tiny here) and reports its logged tokens/s."""
+    """``main_gpt_train`` runs ``python -m flaxzoo.train --config gpt_train`` (tiny here) and reports its logged tokens/s."""
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     proc = subprocess.run(
-        [sys.executable, "-m", "train.bench", "--work", "main_gpt_train", "--tiny", "--json", "--steps", "2",
+        [sys.executable, "-m", "flaxzoo.train.bench", "--work", "main_gpt_train", "--tiny", "--json", "--steps", "2",
          "--peak-size", "256"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads([line for line in proc.stdout.splitlines() if line.startswith("{")][-1])
@@ -153,8 +153,8 @@ def test_bench_times_the_main_job(tmp_path):
 
 def test_bench_imports_no_data_stack():
     """The accelerator image has no Grain, tensorflow-datasets or ml_collections: the bench must not import them."""
-    code = ("import sys, train.bench; bad = [m for m in ('grain', 'tensorflow_datasets', 'ml_collections', 'torch', "
-            "'transformers', 'train.data') if m in sys.modules]; print(bad); sys.exit(1 if bad else 0)")
+    code = ("import sys, flaxzoo.train.bench; bad = [m for m in ('grain', 'tensorflow_datasets', 'ml_collections', 'torch', "
+            "'transformers', 'flaxzoo.train.data') if m in sys.modules]; print(bad); sys.exit(1 if bad else 0)")
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
@@ -165,7 +165,7 @@ def test_bench_profile_lists_the_compiled_programs_operations(tmp_path):
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     env.pop("XLA_FLAGS", None)
     proc = subprocess.run(
-        [sys.executable, "-m", "train.bench", "--work", "gpt_train", "--tiny", "--json", "--steps", "1",
+        [sys.executable, "-m", "flaxzoo.train.bench", "--work", "gpt_train", "--tiny", "--json", "--steps", "1",
          "--warmup", "1", "--peak-size", "256", "--profile", str(tmp_path)],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -180,7 +180,7 @@ def test_bench_classify_serves_the_same_labels_as_transformers():
     """``--work classify``: the packaged MiniLM with a 5-class head, flaxzoo and transformers on the same weights and
     headlines (times are the benchmark's business; here: it runs, and both sides give the same labels)."""
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-    proc = subprocess.run([sys.executable, "-m", "train.bench", "--work", "classify", "--headlines", "12", "--json"],
+    proc = subprocess.run([sys.executable, "-m", "flaxzoo.train.bench", "--work", "classify", "--headlines", "12", "--json"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads([line for line in proc.stdout.splitlines() if line.startswith("{")][-1])
@@ -199,7 +199,7 @@ def test_bench_classify_serves_the_same_labels_as_transformers():
 ])
 def test_bench_smollm2_generate_argument_errors(argv, message, capsys):
     """``--work smollm2_generate``'s options: one clear error per bad value (nothing is loaded)."""
-    from train import bench
+    from flaxzoo.train import bench
 
     with pytest.raises(SystemExit):
         bench.parse_args(["--work", "smollm2_generate", *argv])

@@ -13,9 +13,9 @@ import torch
 import transformers
 from flax import nnx
 
-import models
-from models.config import FieldError, get_preset
-from models.text import encode_for_classification, truncate_ids
+from flaxzoo import models
+from flaxzoo.models.config import FieldError, get_preset
+from flaxzoo.models.text import encode_for_classification, truncate_ids
 
 transformers.logging.set_verbosity_error()
 

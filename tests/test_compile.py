@@ -1,4 +1,4 @@
-"""Deviceless compiles for TPU and GPU (``python -m train.compile``): the step fits, the batch is sharded (FSDP never
+"""Deviceless compiles for TPU and GPU (``python -m flaxzoo.train.compile``): the step fits, the batch is sharded (FSDP never
 replicates it again), the fused attention kernel is in the HLO, a multi-slice mesh puts ``data`` across slices, and
 ``remat="auto"`` picks by compiled memory. Tiny models: each compile takes seconds."""
 
@@ -11,9 +11,9 @@ import pytest
 
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # two test workers may load libtpu at once
 
-from train import compile as compilelib  # noqa: E402
-from train import hlo as hlolib  # noqa: E402
-from train import sharding, targets  # noqa: E402
+from flaxzoo.train import compile as compilelib  # noqa: E402
+from flaxzoo.train import hlo as hlolib  # noqa: E402
+from flaxzoo.train import sharding, targets  # noqa: E402
 
 TPU = "v5e-8"
 GPU = "h100x8"
@@ -35,8 +35,8 @@ def compile_tiny(target: str, *overrides: str, config: str = "default", slices: 
 
 def compiled_step(target_name: str, *overrides: str):
     """The compiled train step of the tiny config (and its report) for ``target_name``."""
-    from train.config import TrainConfig
-    from train.program import StepProgram
+    from flaxzoo.train.config import TrainConfig
+    from flaxzoo.train.program import StepProgram
 
     target = targets.parse_target(target_name)
     devices = targets.compile_devices(target)
@@ -127,8 +127,8 @@ def test_auto_remat_picks_the_cheapest_policy_that_fits():
     """128 rows of 256 tokens: activations dominate, so each policy needs less memory than the one before it; the
     choice is the first (none -> dots -> full) whose compiled step fits the capacity."""
     need("tpu")
-    from train.config import TrainConfig
-    from train.program import REMAT_ORDER, choose_remat
+    from flaxzoo.train.config import TrainConfig
+    from flaxzoo.train.program import REMAT_ORDER, choose_remat
 
     devices = targets.compile_devices(targets.parse_target(TPU))
     overrides = [*TINY[:-1], "--config.batch_size=128", "--config.mesh.data=8", "--config.mesh.fsdp=1"]

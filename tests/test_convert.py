@@ -1,5 +1,5 @@
 """Format plumbing: GGUF files (written here with the gguf package), flaxzoo training checkpoints, the
-``python -m models.convert`` CLI, Hugging Face Hub ids against an offline cache, and the errors for bad input.
+``python -m flaxzoo.models.convert`` CLI, Hugging Face Hub ids against an offline cache, and the errors for bad input.
 
 The GGUF files are tiny Llama models written the way llama.cpp's converter writes them (its names, its Q/K
 permutation, several storage types), compared with transformers' own GGUF loader, which has its own reader and
@@ -25,10 +25,10 @@ import torch
 import transformers
 from flax import nnx
 
-import models
-from models import from_pretrained, load_tokenizer
-from models.checkpoint import save_checkpoint
-from models.convert import convert
+from flaxzoo import models
+from flaxzoo.models import from_pretrained, load_tokenizer
+from flaxzoo.models.checkpoint import save_checkpoint
+from flaxzoo.models.convert import convert
 
 transformers.logging.set_verbosity_error()
 
@@ -163,7 +163,7 @@ def test_gguf_matches_transformers_gguf_loader(tiny_gguf, tied):
 def test_gguf_with_a_padded_vocabulary(tiny_gguf, tmp_path, tied):
     """``pad_vocab_to`` on a GGUF: 256 rows padded to 288 (a multiple of 96), the real logits unchanged, the padding
     masked; converted back to Hugging Face without the padding."""
-    from models.layers.embeddings import PADDED_LOGIT
+    from flaxzoo.models.layers.embeddings import PADDED_LOGIT
 
     path, reference = tiny_gguf(tied)
     model = from_pretrained(path, pad_vocab_to=96)
@@ -286,14 +286,14 @@ def test_pickled_checkpoint_needs_allow_pickle_also_in_the_cli(tmp_path):
     with pytest.raises(ValueError, match=r"pytorch_model\.bin, a Python pickle.*allow_pickle=True"):
         from_pretrained(tmp_path / "ckpt")
     assert isinstance(from_pretrained(tmp_path / "ckpt", allow_pickle=True), models.GPTForCausalLM)
-    proc = run_module("-m", "models.convert", str(tmp_path / "ckpt"), str(tmp_path / "out"))
+    proc = run_module("-m", "flaxzoo.models.convert", str(tmp_path / "ckpt"), str(tmp_path / "out"))
     assert proc.returncode == 2 and "allow_pickle=True" in proc.stderr, proc.stderr
     assert not (tmp_path / "out").exists()
 
 
 # ----------------------------------------------------------------------------------------- flaxzoo checkpoints
 def write_training_checkpoint(workdir: pathlib.Path, model: nnx.Module, step: int) -> pathlib.Path:
-    """What ``python -m train`` writes (issue #4's contract): state with params, optimizer state, step and RNG;
+    """What ``python -m flaxzoo.train`` writes (issue #4's contract): state with params, optimizer state, step and RNG;
     a data item; meta."""
     params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
     state = {"params": params, "opt_state": {"mu": jax.tree.map(jnp.zeros_like, params), "count": jnp.int32(step)},
@@ -404,10 +404,10 @@ def test_training_checkpoint_starts_another_head(tmp_path):
 def test_convert_cli_minilm_round_trip(tmp_path):
     """Hugging Face → flaxzoo checkpoint → Hugging Face with the CLI; the tokenizer travels along."""
     source = minilm_dir()
-    proc = run_module("-m", "models.convert", str(source), str(tmp_path / "fz"), "--no-progress")
+    proc = run_module("-m", "flaxzoo.models.convert", str(source), str(tmp_path / "fz"), "--no-progress")
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "fz" / "checkpoints" / "0" / "meta").is_dir()
-    proc = run_module("-m", "models.convert", str(tmp_path / "fz"), str(tmp_path / "hf"))
+    proc = run_module("-m", "flaxzoo.models.convert", str(tmp_path / "fz"), str(tmp_path / "hf"))
     assert proc.returncode == 0, proc.stderr
     assert sorted(p.name for p in (tmp_path / "hf").iterdir()) == [
         "config.json", "model.safetensors", "special_tokens_map.json", "tokenizer.json", "tokenizer_config.json",
@@ -426,7 +426,7 @@ def test_convert_cli_minilm_round_trip(tmp_path):
     for folder in (tmp_path / "fz", tmp_path / "hf"):
         assert load_tokenizer(folder).encode("Someone is strumming.").ids == \
             load_tokenizer(source).encode("Someone is strumming.").ids
-    proc = run_module("-m", "models.convert", str(source), str(tmp_path / "hf"))
+    proc = run_module("-m", "flaxzoo.models.convert", str(source), str(tmp_path / "hf"))
     assert proc.returncode == 2 and "not empty" in proc.stderr
 
 
@@ -450,7 +450,7 @@ def lay_out_hub_cache(home: pathlib.Path, repo_id: str, files: list[pathlib.Path
 HUB_SCRIPT = """
 import sys
 import numpy as np
-import models
+from flaxzoo import models
 repo = "sentence-transformers/all-MiniLM-L6-v2"
 model, tokenizer = models.from_pretrained(repo), models.load_tokenizer(repo)
 np.save(sys.argv[1], models.embed(model, tokenizer, ["A man is playing a guitar."]))

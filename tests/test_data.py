@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
-import models
+from flaxzoo import models
 
-from train import batches as batchlib, data, tokenizer as toklib
-from train.data import IGNORE_INDEX, DataConfig
-from train.data import builders, packing, tokenizers
+from flaxzoo.train import batches as batchlib, data, tokenizer as toklib
+from flaxzoo.train.data import IGNORE_INDEX, DataConfig
+from flaxzoo.train.data import builders, packing, tokenizers
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 HELPER = REPO / "tests" / "data_helper.py"
@@ -85,7 +85,7 @@ def test_embedded_corpus_is_sizeable_and_identical_across_processes(causal_cfg):
     assert len(docs) > 3000 and 1_200_000 < chars < 3_000_000, (len(docs), chars)
     assert len(set(docs)) == len(docs)
     digest = hashlib.sha256("\0".join(docs).encode()).hexdigest()
-    code = ("import hashlib, sys; sys.path.insert(0, '.'); from train.data import embedded_documents; "
+    code = ("import hashlib, sys; from flaxzoo.train.data import embedded_documents; "
             "print(hashlib.sha256('\\0'.join(embedded_documents()).encode()).hexdigest())")
     other = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120,
                            env={**os.environ, "PYTHONHASHSEED": "12345"})
@@ -643,7 +643,7 @@ def test_undecodable_bytes_are_replaced_and_counted(tmp_path, caplog):
     good = "The quick brown fox jumps over the lazy dog. " * 40
     path = tmp_path / "latin1.txt"
     path.write_bytes(good.encode() + b"caf\xe9 \xff\xfe end\n\n" + good.encode() + b"\xc3( tail\n")
-    with caplog.at_level(logging.WARNING, logger="train.data"):
+    with caplog.at_level(logging.WARNING, logger="flaxzoo.train.data"):
         found = data.read_text_files([str(path)])
     assert found.replaced == 4  # \xe9, \xff, \xfe, \xc3
     text = "\n\n".join(found.train + found.validation)

@@ -19,15 +19,15 @@ import transformers
 from flax import nnx
 from PIL import Image
 
-import models
-from models.bert import BertForSequenceClassification
-from models.config import get_preset
-from train.config import ConfigError, OptimConfig
-from train.finetune import vocab as vocablib
-from train.finetune.config import FinetuneConfig, base_config
-from train.finetune.trainer import Finetuner, class_weights, epoch_batches
-from train.optim import make_finetune_optimizer
-from train.step import classification_loss, make_train_step
+from flaxzoo import models
+from flaxzoo.models.bert import BertForSequenceClassification
+from flaxzoo.models.config import get_preset
+from flaxzoo.train.config import ConfigError, OptimConfig
+from flaxzoo.train.finetune import vocab as vocablib
+from flaxzoo.train.finetune.config import FinetuneConfig, base_config
+from flaxzoo.train.finetune.trainer import Finetuner, class_weights, epoch_batches
+from flaxzoo.train.optim import make_finetune_optimizer
+from flaxzoo.train.step import classification_loss, make_train_step
 
 transformers.logging.set_verbosity_error()
 REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -357,8 +357,8 @@ def test_bfloat16_compute_is_set_and_float16_refused(data_dir, tiny_encoder, min
 
 # -------------------------------------------------------------------------------------------------- BBC data
 def test_bbc_headlines_split_is_stratified_and_deduplicated(data_dir):
-    from train.finetune.config import ClassifyDataConfig
-    from train.finetune.data import load_labelled
+    from flaxzoo.train.finetune.config import ClassifyDataConfig
+    from flaxzoo.train.finetune.data import load_labelled
 
     split = load_labelled(ClassifyDataConfig.from_values({"data_dir": data_dir}))
     assert split.label_names == ("business", "entertainment", "politics", "sports", "tech")
@@ -403,8 +403,8 @@ def test_bad_data_is_refused_with_one_clear_error(case, match, tmp_path, data_di
 
 
 def test_empty_texts_are_dropped_and_counted(tmp_path, data_dir):
-    from train.finetune.config import ClassifyDataConfig
-    from train.finetune.data import load_labelled
+    from flaxzoo.train.finetune.config import ClassifyDataConfig
+    from flaxzoo.train.finetune.data import load_labelled
 
     rows = synthetic_rows(30, seed=4) + [("", "film"), ("   ", "sport")]
     path = tmp_path / "rows.jsonl"
@@ -439,7 +439,7 @@ def test_unknown_source_and_a_decoder_checkpoint_are_refused(tmp_path, data_dir,
 
 
 def test_the_command_line_exits_2_on_bad_input(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "train", "--config", "finetune_cls", "--workdir",
+    result = subprocess.run([sys.executable, "-m", "flaxzoo.train", "--config", "finetune_cls", "--workdir",
                              str(tmp_path / "w"), "--config.data.source=files"], cwd=REPO, capture_output=True,
                             text=True, timeout=120)
     assert result.returncode == 2, result.stderr
@@ -447,9 +447,9 @@ def test_the_command_line_exits_2_on_bad_input(tmp_path):
 
 
 def test_a_flaxzoo_mlm_workdir_starts_a_classifier(tmp_path, data_dir, csv_files):
-    """``init_from`` = a ``python -m train`` masked-LM work directory (its tokenizer with it): the encoder's weights
+    """``init_from`` = a ``python -m flaxzoo.train`` masked-LM work directory (its tokenizer with it): the encoder's weights
     come from the checkpoint, the pooler and classifier are new, and the run trains."""
-    from train.loop import Trainer
+    from flaxzoo.train.loop import Trainer
     from train_helper import make_config
 
     mlm = tmp_path / "mlm"
@@ -472,7 +472,7 @@ def test_a_lora_finetune_trains_only_the_adapters_and_the_head(tmp_path, data_di
     """``lora.rank`` > 0: the trained state is the adapters on attention + MLP and the fresh pooler + classifier
     (with ``freeze_steps`` and layer-wise LR decay on); the saved checkpoint is the merged classifier, whose encoder is
     the pretrained one (read back through transformers) plus ``A·B·alpha/rank`` on the adapted kernels only."""
-    from models.lora import LORA_A, LORA_B, has_lora
+    from flaxzoo.models.lora import LORA_A, LORA_B, has_lora
 
     cfg = finetune_config(data_dir, tiny_encoder, minilm_dir, csv_files["train"], epochs=1, freeze_steps=2,
                           **{"lora.rank": 4, "lora.alpha": 8.0, "data.test_path": str(csv_files["test"])})
@@ -512,7 +512,7 @@ def test_a_lora_finetune_trains_only_the_adapters_and_the_head(tmp_path, data_di
         np.testing.assert_allclose(kernel.reshape(base.shape), base + (a @ b) * scale, rtol=1e-6, atol=1e-6)
     np.testing.assert_array_equal(merged.classifier.kernel.get_value(), trained["classifier.kernel"])
     # The merged checkpoint predicts what the adapted model predicts.
-    ids, mask = models.text.pad_batch(finetuner.encoded["test"], 0, limit=32)
+    ids, mask = flaxzoo.models.text.pad_batch(finetuner.encoded["test"], 0, limit=32)
     np.testing.assert_allclose(np.asarray(jax.nn.softmax(merged(jnp.asarray(ids), jnp.asarray(mask)), axis=-1)),
                                finetuner.probabilities("test"), atol=2e-5)
 
@@ -547,7 +547,7 @@ def test_lora_on_a_random_encoder_is_refused(data_dir, minilm_dir, csv_files):
 def test_layer_decay_and_freezing_act_on_the_adapters_as_on_the_weights():
     """With LoRA the optimizer sees the adapters and the head: an adapter of layer i learns at lr · decay^(L+1-i),
     and stays still while the head trains alone (``freeze_steps``)."""
-    from models.lora import LoraConfig, apply_lora, frozen_and_trainable
+    from flaxzoo.models.lora import LoraConfig, apply_lora, frozen_and_trainable
 
     config = get_preset("bert-tiny", num_labels=3)
     model = nnx.eval_shape(lambda: apply_lora(BertForSequenceClassification(config, rngs=nnx.Rngs(0)),

@@ -1,12 +1,12 @@
 """The TF-IDF baseline of ``train/finetune/baselines.py`` on a small separable synthetic split (the torch and
-frozen-encoder baselines are too slow for the suite; ``python -m train.finetune.baselines`` runs them)."""
+frozen-encoder baselines are too slow for the suite; ``python -m flaxzoo.train.finetune.baselines`` runs them)."""
 
 import dataclasses
 
 import numpy as np
 import pytest
 
-from train.finetune.baselines import tfidf_baseline
+from flaxzoo.train.finetune.baselines import tfidf_baseline
 
 TOPICS = {"sport": ["match", "goal", "striker", "league", "coach"],
           "money": ["shares", "bank", "profit", "market", "inflation"],

@@ -1,4 +1,4 @@
-"""``python -m train.gpu_check --tiny`` on CPU: every check prints one JSON line with finite positive figures; a part
+"""``python -m flaxzoo.train.gpu_check --tiny`` on CPU: every check prints one JSON line with finite positive figures; a part
 that runs out of time becomes a failed figure, not a hang."""
 
 import json
@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from train import bench, gpu_check
-from train import flops as flopslib
+from flaxzoo.train import bench, gpu_check
+from flaxzoo.train import flops as flopslib
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 CHECKS = ("versions", "gpt2_small_train", "bert_base_train", "train_cli", "smollm2_decode_b1", "smollm2_decode_b16")
@@ -19,7 +19,7 @@ CHECKS = ("versions", "gpt2_small_train", "bert_base_train", "train_cli", "smoll
 
 def test_tiny_check_prints_every_figure(tmp_path):
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-    proc = subprocess.run([sys.executable, "-m", "train.gpu_check", "--tiny", "--logs", str(tmp_path)], cwd=REPO,
+    proc = subprocess.run([sys.executable, "-m", "flaxzoo.train.gpu_check", "--tiny", "--logs", str(tmp_path)], cwd=REPO,
                           env=env, capture_output=True, text=True, timeout=240)
     figures = {f["check"]: f for f in map(json.loads, proc.stdout.splitlines())}
     assert set(figures) == set(CHECKS), proc.stdout

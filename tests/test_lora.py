@@ -8,10 +8,10 @@ import optax
 import pytest
 from flax import nnx
 
-from models import BertForSequenceClassification, generate, get_preset
-from models.lora import (LoraConfig, LoraError, apply_lora, dense_modules, has_lora, lora_param_count, merge_lora,
+from flaxzoo.models import BertForSequenceClassification, generate, get_preset
+from flaxzoo.models.lora import (LoraConfig, LoraError, apply_lora, dense_modules, has_lora, lora_param_count, merge_lora,
                          target_paths)
-from models.modeling import create_model
+from flaxzoo.models.modeling import create_model
 
 IDS = np.random.RandomState(0).randint(0, 1000, (2, 10)).astype(np.int32)
 
@@ -174,8 +174,8 @@ def test_adapters_in_peft_layout_load_with_peft_onto_the_base_to_the_same_logits
     peft = pytest.importorskip("peft")
     import transformers
 
-    from models import save_pretrained
-    from models.hub.peft import save_adapters
+    from flaxzoo.models import save_pretrained
+    from flaxzoo.models.hub.peft import save_adapters
 
     config = get_preset(preset)
     if rope_layout:
@@ -220,8 +220,8 @@ def test_frozen_base_in_int8_or_bfloat16(scan, base_dtype):
 
 
 def test_train_fully_names_select_the_head_or_the_embeddings():
-    from models import BertForMaskedLM
-    from models.lora import frozen_and_trainable, in_train_fully
+    from flaxzoo.models import BertForMaskedLM
+    from flaxzoo.models.lora import frozen_and_trainable, in_train_fully
 
     def modules(model, names):
         return sorted({".".join(map(str, p[:-1])) for p, _ in nnx.to_flat_state(nnx.state(model, nnx.Param))

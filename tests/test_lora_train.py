@@ -1,4 +1,4 @@
-"""LoRA training through ``python -m train``'s loop (``init_from`` + ``lora.*``) on a tiny pretrained Llama-layout
+"""LoRA training through ``python -m flaxzoo.train``'s loop (``init_from`` + ``lora.*``) on a tiny pretrained Llama-layout
 base written by ``save_pretrained``: only the adapters train, the checkpoint holds only them and the base's
 fingerprint, resume is exact, another base is refused, and the work directory loads / exports as the merged model."""
 
@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 from flax import nnx
 
-import models
-from models.checkpoint import load_adapted
-from models.lora import has_lora
-from models.modeling import create_model
-from train.checkpoint import CheckpointError, read_meta
-from train.config import ConfigError, TrainConfig
-from train.loop import Trainer, train
+from flaxzoo import models
+from flaxzoo.models.checkpoint import load_adapted
+from flaxzoo.models.lora import has_lora
+from flaxzoo.models.modeling import create_model
+from flaxzoo.train.checkpoint import CheckpointError, read_meta
+from flaxzoo.train.config import ConfigError, TrainConfig
+from flaxzoo.train.loop import Trainer, train
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 PROMPT = np.asarray([[5, 17, 99, 3, 250, 41]], np.int32)
@@ -23,8 +23,8 @@ PROMPT = np.asarray([[5, 17, 99, 3, 250, 41]], np.int32)
 
 def save_base(directory: pathlib.Path, seed: int) -> pathlib.Path:
     """A tiny Llama (vocab 512) as a Hugging Face directory with a BPE tokenizer trained on the embedded corpus."""
-    from train.data.corpus import embedded_documents
-    from train.tokenizer import train_tokenizer
+    from flaxzoo.train.data.corpus import embedded_documents
+    from flaxzoo.train.tokenizer import train_tokenizer
 
     config = models.get_preset("llama-tiny").replace(vocab_size=512, max_position_embeddings=64)
     models.save_pretrained(create_model(config, seed=seed), directory)
@@ -73,7 +73,7 @@ def test_lora_run_trains_adapters_only_resumes_exactly_refuses_another_base_and_
     import transformers
     from flax import traverse_util
 
-    from models.convert import main as convert_main
+    from flaxzoo.models.convert import main as convert_main
 
     data = tmp_path / "data"
     config = lora_config(base_dir, data, **{"lora.train_fully": "embeddings"})

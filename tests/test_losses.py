@@ -10,10 +10,10 @@ import pytest
 
 
 def tiny_lm(kind: str, seed: int = 0, vocab: int = 97):
-    from models.bert import BertForMaskedLM
-    from models.config import get_preset
-    from models.gpt import GPTForCausalLM
-    from models.modeling import create_model
+    from flaxzoo.models.bert import BertForMaskedLM
+    from flaxzoo.models.config import get_preset
+    from flaxzoo.models.gpt import GPTForCausalLM
+    from flaxzoo.models.modeling import create_model
 
     sizes = dict(vocab_size=vocab, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64,
                  max_position_embeddings=64, dropout=0.0, attention_dropout=0.0)
@@ -27,7 +27,7 @@ def tiny_lm(kind: str, seed: int = 0, vocab: int = 97):
 def test_chunked_cross_entropy_equals_the_whole_sequence_in_value_and_gradient(seq, chunk):
     from flax import nnx
 
-    from train.step import causal_lm_loss
+    from flaxzoo.train.step import causal_lm_loss
 
     model = tiny_lm("gpt", seed=seq + chunk)
     model.eval()
@@ -60,7 +60,7 @@ def test_chunked_cross_entropy_equals_the_whole_sequence_in_value_and_gradient(s
 
 def test_masked_lm_loss_on_gathered_positions_equals_the_full_head():
     """The head on ``masked_positions`` only scores exactly what the head on every position scores at ``labels``."""
-    from train.step import masked_lm_loss
+    from flaxzoo.train.step import masked_lm_loss
 
     model = tiny_lm("bert", seed=3)
     model.eval()
@@ -93,7 +93,7 @@ def test_masked_lm_loss_on_gathered_positions_equals_the_full_head():
 
 
 def test_accuracy_is_skipped_when_not_asked_for():
-    from train.step import token_cross_entropy
+    from flaxzoo.train.step import token_cross_entropy
 
     logits = jnp.asarray(np.random.default_rng(1).standard_normal((2, 5, 11)), jnp.float32)
     labels = jnp.argmax(logits, -1)
@@ -108,8 +108,8 @@ def test_accuracy_is_skipped_when_not_asked_for():
 def test_clipping_by_the_given_norm_equals_optax(given, max_norm):
     import optax
 
-    from train.optim import clip_by_given_norm
-    from train.step import global_norm
+    from flaxzoo.train.optim import clip_by_given_norm
+    from flaxzoo.train.step import global_norm
 
     grads = {"a": jnp.asarray(np.random.default_rng(2).standard_normal((3, 4)), jnp.float32),
              "b": jnp.arange(5, dtype=jnp.float32)}

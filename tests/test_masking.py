@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 from flax import nnx
 
-import models
-from models import BertForMaskedLM, GPTForCausalLM, get_preset
-from models.layers.attention_core import attend, attention_with_weights, choose_backend, softmax_attention
-from models.layers.masking import document_positions
+from flaxzoo import models
+from flaxzoo.models import BertForMaskedLM, GPTForCausalLM, get_preset
+from flaxzoo.models.layers.attention_core import attend, attention_with_weights, choose_backend, softmax_attention
+from flaxzoo.models.layers.masking import document_positions
 
 PACKED_KINDS = {
     "bert": ("bert-tiny", {}, BertForMaskedLM),

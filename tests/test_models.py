@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 from flax import nnx
 
-import models
-from models import (BertForMaskedLM, BertForSequenceClassification, BertModel, GPTForCausalLM, GPTModel,
+from flaxzoo import models
+from flaxzoo.models import (BertForMaskedLM, BertForSequenceClassification, BertModel, GPTForCausalLM, GPTModel,
                     TransformerConfig, get_preset)
-from models.layers.attention import Attention
-from models.layers.masking import AttentionLayout
+from flaxzoo.models.layers.attention import Attention
+from flaxzoo.models.layers.masking import AttentionLayout
 
 DECODERS = {
     "gpt2": dict(name="gpt2-tiny"),

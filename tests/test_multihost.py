@@ -1,4 +1,4 @@
-"""Several processes as one job, on loopback only (127.0.0.1): ``python -m train.launch``, 2 processes x 2 CPU devices
+"""Several processes as one job, on loopback only (127.0.0.1): ``python -m flaxzoo.train.launch``, 2 processes x 2 CPU devices
 over Gloo. Meshes whose axes do and do not follow the processes give the one-device losses; checkpoints cross
 process counts; SIGTERM to one process stops both after the same step; a killed process is reported by the other;
 a checkpoint unreadable on one process is judged the same way by all. Marked ``multiprocess``."""
@@ -41,8 +41,8 @@ def env(**extra):
 
 
 def launch(*args, timeout=400, **extra_env):
-    """``python -m train.launch --processes 2 --devices-per-process 2 ARGS``; the CompletedProcess."""
-    return subprocess.run([sys.executable, "-m", "train.launch", "--processes", "2", "--devices-per-process", "2",
+    """``python -m flaxzoo.train.launch --processes 2 --devices-per-process 2 ARGS``; the CompletedProcess."""
+    return subprocess.run([sys.executable, "-m", "flaxzoo.train.launch", "--processes", "2", "--devices-per-process", "2",
                            *args], cwd=REPO, env=env(**extra_env), capture_output=True, text=True, timeout=timeout)
 
 
@@ -150,7 +150,7 @@ def test_checkpoints_cross_process_counts(reference, two_processes, data_dir, tm
     bit-identical (the SIGTERM and unreadable-checkpoint tests)."""
     two = two_processes["root"] / "gpt411"
     keep_only_step(two, tmp_path / "a", 4)
-    proc = subprocess.run([sys.executable, "-m", "train", *train_command(tmp_path / "a", data_dir, **{
+    proc = subprocess.run([sys.executable, "-m", "flaxzoo.train", *train_command(tmp_path / "a", data_dir, **{
         "mesh.data": 4})], cwd=REPO, env=env(JAX_NUM_CPU_DEVICES="4"), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     assert "resumed from checkpoint at step 4" in proc.stdout
@@ -170,7 +170,7 @@ def test_sigterm_to_one_process_stops_both_after_the_same_step(two_processes, da
     rng = random.Random()
     target, at_step = rng.choice([0, 1]), rng.randint(2, 4)  # 0.6 s steps: 4+ steps (2.4 s) left to agree
     with open(tmp_path / "stderr", "w") as err_file:
-        proc = subprocess.Popen([sys.executable, "-m", "train.launch", "--processes", "2", "--devices-per-process",
+        proc = subprocess.Popen([sys.executable, "-m", "flaxzoo.train.launch", "--processes", "2", "--devices-per-process",
                                  "2", "--module", "multihost_helper", "--", "train",
                                  *train_command(workdir, data_dir, checkpoint_every=0, **{"mesh.data": 4})],
                                 cwd=REPO, env=env(FLAXZOO_TEST_STEP_DELAY="0.6", FLAXZOO_TEST_PID_DIR=str(pids)),
@@ -209,7 +209,7 @@ def test_a_killed_process_is_reported_by_the_other_within_a_minute(data_dir, tmp
     """SIGKILL to process 1: process 0 (blocked in a collective with it) is ended by the runtime once process 1's
     heartbeats stop, with a message naming it. Run with a 10 s heartbeat timeout to keep the test short; with the
     default (30 s) the survivor ended 16.7 s after the kill (2-core AMD EPYC)."""
-    from train.launch import free_port
+    from flaxzoo.train.launch import free_port
 
     port = free_port()
     command = [sys.executable, "-m", "multihost_helper", "train",
@@ -261,7 +261,7 @@ def test_a_checkpoint_unreadable_on_one_process_is_judged_alike_everywhere(two_p
 
 
 def test_launcher_prefixes_lines_forwards_signals_and_returns_the_first_failure(tmp_path):
-    proc = subprocess.Popen([sys.executable, "-m", "train.launch", "--processes", "2", "--devices-per-process", "3",
+    proc = subprocess.Popen([sys.executable, "-m", "flaxzoo.train.launch", "--processes", "2", "--devices-per-process", "3",
                              "--module", "multihost_helper", "--", "sleeper", "0"], cwd=REPO, env=env(),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     seen = []
@@ -278,12 +278,12 @@ def test_launcher_prefixes_lines_forwards_signals_and_returns_the_first_failure(
         assert f"[p{i}] process {i} got SIGTERM" in out
         assert f"[p{i}] stderr line of process {i}" in err
     # process 1 exits 3 at once; process 0 waits for a signal: killed after the grace period, exit code 3
-    proc = subprocess.run([sys.executable, "-m", "train.launch", "--processes", "2", "--grace-s", "1", "--module",
+    proc = subprocess.run([sys.executable, "-m", "flaxzoo.train.launch", "--processes", "2", "--grace-s", "1", "--module",
                            "multihost_helper", "--", "sleeper", "3"], cwd=REPO, env=env(), capture_output=True,
                           text=True, timeout=60)
     assert proc.returncode == 3, (proc.stdout, proc.stderr)
     assert "[launch] process 1 ended first with exit code 3" in proc.stderr
     assert "[launch] process 0 still running 1 s later: killed" in proc.stderr
-    bad = subprocess.run([sys.executable, "-m", "train.launch", "--processes", "0"], cwd=REPO, env=env(),
+    bad = subprocess.run([sys.executable, "-m", "flaxzoo.train.launch", "--processes", "0"], cwd=REPO, env=env(),
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "--processes=0: expected at least 1" in bad.stderr

@@ -18,11 +18,11 @@ import transformers
 from flax import nnx
 from safetensors.numpy import load_file
 
-import models
-from models import from_pretrained, get_preset, save_pretrained
-from models.checkpoint import read_meta, save_checkpoint
-from models.layers.embeddings import PADDED_LOGIT, check_token_ids
-from models.sampling import sample_logits
+from flaxzoo import models
+from flaxzoo.models import from_pretrained, get_preset, save_pretrained
+from flaxzoo.models.checkpoint import read_meta, save_checkpoint
+from flaxzoo.models.layers.embeddings import PADDED_LOGIT, check_token_ids
+from flaxzoo.models.sampling import sample_logits
 
 transformers.logging.set_verbosity_error()
 
@@ -68,7 +68,7 @@ def test_padded_tables_start_at_zero_and_padding_logits_are_masked(name):
     assert (logits[..., VOCAB:] == np.float32(PADDED_LOGIT)).all()
     assert np.isfinite(logits).all() and np.abs(logits[..., :VOCAB]).max() < 1e3
     # The same parameters without the padding rows: the real logits are the same numbers.
-    from models.modeling import assemble_model, resize_vocab_values, vocab_axes
+    from flaxzoo.models.modeling import assemble_model, resize_vocab_values, vocab_axes
 
     flat = {p: v.get_value() for p, v in nnx.to_flat_state(params)}
     unpadded = assemble_model(config.replace(pad_vocab_to=1), type(model),
@@ -82,7 +82,7 @@ def test_token_id_checks_reject_padding_ids():
         check_token_ids(np.array([[1, 1000]]), config)
     model = models.create_model(config)
     with pytest.raises(ValueError, match=r"contains 1000"):
-        models.generate(model, [[1, 1000]], 2)
+        flaxzoo.models.generate(model, [[1, 1000]], 2)
     # Inside jit, an id in the padding reads NaNs (as any id outside the vocabulary), never a zero row.
     hidden = jax.jit(lambda ids: model.transformer.decoder.embeddings.tokens(ids))(jnp.array([[5, 1000, 1023]]))
     assert np.isfinite(np.asarray(hidden[0, 0])).all() and np.isnan(np.asarray(hidden[0, 1:])).all()
@@ -97,7 +97,7 @@ def test_decoding_never_emits_a_padding_id():
     prompt = IDS[:, :4]
     for kwargs in (dict(), dict(temperature=1.0, seed=0), dict(temperature=100.0, seed=1),
                    dict(temperature=5.0, top_k=VOCAB, seed=2), dict(temperature=5.0, top_p=0.999, seed=3)):
-        out = np.asarray(models.generate(model, prompt, 16, **kwargs))
+        out = np.asarray(flaxzoo.models.generate(model, prompt, 16, **kwargs))
         assert out.shape == (2, 20) and out.max() < VOCAB and out.min() >= 0, kwargs
     logits = jnp.zeros((4096, PADDED)).at[:, VOCAB:].set(PADDED_LOGIT)  # all real ids equally likely
     for temperature, top_k, top_p in ((1.0, 0, 1.0), (1e4, 0, 1.0), (1.0, VOCAB, 1.0), (1.0, 0, 0.9999)):
@@ -184,9 +184,9 @@ SHARDING_SCRIPT = textwrap.dedent("""
     import json, sys
     import jax
     from flax import nnx
-    from models.config import get_preset
-    from models.modeling import abstract_model
-    from train import sharding
+    from flaxzoo.models.config import get_preset
+    from flaxzoo.models.modeling import abstract_model
+    from flaxzoo.train import sharding
 
     assert jax.device_count() == 8, jax.devices()
     mesh = sharding.make_mesh((1, 8, 1))

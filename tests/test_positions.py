@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from models.layers.positions import alibi_bias, alibi_slopes, apply_rope, sinusoidal_table
+from flaxzoo.models.layers.positions import alibi_bias, alibi_slopes, apply_rope, sinusoidal_table
 
 # ----------------------------------------------------------------------------------------------------- sinusoidal
 

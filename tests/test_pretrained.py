@@ -19,8 +19,8 @@ import torch
 import transformers
 from flax import nnx
 
-import models
-from models import embed, from_pretrained, generate_text, load_tokenizer, save_pretrained
+from flaxzoo import models
+from flaxzoo.models import embed, from_pretrained, generate_text, load_tokenizer, save_pretrained
 
 transformers.logging.set_verbosity_error()
 

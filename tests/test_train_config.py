@@ -17,9 +17,9 @@ import optax
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from models import get_preset, param_count
-from train import flops, optim, sharding
-from train.config import ConfigError, MeshConfig, OptimConfig, TrainConfig, execution_defaults
+from flaxzoo.models import get_preset, param_count
+from flaxzoo.train import flops, optim, sharding
+from flaxzoo.train.config import ConfigError, MeshConfig, OptimConfig, TrainConfig, execution_defaults
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 ALL_CONFIGS = sorted(p.stem for p in (REPO / "configs").glob("*.py") if not p.stem.startswith("_"))
@@ -198,7 +198,7 @@ def test_explicit_precision_values_win_over_auto():
 
 
 def parse_command_line(monkeypatch, *overrides):
-    """The ConfigDict ``python -m train`` builds from ``configs/default.py`` and ``overrides`` (as __main__ does)."""
+    """The ConfigDict ``python -m flaxzoo.train`` builds from ``configs/default.py`` and ``overrides`` (as __main__ does)."""
     from absl import flags
     from ml_collections import config_flags
 
@@ -236,13 +236,13 @@ def test_mesh_fill():
 def test_cli_bad_config_stops_fast_with_the_key(tmp_path):
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     start = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "train", "--config.steps=-3", "--workdir", str(tmp_path / "w")],
+    proc = subprocess.run([sys.executable, "-m", "flaxzoo.train", "--config.steps=-3", "--workdir", str(tmp_path / "w")],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, proc.stderr
     assert "steps" in proc.stderr and "-3" in proc.stderr
     assert not (tmp_path / "w").exists()  # nothing was started
     assert "compiled" not in proc.stdout
-    unknown = subprocess.run([sys.executable, "-m", "train", "--config", "no_such_config"], cwd=REPO, env=env,
+    unknown = subprocess.run([sys.executable, "-m", "flaxzoo.train", "--config", "no_such_config"], cwd=REPO, env=env,
                              capture_output=True, text=True, timeout=120)
     assert unknown.returncode == 2 and "no_such_config" in unknown.stderr and "default" in unknown.stderr
     assert time.perf_counter() - start < 60
@@ -295,7 +295,7 @@ def test_optimizer_state_follows_parameter_shardings():
 
 
 def test_multi_process_detection(monkeypatch):
-    from train import multihost
+    from flaxzoo.train import multihost
 
     for name in [*multihost.EXPLICIT_VARIABLES, "SLURM_NTASKS", "SLURM_JOB_ID", "SLURM_STEP_NODELIST", "SLURM_PROCID",
                  "SLURM_LOCALID", "OMPI_COMM_WORLD_SIZE", "OMPI_MCA_orte_hnp_uri", "PMI_SIZE", "PMIX_SIZE",
@@ -356,7 +356,7 @@ def test_multi_process_detection(monkeypatch):
 def gpt_params(scan_layers: bool = False):
     from flax import nnx
 
-    from models import abstract_model
+    from flaxzoo.models import abstract_model
 
     return nnx.to_pure_dict(nnx.state(abstract_model(get_preset("gpt2-tiny", scan_layers=scan_layers)), nnx.Param))
 
@@ -459,7 +459,7 @@ def test_peak_table():
 
 def test_the_loop_and_the_bench_measure_the_same_cpu_peak():
     """One peak function and one matmul size for both, named with the figure (their MFUs used to disagree)."""
-    from train import bench
+    from flaxzoo.train import bench
 
     assert bench.parse_args(["--work", "gpt_train"]).peak_size == flops.CPU_PEAK_SIZE
     peak, source = flops.device_peak(jax.devices()[:1], cpu_size=256)
@@ -474,8 +474,8 @@ def test_an_object_store_work_directory_is_used_as_a_uri(tmp_path, monkeypatch):
     need the network and are not run here."""
     from etils.epath import backend, testing as epath_testing
 
-    from train.checkpoint import is_remote, resolve_workdir
-    from train.loop import MetricsWriter
+    from flaxzoo.train.checkpoint import is_remote, resolve_workdir
+    from flaxzoo.train.loop import MetricsWriter
 
     monkeypatch.chdir(tmp_path)
     assert str(resolve_workdir("gs://bucket/run")) == "gs://bucket/run" and is_remote(resolve_workdir("gs://b/r"))

@@ -12,9 +12,9 @@ import pytest
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from train_helper import flat_state, make_config, run_steps  # noqa: E402
 
-from train.loop import Trainer  # noqa: E402
-from train.sharding import global_batch  # noqa: E402
-from train.step import token_cross_entropy  # noqa: E402
+from flaxzoo.train.loop import Trainer  # noqa: E402
+from flaxzoo.train.sharding import global_batch  # noqa: E402
+from flaxzoo.train.step import token_cross_entropy  # noqa: E402
 
 
 @pytest.fixture(scope="session")

@@ -22,7 +22,6 @@ import sys
 from typing import Any
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
 
 # A tiny model and a small tokenizer: compiles in a second or two, 40 steps take a few seconds.
 TINY_MODEL = {"hidden_size": 32, "num_layers": 2, "num_heads": 4, "intermediate_size": 64, "vocab_size": 512}
@@ -55,10 +54,10 @@ def tiny_base(directory: str | os.PathLike, data_dir: str, seed: int = 0) -> pat
     """A tiny pretrained base for LoRA runs (``init_from``): a random Llama-layout model (``llama-tiny`` with a
     vocabulary of :data:`TINY_BASE_VOCAB`) written by ``models.save_pretrained`` as a Hugging Face directory, and
     beside it, as ``tokenizer.json``, the byte-level BPE tokenizer the tiny GPT runs train on the embedded corpus
-    (``train.data.build_tokenizer``, cached in ``data_dir``: the LoRA runs then share the GPT runs' packed data)."""
-    import models
-    from train.config import TrainConfig
-    from train.data import build_tokenizer
+    (``flaxzoo.train.data.build_tokenizer``, cached in ``data_dir``: the LoRA runs then share the GPT runs' packed data)."""
+    from flaxzoo import models
+    from flaxzoo.train.config import TrainConfig
+    from flaxzoo.train.data import build_tokenizer
 
     directory = pathlib.Path(directory)
     data = TrainConfig.from_config_dict(make_config("gpt", data_dir), 1).data
@@ -72,7 +71,7 @@ def tiny_base(directory: str | os.PathLike, data_dir: str, seed: int = 0) -> pat
 
 
 def as_flags(kind: str, values: dict[str, Any]) -> list[str]:
-    """The command line of ``python -m train`` for ``values``."""
+    """The command line of ``python -m flaxzoo.train`` for ``values``."""
     return ["--config", config_file(kind)] + [f"--config.{k}={v}" for k, v in values.items()]
 
 
@@ -98,7 +97,7 @@ def run_steps(trainer, steps: int):
     import jax
     import jax.numpy as jnp
 
-    from train.sharding import global_batch
+    from flaxzoo.train.sharding import global_batch
 
     state, rest = trainer.initial_state()
     iterator = trainer.train_iterator()
@@ -114,7 +113,7 @@ def flat_state(state) -> dict[str, Any]:
     import jax
     import numpy as np
 
-    from train.checkpoint import _leaf_name
+    from flaxzoo.train.checkpoint import _leaf_name
 
     return {_leaf_name(path): np.asarray(jax.device_get(leaf))
             for path, leaf in jax.tree_util.tree_flatten_with_path(state)[0]}
@@ -129,7 +128,7 @@ def main(command: str, args: dict[str, Any]) -> None:
     import jax
     import numpy as np
 
-    from train.loop import Trainer
+    from flaxzoo.train.loop import Trainer
 
     if command == "parity":
         reference = Trainer(_mesh_config(args, (1, 1, 1)), args["workdir"], devices=jax.devices()[:1])
@@ -153,7 +152,7 @@ def main(command: str, args: dict[str, Any]) -> None:
             }
         pathlib.Path(args["out"]).write_text(json.dumps(report, indent=1))
     elif command == "save":
-        from train.checkpoint import Checkpointer
+        from flaxzoo.train.checkpoint import Checkpointer
 
         trainer = Trainer(_mesh_config(args, args["mesh"]), args["workdir"])
         state, _ = run_steps(trainer, args["steps"])
@@ -162,7 +161,7 @@ def main(command: str, args: dict[str, Any]) -> None:
         checkpointer.close()
         np.savez(args["out"], **flat_state(state))
     elif command == "restore":
-        from train.checkpoint import Checkpointer
+        from flaxzoo.train.checkpoint import Checkpointer
 
         trainer = Trainer(_mesh_config(args, args["mesh"]), args["workdir"])
         checkpointer = Checkpointer(args["workdir"])

@@ -1,4 +1,4 @@
-"""``python -m train [--config configs/NAME.py] [--config.KEY=VALUE ...] [--workdir DIR]``
+"""``python -m flaxzoo.train [--config configs/NAME.py] [--config.KEY=VALUE ...] [--workdir DIR]``
 
 Trains the model of the config on every device there is (a mesh from ``mesh.*``), resuming from ``WORKDIR``'s latest
 checkpoint when there is one. With no arguments: the tiny GPT of ``configs/default.py`` on the embedded corpus, into
@@ -21,7 +21,7 @@ _START = time.perf_counter()
 from absl import flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-import configs  # noqa: E402
+from flaxzoo import configs  # noqa: E402
 
 CONFIG_DIR = pathlib.Path(configs.__file__).resolve().parent
 DEFAULT_CONFIG = CONFIG_DIR / "default.py"
@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("train").setLevel(logging.INFO)
     if any(arg in ("-h", "--help", "-help", "--helpshort") for arg in argv[1:]):
-        from train import config as config_module
+        from flaxzoo.train import config as config_module
 
         print(__doc__.strip() + "\n\nConfigs: " + ", ".join(available_configs()) + "\n\n"
               + config_module.__doc__.strip())
@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     config = config_flag.value
     workdir = flag_values.workdir or str(pathlib.Path("runs") / _config_name(argv))
 
-    from train import multihost
+    from flaxzoo.train import multihost
 
     try:
         multihost.initialize()  # before anything touches a device
@@ -103,9 +103,9 @@ def main(argv: list[str] | None = None) -> int:
     if config.get("task", None) == "classify":
         return finetune_main(config, workdir)
 
-    from train.checkpoint import CheckpointError
-    from train.config import ConfigError, TrainConfig
-    from train.loop import NonFiniteLossError, Trainer, _say
+    from flaxzoo.train.checkpoint import CheckpointError
+    from flaxzoo.train.config import ConfigError, TrainConfig
+    from flaxzoo.train.loop import NonFiniteLossError, Trainer, _say
 
     try:
         cfg = TrainConfig.from_config_dict(config)  # checked once, before any data work or compilation
@@ -150,9 +150,9 @@ def finetune_main(config, workdir: str) -> int:
     """``task="classify"`` configs (``configs/finetune_cls.py``): fine-tune an encoder into a text classifier."""
     import jax
 
-    from train.config import ConfigError
-    from train.finetune.config import FinetuneConfig
-    from train.finetune.trainer import Finetuner
+    from flaxzoo.train.config import ConfigError
+    from flaxzoo.train.finetune.config import FinetuneConfig
+    from flaxzoo.train.finetune.trainer import Finetuner
 
     if jax.process_count() > 1:
         print(f"error: fine-tuning (task='classify') runs in one process; this launch has {jax.process_count()} "

@@ -1,5 +1,5 @@
-"""What a training batch holds: the contract between the input pipeline (``train.data``) and the steps
-(``train.step``). Plain constants only, so the benchmark can build batches without importing the data stack.
+"""What a training batch holds: the contract between the input pipeline (``flaxzoo.train.data``) and the steps
+(``flaxzoo.train.step``). Plain constants only, so the benchmark can build batches without importing the data stack.
 
 Every array is ``[rows, seq]`` int32 unless stated, rows = this process's share of the global batch.
 

@@ -1,6 +1,6 @@
-"""``python -m train.bench --work NAME [--json] [--compare transformers]``: the benchmark workloads.
+"""``python -m flaxzoo.train.bench --work NAME [--json] [--compare transformers]``: the benchmark workloads.
 
-Workloads (random token ids in packed rows shaped as ``python -m train``'s batches, fixed seed, no dropout; fp32 on
+Workloads (random token ids in packed rows shaped as ``python -m flaxzoo.train``'s batches, fixed seed, no dropout; fp32 on
 CPU, bf16 compute on accelerators for ``gpt2_small``):
 
 - ``gpt_train``: GPT-2 layout, vocab 8192, 256 positions, 6 layers × 384 wide, 6 heads, MLP 4× GELU-tanh, tied
@@ -9,7 +9,7 @@ CPU, bf16 compute on accelerators for ``gpt2_small``):
   MLM loss on 15% of the tokens (``masked_positions`` 20 slots wide per row of 128, as the loader's
   ``DataConfig.predictions``); otherwise as above.
 - ``gpt_generate``: the ``gpt_train`` model, batch 1, a 32-token prompt, 128 new tokens, greedy, KV cache.
-- ``main_gpt_train``: the main job, ``python -m train --config gpt_train`` (the ``gpt_train`` model and batch on the
+- ``main_gpt_train``: the main job, ``python -m flaxzoo.train --config gpt_train`` (the ``gpt_train`` model and batch on the
   embedded corpus: real data, the loop's metrics, its final evaluation), in a subprocess; its tokens/s is the median
   of the loop's logging windows after the first, its MFU recomputed against this process's peak. Put it beside
   ``gpt_train`` in one run (``--work gpt_train,main_gpt_train --rounds 3``) to compare the two.
@@ -34,27 +34,27 @@ comparison) N times and reports each side's median round and the median per-roun
 3 more steps with ``jax.profiler`` and prints the most expensive operations of the compiled program. Every figure is
 a wall-clock time around a call that ends with ``block_until_ready``: the step itself never syncs with the host.
 
-**One step.** A training workload times ``train.step.make_train_step``, the step of ``python -m train`` (same
+**One step.** A training workload times ``flaxzoo.train.step.make_train_step``, the step of ``python -m flaxzoo.train`` (same
 losses: the MLM head on the gathered masked positions, the optional chunked cross-entropy; the gradient norm once;
 the accuracy off as between logging steps), with ``optax.adamw`` (decay on every parameter, as
-``torch.optim.AdamW`` does) at a constant learning rate. ``train.step`` imports only jax, optax, flax, einops and
-``train.batches`` (plain constants): no Grain, tensorflow-datasets or ml_collections, which the accelerator image
+``torch.optim.AdamW`` does) at a constant learning rate. ``flaxzoo.train.step`` imports only jax, optax, flax, einops and
+``flaxzoo.train.batches`` (plain constants): no Grain, tensorflow-datasets or ml_collections, which the accelerator image
 lacks. PyTorch and transformers are imported only with ``--compare transformers``.
 
 **Batches as the CLI's.** Every training batch has exactly the keys and shapes of
-``train.data.batch_shapes(data_config, rows)`` (``train.batches.CAUSAL_KEYS`` / ``MLM_KEYS``) and packed rows like
-``train.data.packing``'s, built here without the data stack (:func:`make_batch`): causal windows of a stream of
+``flaxzoo.train.data.batch_shapes(data_config, rows)`` (``flaxzoo.train.batches.CAUSAL_KEYS`` / ``MLM_KEYS``) and packed rows like
+``flaxzoo.train.data.packing``'s, built here without the data stack (:func:`make_batch`): causal windows of a stream of
 documents (``seq/8`` to ``seq/2`` tokens, each ending in EOS) with ``segment_ids`` numbering them from 1 and
 ``targets`` ``IGNORE_INDEX`` across document ends; MLM rows of ``[CLS] ... [SEP]`` segments then padding, with
-``attention_mask``, ``token_type_ids`` and BERT masking (``train.data.masking``'s rule: ``min(P, round(15 % of the
+``attention_mask``, ``token_type_ids`` and BERT masking (``flaxzoo.train.data.masking``'s rule: ``min(P, round(15 % of the
 non-special tokens))`` chosen, 80/10/10) into ``labels`` and ``masked_positions`` / ``masked_labels`` ``[rows, P]``.
 Every row holds at least two documents, so the step takes the packed-attention path the CLI takes.
 
-MFU uses ``train.flops.flops_per_token``, the training loop's own count (``6N + 12·L·T·d`` model FLOPs per training
+MFU uses ``flaxzoo.train.flops.flops_per_token``, the training loop's own count (``6N + 12·L·T·d`` model FLOPs per training
 token; for the MLM workloads the head on the ``P`` gathered slots only, ``predictions=P``), against the measured CPU
 matmul peak (2048³ float32, best of 5, measured in the same process) or the accelerator's table peak. transformers
 computes the MLM head everywhere and ignores 85% of it, which counts as wasted work, not as model FLOPs.
-``gpt_generate`` reports forward-only FLOPs (``train.flops.forward_flops_per_token``: ``2N + 4·L·T̄·d`` per new token
+``gpt_generate`` reports forward-only FLOPs (``flaxzoo.train.flops.forward_flops_per_token``: ``2N + 4·L·T̄·d`` per new token
 with ``T̄`` the mean context length) against the same peak (decoding at batch 1 is memory-bound: its MFU is low by
 nature).
 
@@ -63,7 +63,7 @@ step measured on the 2-core CPU; see the README's Performance section); attentio
 ``attention_impl="auto"`` (on GPU ``jax.nn.dot_product_attention``: cuDNN flash attention where cuDNN takes the call,
 which excludes the packed batches' document mask, else its XLA path; the closed-form-backward kernel of
 ``models/layers/attention_core.py`` elsewhere); the reported backend is the one chosen for a masked (packed) call, as
-``python -m train``'s. ``--remat``, ``--no-scan-layers`` and ``--attention`` change them; none changes the parameters
+``python -m flaxzoo.train``'s. ``--remat``, ``--no-scan-layers`` and ``--attention`` change them; none changes the parameters
 or the outputs.
 
 Peak memory: ``device.memory_stats()["peak_bytes_in_use"]`` where the backend has it (GPU, TPU); on CPU the process's
@@ -90,17 +90,17 @@ import numpy as np
 import optax
 from flax import nnx
 
-from models.bert import BertForMaskedLM
-from models.config import get_preset
-from models.generate import generate
-from models.gpt import GPTForCausalLM
-from models.layers.attention_core import attention_backend
-from models.hub.packaged import SMOLLM2_FILE, smollm2_gguf
-from models.modeling import create_model, param_count
-from train import flops as flopslib
-from train import hlo
-from train.batches import CAUSAL_KEYS, IGNORE_INDEX, MLM_KEYS
-from train.step import make_train_step, new_train_state
+from flaxzoo.models.bert import BertForMaskedLM
+from flaxzoo.models.config import get_preset
+from flaxzoo.models.generate import generate
+from flaxzoo.models.gpt import GPTForCausalLM
+from flaxzoo.models.layers.attention_core import attention_backend
+from flaxzoo.models.hub.packaged import SMOLLM2_FILE, smollm2_gguf
+from flaxzoo.models.modeling import create_model, param_count
+from flaxzoo.train import flops as flopslib
+from flaxzoo.train import hlo
+from flaxzoo.train.batches import CAUSAL_KEYS, IGNORE_INDEX, MLM_KEYS
+from flaxzoo.train.step import make_train_step, new_train_state
 
 WORKLOADS = ("gpt_train", "bert_train", "gpt_generate", "gpt2_small", "bert_base", "main_gpt_train",
              "smollm2_generate")
@@ -168,13 +168,13 @@ def workload_spec(name: str, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def train_flops_per_token(spec: dict[str, Any]) -> float:
-    """``train.flops.flops_per_token`` of a training workload: the MLM head on the ``P`` gathered slots."""
+    """``flaxzoo.train.flops.flops_per_token`` of a training workload: the MLM head on the ``P`` gathered slots."""
     return flopslib.flops_per_token(spec["config"], spec["seq"], spec["cls"], predictions=spec["predictions"])
 
 
 # ========================================================================================================= batches
 def packed_causal(rng: np.random.Generator, rows: int, seq: int, vocab: int) -> tuple[np.ndarray, np.ndarray]:
-    """``(windows, segment_ids)``, both ``[rows, seq + 1]`` int32, cut as ``train.data.packing.pack_causal`` cuts
+    """``(windows, segment_ids)``, both ``[rows, seq + 1]`` int32, cut as ``flaxzoo.train.data.packing.pack_causal`` cuts
     the stream ``doc_1 EOS doc_2 EOS ...``: window ``k`` = ``stream[k*seq : k*seq + seq + 1]``, documents numbered
     from 1 within each window. Documents of ``seq/8`` to ``seq/2`` tokens (EOS included): every window holds two
     or more."""
@@ -191,7 +191,7 @@ def packed_causal(rng: np.random.Generator, rows: int, seq: int, vocab: int) -> 
 
 
 def packed_mlm(rng: np.random.Generator, rows: int, seq: int, vocab: int) -> tuple[np.ndarray, np.ndarray]:
-    """``(input_ids, segment_ids)``, both ``[rows, seq]`` int32, laid out as ``train.data.packing.pack_mlm``'s rows:
+    """``(input_ids, segment_ids)``, both ``[rows, seq]`` int32, laid out as ``flaxzoo.train.data.packing.pack_mlm``'s rows:
     segments ``[CLS] tokens [SEP]`` of ``seq/8`` to ``seq/2`` tokens packed greedily (two or more per row), numbered
     from 1, then ``[PAD]`` (segment 0) up to ``seq``."""
     ids = np.full((rows, seq), PAD_ID, np.int32)
@@ -208,7 +208,7 @@ def packed_mlm(rng: np.random.Generator, rows: int, seq: int, vocab: int) -> tup
 
 
 def mask_rows(rng: np.random.Generator, ids: np.ndarray, vocab: int, predictions: int) -> dict[str, np.ndarray]:
-    """BERT masking of ``ids [rows, seq]`` by ``train.data.masking.mask_tokens``'s rule (with numpy's generator in
+    """BERT masking of ``ids [rows, seq]`` by ``flaxzoo.train.data.masking.mask_tokens``'s rule (with numpy's generator in
     place of its counter-based hashes): per row ``min(P, max(1, round(candidates * MLM_PROB)))`` of the non-special
     tokens (0 in a row without any), uniformly without replacement, become ``[MASK]`` (80 %), a random token (10 %)
     or stay (10 %). ``input_ids``, ``labels`` ``[rows, seq]`` (``IGNORE_INDEX`` where not chosen),
@@ -235,7 +235,7 @@ def mask_rows(rng: np.random.Generator, ids: np.ndarray, vocab: int, predictions
 
 def make_batch(spec: dict[str, Any], seed: int = 0) -> dict[str, np.ndarray]:
     """A batch of ``spec["batch"]`` packed rows of ``spec["seq"]`` random tokens (fixed seed) with the CLI's keys and
-    shapes (``train.data.batch_shapes``), every array int32 ``[batch, seq]`` except ``[batch, P]`` ones. Causal
+    shapes (``flaxzoo.train.data.batch_shapes``), every array int32 ``[batch, seq]`` except ``[batch, P]`` ones. Causal
     (``CAUSAL_KEYS``): ``input_ids``, ``targets`` (the next token, ``IGNORE_INDEX`` where it starts another
     document), ``segment_ids``. MLM (``MLM_KEYS``): masked ``input_ids``, ``attention_mask`` (0 on padding),
     ``token_type_ids`` (0), ``segment_ids``, ``labels``, ``masked_positions`` / ``masked_labels`` ``[batch, P]``."""
@@ -321,7 +321,7 @@ def profile_ops(fn: Callable[[], Any], directory: str, calls: int, top: int = 25
 
 
 def run_train(name: str, spec: dict[str, Any], args: argparse.Namespace, peak: float) -> dict[str, Any]:
-    """Time ``train.step.make_train_step`` (the training loop's step) on the workload, with plain AdamW (decay on
+    """Time ``flaxzoo.train.step.make_train_step`` (the training loop's step) on the workload, with plain AdamW (decay on
     every parameter, as ``torch.optim.AdamW``) at a constant learning rate and the accuracy off (as the loop's
     steps between logging steps)."""
     config, cls = spec["config"], spec["cls"]
@@ -359,14 +359,14 @@ def run_train(name: str, spec: dict[str, Any], args: argparse.Namespace, peak: f
 
 
 def run_main_job(spec: dict[str, Any], args: argparse.Namespace, peak: float) -> dict[str, Any]:
-    """``python -m train --config gpt_train`` for ``args.steps`` × 4 steps (logging every ``args.steps``) in a
+    """``python -m flaxzoo.train --config gpt_train`` for ``args.steps`` × 4 steps (logging every ``args.steps``) in a
     subprocess and a temporary work directory; the figures come from its ``metrics.jsonl``."""
     import subprocess
     import tempfile
 
     steps = max(args.steps, 2)
     with tempfile.TemporaryDirectory() as workdir:
-        command = [sys.executable, "-m", "train", "--config", "gpt_train", "--workdir", workdir,
+        command = [sys.executable, "-m", "flaxzoo.train", "--config", "gpt_train", "--workdir", workdir,
                    f"--config.steps={4 * steps}", f"--config.log_every={steps}", f"--config.seed={args.seed}"]
         if args.tiny:
             command += ["--config.model.num_layers=2", "--config.model.hidden_size=64", "--config.model.num_heads=4",
@@ -568,7 +568,7 @@ def run_smollm2_variant(variant: str, args: argparse.Namespace) -> dict[str, Any
             result["batches"][str(batch)] = dict(tokens_per_s=batch * new / call_s, first_call_s=first_s,
                                                  call_s=call_s, text=text)
     else:
-        from models import from_pretrained, load_tokenizer
+        from flaxzoo.models import from_pretrained, load_tokenizer
 
         start = time.perf_counter()
         model = from_pretrained(path, quantize=None if variant == "float32" else variant)
@@ -595,10 +595,10 @@ def run_smollm2_variant(variant: str, args: argparse.Namespace) -> dict[str, Any
 
 
 def run_smollm2_subprocess(variant: str, args: argparse.Namespace) -> dict[str, Any]:
-    """``run_smollm2_variant`` in a fresh ``python -m train.bench`` process: its own compile and peak RSS."""
+    """``run_smollm2_variant`` in a fresh ``python -m flaxzoo.train.bench`` process: its own compile and peak RSS."""
     import subprocess
 
-    command = [sys.executable, "-m", "train.bench", "--work", "smollm2_generate", "--variant", variant,
+    command = [sys.executable, "-m", "flaxzoo.train.bench", "--work", "smollm2_generate", "--variant", variant,
                "--generate-repeats", str(args.generate_repeats)]
     for flag, value in (("--batch", args.batch), ("--new-tokens", args.new_tokens), ("--profile", args.profile)):
         if value is not None:
@@ -688,7 +688,7 @@ def machine() -> str:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m train.bench", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m flaxzoo.train.bench", description=__doc__.split("\n\n")[0])
     parser.add_argument("--work", default="gpt_train",
                         help=f"a workload or a comma-separated list: {', '.join(WORKLOADS)}; 'cpu' = the three CPU "
                              "ones; "
@@ -728,7 +728,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--peak-size", type=int, default=flopslib.CPU_PEAK_SIZE,
                         help="CPU: matmul size of the peak measurement (the training loop uses the default)")
     parser.add_argument("--loss-chunk", type=int, default=0,
-                        help="positions per cross-entropy chunk (0 = the whole sequence at once; see train.step)")
+                        help="positions per cross-entropy chunk (0 = the whole sequence at once; see flaxzoo.train.step)")
     parser.add_argument("--classifier", metavar="WORKDIR",
                         help="classify: a fine-tuned work directory (default: the packaged MiniLM with a 5-class head)")
     parser.add_argument("--headlines", type=int, default=256, help="classify: how many headlines to time")
@@ -753,7 +753,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             parser.error(f"{flag} {value}: expected a positive integer")
     smollm2 = "smollm2_generate" in names
     if args.quantize is not None:
-        from models.quantize import QUANTIZE_TYPES
+        from flaxzoo.models.quantize import QUANTIZE_TYPES
 
         if not smollm2:
             parser.error(f"--quantize {args.quantize}: only the smollm2_generate workload loads quantised models")
@@ -781,11 +781,11 @@ def report_line(name: str, r: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     args = parse_args(argv)
     if args.work == "gpu":
-        from train import gpu_check
+        from flaxzoo.train import gpu_check
 
         raise SystemExit(gpu_check.main(["--tiny"] if args.tiny else []))
     if args.work == "classify":
-        from train.classify_bench import run_classify
+        from flaxzoo.train.classify_bench import run_classify
 
         result = run_classify(args)
         if args.json:

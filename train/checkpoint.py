@@ -25,11 +25,11 @@ Layout (a contract: ``from_pretrained`` reads training checkpoints with it)::
 
 To read the parameters elsewhere: build the abstract model from ``meta["config"]`` and ``meta["model_class"]``,
 take ``nnx.state(abstract, nnx.Param).to_pure_dict()`` as the restore target of ``state.params`` (or restore without a
-target and turn the string layer keys back into ints), then ``nnx.merge``: ``models.checkpoint.load_checkpoint``
+target and turn the string layer keys back into ints), then ``nnx.merge``: ``flaxzoo.models.checkpoint.load_checkpoint``
 (behind ``from_pretrained`` and :func:`load_params`) does this.
 
 The data position is a plain number: global batch ``g`` of the input pipeline is a pure function of ``g`` and the
-data settings (``train.data.loader``), so resuming reads ``data_position`` and starts the iterator there; nothing of
+data settings (``flaxzoo.train.data.loader``), so resuming reads ``data_position`` and starts the iterator there; nothing of
 Grain's iterator internals is stored. A checkpoint of the earlier layout (a ``data/`` item holding Grain iterator
 state, no ``data_position``) resumes at its step, which is where that loop's iterator stood.
 
@@ -63,7 +63,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
-from train import multihost
+from flaxzoo.train import multihost
 
 log = logging.getLogger(__name__)
 
@@ -352,9 +352,9 @@ def read_meta(workdir: str | os.PathLike, step: int | None = None) -> tuple[int,
 def load_params(workdir: str | os.PathLike, step: int | None = None):
     """``(model, step)``: the model of a training checkpoint (default: the latest), on the default device.
 
-    The reading itself is ``models.checkpoint.load_checkpoint`` (what ``from_pretrained`` uses), pointed at one step.
+    The reading itself is ``flaxzoo.models.checkpoint.load_checkpoint`` (what ``from_pretrained`` uses), pointed at one step.
     """
-    from models.checkpoint import load_checkpoint
+    from flaxzoo.models.checkpoint import load_checkpoint
 
     step, _ = read_meta(workdir, step)
     return load_checkpoint(resolve_workdir(workdir) / "checkpoints" / str(step)), step

@@ -1,4 +1,4 @@
-"""``python -m train.bench --work classify [--classifier WORKDIR] [--rounds N]``: serving speed of a MiniLM headline
+"""``python -m flaxzoo.train.bench --work classify [--classifier WORKDIR] [--rounds N]``: serving speed of a MiniLM headline
 classifier, flaxzoo beside transformers in the same process.
 
 The classifier is a fine-tuned work directory (``--classifier``, e.g. ``runs/finetune_cls``), else the packaged
@@ -34,9 +34,9 @@ FALLBACK_HEADLINES = [
 
 
 def load_classifier(path: str | None):
-    import models
-    from models.bert import BertForSequenceClassification
-    from train.finetune.trainer import packaged_minilm
+    from flaxzoo import models
+    from flaxzoo.models.bert import BertForSequenceClassification
+    from flaxzoo.train.finetune.trainer import packaged_minilm
 
     source = path or packaged_minilm()
     model = models.from_pretrained(source, cls=BertForSequenceClassification, **({} if path else {"num_labels": 5}))
@@ -45,8 +45,8 @@ def load_classifier(path: str | None):
 
 def headlines(limit: int) -> tuple[list[str], str]:
     try:
-        from train.finetune.config import ClassifyDataConfig
-        from train.finetune.data import load_labelled
+        from flaxzoo.train.finetune.config import ClassifyDataConfig
+        from flaxzoo.train.finetune.data import load_labelled
 
         texts = load_labelled(ClassifyDataConfig.from_values({})).texts["test"]
         return texts[:limit], f"BBC headlines (test split, first {min(limit, len(texts))})"
@@ -56,7 +56,7 @@ def headlines(limit: int) -> tuple[list[str], str]:
 
 
 def flaxzoo_side(model, tokenizer, texts: list[str]) -> dict[str, float]:
-    from models.text import Classifier
+    from flaxzoo.models.text import Classifier
 
     single = Classifier(model, tokenizer, batch_size=1)
     start = time.perf_counter()
@@ -82,8 +82,8 @@ def transformers_side(model, tokenizer, texts: list[str]) -> dict[str, float]:
     import torch
     import transformers
 
-    from models import save_pretrained
-    from models.text import plain_tokenizer
+    from flaxzoo.models import save_pretrained
+    from flaxzoo.models.text import plain_tokenizer
 
     torch.set_num_threads(os.cpu_count() or 1)
     with tempfile.TemporaryDirectory() as folder:

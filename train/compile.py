@@ -1,15 +1,15 @@
-"""``python -m train.compile --config configs/X.py --target TARGET [--slices N] [--config.KEY=VALUE ...] [--json]
+"""``python -m flaxzoo.train.compile --config configs/X.py --target TARGET [--slices N] [--config.KEY=VALUE ...] [--json]
 [--dump-hlo DIR] [--step train|eval|generate]``
 
-Compiles, on this (CPU) machine, exactly the step ``python -m train`` would run for the config on the target's
+Compiles, on this (CPU) machine, exactly the step ``python -m flaxzoo.train`` would run for the config on the target's
 devices: the same model, mesh, shardings, batch (``segment_ids`` included), optimizer, accumulation, remat, loss
-chunking and precision (``train.program.StepProgram``), from abstract values only: nothing is allocated and no data
-is read. Fine-tuning configs (``task="classify"``) compile the fine-tuner's step. Targets (``train.targets``): TPU
+chunking and precision (``flaxzoo.train.program.StepProgram``), from abstract values only: nothing is allocated and no data
+is read. Fine-tuning configs (``task="classify"``) compile the fine-tuner's step. Targets (``flaxzoo.train.targets``): TPU
 ``v4-8``, ``v5e-1/4/8/16/...``, ``v5p-8/16/...``, ``v6e-1/4/8/...`` (``--slices N`` for several slices), GPU ``h100xN``,
 ``a100xN``. Needs the ``aot`` extra (``pip install "flaxzoo[aot]"``: libtpu and the CUDA compiler plugin).
 
 It prints the devices and mesh; per-device memory (arguments, outputs, temporaries, code) against the chip's, with
-fits / does not fit and, when it does not, the largest buffers; model FLOPs per device (analytic, ``train.flops``:
+fits / does not fit and, when it does not, the largest buffers; model FLOPs per device (analytic, ``flaxzoo.train.flops``:
 XLA's cost analysis counts a loop body once); a roofline lower bound of the step time; the collectives by kind; the
 attention kernel found in the compiled HLO. ``--json``: the same as one JSON line. ``docs/accelerators.md`` says what
 a compile proves and what it does not.
@@ -31,7 +31,7 @@ import time
 
 # Several test processes may compile for TPU at once; libtpu refuses a second loader without this.
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
-# The CUDA plugin checks NVIDIA's libraries when JAX starts, and a CPU host has none (train.targets registers it).
+# The CUDA plugin checks NVIDIA's libraries when JAX starts, and a CPU host has none (flaxzoo.train.targets registers it).
 os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")
 
 import jax  # noqa: E402
@@ -40,16 +40,16 @@ from absl import flags  # noqa: E402
 from flax import nnx  # noqa: E402
 from ml_collections import ConfigDict, config_flags  # noqa: E402
 
-from models.layers.attention_core import attention_backend  # noqa: E402
-from models.layers.partitioning import placed  # noqa: E402
-from train import flops as flopslib  # noqa: E402
-from train import hlo as hlolib  # noqa: E402
-from train import sharding as shardlib  # noqa: E402
-from train.__main__ import DEFAULT_CONFIG, resolve_config_argument  # noqa: E402
-from train.config import ConfigError, TrainConfig  # noqa: E402
-from train.finetune.compile import compile_finetune  # noqa: E402
-from train.program import MemoryFigures, StepProgram, choose_remat  # noqa: E402
-from train.targets import Target, compile_devices, parse_target, persistent_cache_off  # noqa: E402
+from flaxzoo.models.layers.attention_core import attention_backend  # noqa: E402
+from flaxzoo.models.layers.partitioning import placed  # noqa: E402
+from flaxzoo.train import flops as flopslib  # noqa: E402
+from flaxzoo.train import hlo as hlolib  # noqa: E402
+from flaxzoo.train import sharding as shardlib  # noqa: E402
+from flaxzoo.train.__main__ import DEFAULT_CONFIG, resolve_config_argument  # noqa: E402
+from flaxzoo.train.config import ConfigError, TrainConfig  # noqa: E402
+from flaxzoo.train.finetune.compile import compile_finetune  # noqa: E402
+from flaxzoo.train.program import MemoryFigures, StepProgram, choose_remat  # noqa: E402
+from flaxzoo.train.targets import Target, compile_devices, parse_target, persistent_cache_off  # noqa: E402
 
 # ================================================================================================== the report
 @dataclasses.dataclass
@@ -181,7 +181,7 @@ def compile_pretraining(cfg: TrainConfig, target: Target, devices: list[jax.Devi
     attention = attention_backend(cfg.model, q_len=cfg.seq_len, masked=True, training=step == "train",
                                   platform=platform)
     return [_report(target, step, devices, mesh, compiled, flops_total=per_token * tokens,
-                    flops_source="analytic model FLOPs, train.flops (6N + 12LTd; XLA counts a scanned layer once)",
+                    flops_source="analytic model FLOPs, flaxzoo.train.flops (6N + 12LTd; XLA counts a scanned layer once)",
                     tokens=tokens, attention=attention, remat=cfg.model.remat, scan_layers=cfg.model.scan_layers,
                     compile_s=compile_s, notes=notes)]
 
@@ -240,7 +240,7 @@ def _dump(directory: str, name: str, compiled: jax.stages.Compiled) -> None:
 
 # ============================================================================================ the command line
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
-    parser = argparse.ArgumentParser(prog="python -m train.compile", description=__doc__.split("\n\n")[1])
+    parser = argparse.ArgumentParser(prog="python -m flaxzoo.train.compile", description=__doc__.split("\n\n")[1])
     parser.add_argument("--config", default="default", help="a config file or a name from configs/")
     parser.add_argument("--target", help="v4-8, v5e-8, v5p-8, v6e-8, h100x8, a100x8, ...")
     parser.add_argument("--slices", type=int, default=1, help="TPU slices joined over DCN (default 1)")
@@ -285,7 +285,7 @@ def table(configs: list[str], target_names: list[str], overrides: list[str], *, 
 
 
 def load_config(config: str, overrides: list[str]) -> ConfigDict:
-    """The ``ConfigDict`` of ``--config`` with ``--config.KEY=VALUE`` overrides, as ``python -m train`` reads it."""
+    """The ``ConfigDict`` of ``--config`` with ``--config.KEY=VALUE`` overrides, as ``python -m flaxzoo.train`` reads it."""
     argv, error = resolve_config_argument(["compile", f"--config={config}", *overrides])
     if error:
         raise ConfigError("config", error)

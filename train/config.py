@@ -16,7 +16,7 @@ Public, stable keys (``--config.KEY=VALUE`` on the command line):
 - ``model.*``: ``preset`` (a name from ``models.PRESETS`` or ""), ``cls`` (a model class name or "" for the
   config's language model), and every architecture field of ``TransformerConfig``; unset fields (None) take the
   preset's value
-- ``data.*``: the fields of ``train.data.DataConfig`` except ``seq_len``, ``batch_size`` and ``seed`` (taken from the
+- ``data.*``: the fields of ``flaxzoo.train.data.DataConfig`` except ``seq_len``, ``batch_size`` and ``seed`` (taken from the
   top level) and ``num_epochs`` (training repeats the data); ``data.objective`` "" follows the model (causal for a
   decoder, mlm for an encoder)
 - ``sample.*``: ``prompt``, ``max_new_tokens``, ``temperature``, ``top_k`` (0 = off)
@@ -56,11 +56,11 @@ import jax
 from ml_collections import ConfigDict, FieldReference
 from ml_collections.config_dict import placeholder
 
-from models import PRESETS, TransformerConfig, get_preset
-from models.lora import BASE_DTYPES as LORA_BASE_DTYPES, LoraConfig, LoraError
-from models.config import DTYPES, REMAT_POLICIES
-from models.modeling import MODEL_CLASSES, default_model_class
-from train.data import DataConfig
+from flaxzoo.models import PRESETS, TransformerConfig, get_preset
+from flaxzoo.models.lora import BASE_DTYPES as LORA_BASE_DTYPES, LoraConfig, LoraError
+from flaxzoo.models.config import DTYPES, REMAT_POLICIES
+from flaxzoo.models.modeling import MODEL_CLASSES, default_model_class
+from flaxzoo.train.data import DataConfig
 
 # TransformerConfig fields set by precision.* (how to run), not model.* (what the model is).
 EXECUTION_FIELDS = {"dtype": "compute_dtype", "param_dtype": "param_dtype", "remat": "remat",
@@ -292,7 +292,7 @@ def execution_defaults(backend: str, num_layers: int) -> tuple[str, bool]:
     - CPU, fewer layers: ``("none", False)``: unrolled, no remat (the tiny test models; nothing measured to beat it).
     - accelerators (``gpu``, ``tpu``, ...): ``("none", True)``: one compiled layer body. ``"none"`` is where the
       search starts: with ``precision.remat="auto"`` the trainer compiles the step with ``none``, ``dots`` and
-      ``full`` in turn and runs the first that fits the device memory (``train.program.choose_remat``).
+      ``full`` in turn and runs the first that fits the device memory (``flaxzoo.train.program.choose_remat``).
 
     Only the backend and the depth enter, so a resumed run on the same backend resolves the same way (a checkpoint
     records ``scan_layers``; resuming it with the other layout is refused with a message).
@@ -314,7 +314,7 @@ class PrecisionConfig(Section):
     param_dtype: str = checked("float32", choice(*DTYPES))
     remat: str = checked("auto", choice(*REMAT_POLICIES, also=("auto",)))
     scan_layers: Any = checked("auto", Spec("bool", also=("auto",)))
-    # Positions per cross-entropy chunk: the logits exist one [batch, chunk, vocab] piece at a time (train.step).
+    # Positions per cross-entropy chunk: the logits exist one [batch, chunk, vocab] piece at a time (flaxzoo.train.step).
     loss_chunk: int = checked(0, integer(0, note="(0 = the whole sequence at once)"))
     auto: tuple[str, ...] = checked((), None)
 
@@ -357,7 +357,7 @@ def names_list(text: str) -> tuple[str, ...]:
 
 @dataclasses.dataclass(frozen=True)
 class LoraSettings(Section):
-    """``lora.*``: low-rank adapters on the frozen model (``models.lora``); ``rank`` 0 = off."""
+    """``lora.*``: low-rank adapters on the frozen model (``flaxzoo.models.lora``); ``rank`` 0 = off."""
 
     SECTION: ClassVar[str] = "lora"
     rank: int = checked(0, integer(0, note="(0 = off: every parameter trains)"))
@@ -380,7 +380,7 @@ class LoraSettings(Section):
         return self.rank > 0
 
     def spec(self) -> LoraConfig | None:
-        """The ``models.lora.LoraConfig`` (None when off); its errors are reported on ``lora.FIELD``."""
+        """The ``flaxzoo.models.lora.LoraConfig`` (None when off); its errors are reported on ``lora.FIELD``."""
         if not self.enabled:
             return None
         try:
@@ -491,7 +491,7 @@ class TrainConfig(Section):
 
         ``device_count`` (default: all devices) fills a −1 mesh axis; ``backend`` (default ``jax.default_backend()``)
         decides the "auto" precision settings. (Any number of processes divides any batch: each process loads the
-        rows its devices hold, ``train.sharding.BatchPlacement``.)
+        rows its devices hold, ``flaxzoo.train.sharding.BatchPlacement``.)
         """
         values = config.to_dict() if isinstance(config, ConfigDict) else _plain(dict(config))
         device_count = jax.device_count() if device_count is None else device_count
@@ -500,7 +500,7 @@ class TrainConfig(Section):
         for section in cls.SECTIONS:
             if not isinstance(values.get(section), Mapping):
                 raise ConfigError(section, f"{values.get(section)!r}: expected a section of keys "
-                                           "(train.config.base_config() has them all)")
+                                           "(flaxzoo.train.config.base_config() has them all)")
         top = {name: values[name] for name in cls.keys() if name in values}
         for name, value in top.items():  # the scalars first: their specs, as __post_init__ checks them again
             cls.__dataclass_fields__[name].metadata["spec"].check(name, value)
@@ -566,7 +566,7 @@ def _plain(value: Any) -> Any:
 
 # ================================================================================================ model and data
 def _field_of(exc: Exception) -> str | None:
-    """The field a constructor's error is about: the ``field`` of a ``models.config.FieldError`` (which
+    """The field a constructor's error is about: the ``field`` of a ``flaxzoo.models.config.FieldError`` (which
     ``TransformerConfig`` and ``DataConfig`` raise), None for another error (e.g. a missing required field)."""
     return getattr(exc, "field", None)
 
@@ -586,7 +586,7 @@ def _build_model(build: typing.Callable[..., TransformerConfig], fields: dict[st
 def pretrained_model(source: str, values: Mapping[str, Any]) -> tuple[TransformerConfig, type]:
     """The ``TransformerConfig`` and class of ``init_from``'s model (its config only is read). The ``model``
     section may set ``cls`` only: the architecture is the checkpoint's."""
-    from models.hub.source import describe_pretrained
+    from flaxzoo.models.hub.source import describe_pretrained
 
     _no_unknown("model", values, ["preset", "cls", *(f.name for f in dataclasses.fields(TransformerConfig))])
     set_fields = [k for k, v in values.items() if k != "cls" and v not in (None, "")]

@@ -19,7 +19,7 @@ Convention (Kaplan et al., 2020; PaLM, Chowdhery et al., 2022, appendix B), for 
 
 Two refinements, both arguments of :func:`flops_per_token`:
 
-- ``predictions`` (masked LM): the MLM loss (``train.step.masked_lm_loss``) gathers the ``P`` slots of
+- ``predictions`` (masked LM): the MLM loss (``flaxzoo.train.step.masked_lm_loss``) gathers the ``P`` slots of
   ``masked_positions [batch, P]`` (``DataConfig.predictions``, padding slots included) before the head, so the head's
   parameters (:func:`mlm_head_params`: the transform dense and its norm, the vocabulary projection, i.e. the tied
   token table, and its bias) work on ``P / T`` of the positions: ``N = N_encoder + (P / T) · N_head``. Without it
@@ -46,8 +46,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from models.config import TransformerConfig
-from models.modeling import abstract_model
+from flaxzoo.models.config import TransformerConfig
+from flaxzoo.models.modeling import abstract_model
 
 # Dense bf16 peak FLOP/s per device (chip), by a lower-case substring of jax's ``device.device_kind``; first match
 # wins, so the more specific names come first.

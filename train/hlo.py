@@ -1,6 +1,6 @@
 """Reading a compiled program's HLO text: its collectives, its fused attention kernels, its largest buffers.
 
-Used by ``train.compile`` (the deviceless compile report) and ``train.bench`` (which kernel a timed step ran).
+Used by ``flaxzoo.train.compile`` (the deviceless compile report) and ``flaxzoo.train.bench`` (which kernel a timed step ran).
 Shapes in a partitioned (SPMD) program are per device.
 """
 

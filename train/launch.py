@@ -1,8 +1,8 @@
-"""``python -m train.launch --processes N [--devices-per-process K] [--platform cpu|gpu|auto] -- <train args>``
+"""``python -m flaxzoo.train.launch --processes N [--devices-per-process K] [--platform cpu|gpu|auto] -- <train args>``
 
-Starts N processes of ``python -m train <train args>`` on this machine as one multi-process JAX job, as a cluster
+Starts N processes of ``python -m flaxzoo.train <train args>`` on this machine as one multi-process JAX job, as a cluster
 would start one per host: each gets ``JAX_COORDINATOR_ADDRESS`` (127.0.0.1 and a free port: loopback only),
-``JAX_NUM_PROCESSES`` and ``JAX_PROCESS_ID``, so ``jax.distributed.initialize`` connects them (``train.multihost``).
+``JAX_NUM_PROCESSES`` and ``JAX_PROCESS_ID``, so ``jax.distributed.initialize`` connects them (``flaxzoo.train.multihost``).
 
 - ``--platform cpu`` (default): ``JAX_PLATFORMS=cpu`` and ``JAX_NUM_CPU_DEVICES=K`` (default 1) in each process;
   their collectives run over Gloo. ``gpu``: process ``i`` gets local GPUs ``i*K .. i*K+K-1``
@@ -15,7 +15,7 @@ would start one per host: each gets ``JAX_COORDINATOR_ADDRESS`` (127.0.0.1 and a
 - The launcher exits with the first non-zero exit code (a process killed by signal S counts as 128 + S), after
   giving the others ``--grace-s`` seconds (default 120: longer than the runtime's heartbeat timeout, so the survivors
   report the lost process themselves) to end; then they are killed. 0 when every process exits 0.
-- ``--module`` runs another module than ``train`` the same way (``train.data`` to prepare data, a test harness).
+- ``--module`` runs another module than ``train`` the same way (``flaxzoo.train.data`` to prepare data, a test harness).
 """
 
 from __future__ import annotations
@@ -91,7 +91,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
         own, rest = argv[:split], argv[split + 1:]
     else:
         own, rest = argv, []
-    parser = argparse.ArgumentParser(prog="python -m train.launch", description=__doc__.split("\n\n")[1],
+    parser = argparse.ArgumentParser(prog="python -m flaxzoo.train.launch", description=__doc__.split("\n\n")[1],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--processes", type=int, required=True, help="how many processes (N >= 1)")
     parser.add_argument("--devices-per-process", type=int, default=None, help="devices per process (K >= 1)")

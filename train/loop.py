@@ -1,6 +1,6 @@
 """The training loop: data, sharded state, steps, metrics, evaluation, samples, checkpoints, signals, MFU.
 
-:func:`train` is the whole job behind ``python -m train``:
+:func:`train` is the whole job behind ``python -m flaxzoo.train``:
 
 1. check the config (``train/config.py``: a bad value stops here, before any data work or compilation);
 2. prepare the data (tokenizer, packed splits: cached), check the tokenizer fits the model's vocabulary, compute the
@@ -37,15 +37,15 @@ from flax import nnx
 from ml_collections import ConfigDict
 from tqdm.auto import tqdm
 
-from models.generate import generate
-from models.lora import apply_lora
-from train import data as datalib
-from train import flops as flopslib
-from train import multihost
-from train import sharding as shardlib
-from train.checkpoint import Checkpointer, is_remote, resolve_workdir
-from train.config import ConfigError, TrainConfig
-from train.program import StepProgram, choose_remat, device_memory_bytes
+from flaxzoo.models.generate import generate
+from flaxzoo.models.lora import apply_lora
+from flaxzoo.train import data as datalib
+from flaxzoo.train import flops as flopslib
+from flaxzoo.train import multihost
+from flaxzoo.train import sharding as shardlib
+from flaxzoo.train.checkpoint import Checkpointer, is_remote, resolve_workdir
+from flaxzoo.train.config import ConfigError, TrainConfig
+from flaxzoo.train.program import StepProgram, choose_remat, device_memory_bytes
 
 log = logging.getLogger(__name__)
 
@@ -241,7 +241,7 @@ class StopSignal:
     With several processes the stop is agreed: SIGTERM is left to JAX's preemption notifier (installed by
     ``jax.distributed.initialize``; it only records the notice, so later SIGTERMs do not end the process either), a
     SIGINT is passed on to it as a SIGTERM to this process, and :meth:`agreed` is true on every process at the same
-    step (:func:`train.multihost.preemption_agreed`), however many processes got a signal and when. A second
+    step (:func:`flaxzoo.train.multihost.preemption_agreed`), however many processes got a signal and when. A second
     SIGINT raises KeyboardInterrupt in that process alone; the others then end on the runtime's lost-process error.
     """
 
@@ -357,16 +357,16 @@ class Trainer:
 
     # --------------------------------------------------------------------------------------------------- state
     def _build_state(self) -> None:
-        """The step program (``train.program.StepProgram``): shardings, abstract state, jitted steps. On an
+        """The step program (``flaxzoo.train.program.StepProgram``): shardings, abstract state, jitted steps. On an
         accelerator ``precision.remat="auto"`` compiles the step with each policy and keeps the cheapest that fits
-        the device memory (``train.program.choose_remat``)."""
+        the device memory (``flaxzoo.train.program.choose_remat``)."""
         cfg = self.cfg
         self.base = None
         if cfg.init_from:
             if multihost.is_multi_process():
                 raise ConfigError("init_from", f"{cfg.init_from!r}: training from pretrained weights runs in "
                                                f"one process; this launch has {jax.process_count()}")
-            from models.hub.source import fingerprint
+            from flaxzoo.models.hub.source import fingerprint
 
             start = time.perf_counter()
             self.base = {"path": os.path.abspath(cfg.init_from) if os.path.exists(cfg.init_from) else cfg.init_from,
@@ -404,8 +404,8 @@ class Trainer:
 
     def _pretrained_model(self) -> nnx.Module:
         """``init_from``'s model in this run's config (precision, layout), with LoRA adapters when asked for."""
-        from models.hub import from_pretrained
-        from models.modeling import assemble_model
+        from flaxzoo.models.hub import from_pretrained
+        from flaxzoo.models.modeling import assemble_model
 
         loaded = from_pretrained(self.cfg.init_from, cls=self.model_cls, scan_layers=self.model_config.scan_layers)
         values = {p: v.get_value() for p, v in nnx.to_flat_state(nnx.state(loaded, nnx.Param))}

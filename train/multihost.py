@@ -9,7 +9,7 @@ launches ``jax.distributed.initialize()`` can complete: the cluster managers JAX
 Open MPI's ``mpirun``, Cloud TPU pod slices; Kubernetes with its client library once ``FLAXZOO_DISTRIBUTED=1``
 says the job spans processes) or a launch by hand that sets
 ``JAX_COORDINATOR_ADDRESS`` (``host:port`` of process 0), ``JAX_NUM_PROCESSES`` and ``JAX_PROCESS_ID`` on every
-process (``python -m train.launch`` does this on one machine). Other launchers (MPICH / Intel MPI's ``PMI_*``,
+process (``python -m flaxzoo.train.launch`` does this on one machine). Other launchers (MPICH / Intel MPI's ``PMI_*``,
 torchrun's ``WORLD_SIZE``, ``sbatch`` without ``srun``) are refused with a message saying what to set: a bare
 ``jax.distributed.initialize()`` there would wait for a coordinator nobody starts.
 

@@ -2,7 +2,7 @@
 
 A notebook calls :func:`setup` once, after its install cell::
 
-    from train.notebook import figure, setup
+    from flaxzoo.train.notebook import figure, setup
     nb = setup("02_train_gpt")          # prints the JAX backend and devices; nb.small, nb.workdir
     figure("val_perplexity", 68.4)      # a line '[figure] val_perplexity = 68.4' the README's table is checked against
 
@@ -10,7 +10,7 @@ A notebook calls :func:`setup` once, after its install cell::
 normal run. ``FLAXZOO_NOTEBOOK_RUNS`` moves the work directories (default ``notebook_runs/`` in the current
 directory). JAX picks the accelerator itself (GPU or TPU when its plugin is installed, else CPU); the compiled
 programs are kept in JAX's persistent compilation cache (``$FLAXZOO_JAX_CACHE`` or ``~/.cache/flaxzoo/jax``), as
-``python -m train`` keeps them.
+``python -m flaxzoo.train`` keeps them.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import pathlib
 import shutil
 import warnings
 
-from train.config import compilation_cache_path
+from flaxzoo.train.config import compilation_cache_path
 
 SMALL_VALUES = {"": False, "0": False, "false": False, "no": False, "1": True, "true": True, "yes": True}
 FIGURE_PREFIX = "[figure]"

@@ -25,10 +25,10 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from models.layers.stack import is_stacked_path
+from flaxzoo.models.layers.stack import is_stacked_path
 
 if TYPE_CHECKING:
-    from train.config import OptimConfig
+    from flaxzoo.train.config import OptimConfig
 
 EMBEDDING_MODULE = "embeddings"  # the attribute name of InputEmbeddings in the layer stack
 LAYERS_MODULE = "layers"
@@ -129,7 +129,7 @@ def clip_by_given_norm(max_norm: float) -> optax.GradientTransformationExtraArgs
 
 def make_optimizer(optim: "OptimConfig", steps: int, params: Any,
                    num_layers: int) -> tuple[optax.GradientTransformation, optax.Schedule]:
-    """``(tx, schedule)`` for the typed ``optim`` section (``train.config.OptimConfig``, checked at construction);
+    """``(tx, schedule)`` for the typed ``optim`` section (``flaxzoo.train.config.OptimConfig``, checked at construction);
     ``params`` (arrays or shapes) give the tree structure."""
     schedule = make_schedule(optim, steps)
     clip = optim.grad_clip if optim.grad_clip > 0 else math.inf

@@ -1,8 +1,8 @@
 """The step program of a run: the model's abstract state, its shardings on the mesh, and the jitted train / eval steps.
 
-Built from a checked :class:`~train.config.TrainConfig` and a mesh alone: no data is read and nothing is allocated
-until :meth:`StepProgram.initial_state` is called. ``train.loop.Trainer`` runs it; ``train.compile`` lowers and
-compiles exactly the same step for compile-only TPU / GPU devices (``python -m train.compile``).
+Built from a checked :class:`~flaxzoo.train.config.TrainConfig` and a mesh alone: no data is read and nothing is allocated
+until :meth:`StepProgram.initial_state` is called. ``flaxzoo.train.loop.Trainer`` runs it; ``flaxzoo.train.compile`` lowers and
+compiles exactly the same step for compile-only TPU / GPU devices (``python -m flaxzoo.train.compile``).
 """
 
 from __future__ import annotations
@@ -16,13 +16,13 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from models.lora import LoraError, apply_lora, check_train_fully, frozen_and_trainable
-from models.modeling import abstract_model
-from train import data as datalib
-from train import sharding as shardlib
-from train.config import ConfigError, TrainConfig
-from train.optim import make_optimizer
-from train.step import make_eval_step, make_predict_masked, make_train_step, new_train_state
+from flaxzoo.models.lora import LoraError, apply_lora, check_train_fully, frozen_and_trainable
+from flaxzoo.models.modeling import abstract_model
+from flaxzoo.train import data as datalib
+from flaxzoo.train import sharding as shardlib
+from flaxzoo.train.config import ConfigError, TrainConfig
+from flaxzoo.train.optim import make_optimizer
+from flaxzoo.train.step import make_eval_step, make_predict_masked, make_train_step, new_train_state
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +31,7 @@ class StepProgram:
     """Everything of a run that the devices execute: see the module docstring.
 
     Attributes: ``graphdef`` (the model's static structure), ``tx`` / ``schedule`` (the optimizer), ``lora`` (the
-    ``models.lora.LoraConfig`` or None), ``param_count`` / ``trainable_count``, ``state_shardings`` (of the train
+    ``flaxzoo.models.lora.LoraConfig`` or None), ``param_count`` / ``trainable_count``, ``state_shardings`` (of the train
     state ``{"params", "opt_state", "step", "rng"}``), ``rest_shardings`` (RNG streams; LoRA's frozen base),
     ``batch_sharding`` and ``placement`` (which rows this process loads), ``activation_placement`` (what the
     steps trace the model under: activation shardings, the platform), ``target`` (the abstract sharded train
@@ -115,7 +115,7 @@ class StepProgram:
                         if objective == "mlm" else None)
 
     def abstract_batch(self, rows: int | None = None) -> dict[str, jax.ShapeDtypeStruct]:
-        """The global batch the loader feeds (``train.data.batch_shapes``: ``segment_ids`` included), abstract and
+        """The global batch the loader feeds (``flaxzoo.train.data.batch_shapes``: ``segment_ids`` included), abstract and
         sharded."""
         shapes = datalib.batch_shapes(self.cfg.data, self.cfg.batch_size if rows is None else rows)
         return {k: jax.ShapeDtypeStruct(shape, jnp.int32, sharding=self.batch_sharding) for k, shape in shapes.items()}

@@ -19,7 +19,7 @@ from jax.experimental import mesh_utils
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
-from models.layers.partitioning import (ACTIVATION_BATCH, ACTIVATION_EMBED, ACTIVATION_HEADS, ACTIVATION_KV_HEADS,
+from flaxzoo.models.layers.partitioning import (ACTIVATION_BATCH, ACTIVATION_EMBED, ACTIVATION_HEADS, ACTIVATION_KV_HEADS,
                                         ACTIVATION_LENGTH, ACTIVATION_MLP, ACTIVATION_VOCAB, ActivationPlacement)
 
 MESH_AXES = ("data", "fsdp", "tensor")
@@ -218,7 +218,7 @@ class BatchPlacement:
     ``sharding.addressable_devices_indices_map``), in ascending order: a contiguous block when the mesh's batch axes
     are laid out process by process, interleaved blocks when they are not (devices ordered across processes), and
     every row on each process when only non-batch axes (``tensor``) span the processes. ``rows`` is what the input
-    pipeline reads (``train.data.make_iterator(..., rows=placement.rows)``); :meth:`place` turns the loaded
+    pipeline reads (``flaxzoo.train.data.make_iterator(..., rows=placement.rows)``); :meth:`place` turns the loaded
     ``[len(rows), ...]`` arrays into global ``[global_rows, ...]`` arrays, each device taking its slice.
     """
 

@@ -26,8 +26,8 @@ import optax
 from einops import rearrange
 from flax import nnx
 
-from models.layers.partitioning import ActivationPlacement, placed
-from train.batches import IGNORE_INDEX
+from flaxzoo.models.layers.partitioning import ActivationPlacement, placed
+from flaxzoo.train.batches import IGNORE_INDEX
 
 Batch = dict[str, jax.Array]
 TrainState = dict[str, Any]
@@ -191,9 +191,9 @@ def make_train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, sc
                     grad_shardings: Any = None, trainable: Callable[[tuple], bool] | None = None,
                     placement: ActivationPlacement | None = None) -> Callable:
     """``train_step(state, rest, batch, with_accuracy=True) -> (state, metrics)``, not yet jitted: the one place a
-    loss is differentiated (the training loop and ``train.bench`` both build their step here).
+    loss is differentiated (the training loop and ``flaxzoo.train.bench`` both build their step here).
 
-    ``batch`` holds the whole step's rows ``[batch_size, seq]`` (keys: ``train.batches``); with ``accum_steps`` > 1
+    ``batch`` holds the whole step's rows ``[batch_size, seq]`` (keys: ``flaxzoo.train.batches``); with ``accum_steps`` > 1
     they are cut into micro-batches by striding (micro-batch ``i`` = rows ``i, i + accum_steps, ...``), so that each
     micro-batch keeps rows on every device of a batch-sharded layout, and gradients are summed over a ``lax.scan``
     whose carry keeps ``grad_shardings`` (the parameters' shardings: under FSDP each device holds its slice of the
@@ -202,7 +202,7 @@ def make_train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, sc
     :func:`chunked_cross_entropy`).
 
     The gradient norm is computed once, here, and handed to the optimizer as ``tx.update(..., grad_norm=norm)``
-    (``train.optim``'s clipping reads it instead of computing it again). ``with_accuracy`` (a traced bool: pass
+    (``flaxzoo.train.optim``'s clipping reads it instead of computing it again). ``with_accuracy`` (a traced bool: pass
     ``jnp.bool_``) skips the argmax over the vocabulary when false: the loop asks for it at logging steps only.
     ``metrics``: ``loss`` (mean over scored tokens), ``accuracy`` (0 when not asked for), ``tokens`` (scored),
     ``grad_norm`` (before clipping), ``lr`` (of this update).
@@ -210,7 +210,7 @@ def make_train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, sc
     ``trainable`` (a predicate on a parameter's path keys): differentiate those parameters only; the others get
     zero gradients and no backward pass (fine-tuning a head on a frozen encoder).
 
-    ``placement`` (``train.sharding.activation_placement(mesh)``): the model is traced with its activations
+    ``placement`` (``flaxzoo.train.sharding.activation_placement(mesh)``): the model is traced with its activations
     constrained to the mesh (batch over ``data`` x ``fsdp``) and its attention chosen for the mesh's platform; None:
     no constraints (one device, tests).
     """
@@ -282,7 +282,7 @@ def make_train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, sc
 
 def update_with_norm(tx: optax.GradientTransformation, grads: Any, opt_state: Any, params: Any,
                      norm: jax.Array) -> tuple[Any, Any]:
-    """``tx.update`` with the gradient norm passed on where the chain takes extra arguments (``train.optim``'s
+    """``tx.update`` with the gradient norm passed on where the chain takes extra arguments (``flaxzoo.train.optim``'s
     does); a plain optax transformation (the benchmark's ``optax.adamw``) gets none."""
     if isinstance(tx, optax.GradientTransformationExtraArgs):
         return tx.update(grads, opt_state, params, grad_norm=norm)

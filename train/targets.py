@@ -1,4 +1,4 @@
-"""Compile-only accelerator devices on a CPU machine, for ahead-of-time compiles (``python -m train.compile``).
+"""Compile-only accelerator devices on a CPU machine, for ahead-of-time compiles (``python -m flaxzoo.train.compile``).
 
 :func:`parse_target` turns a name into a :class:`Target` (the chip's memory, peak and bandwidth figures and the
 topology to ask for); :func:`compile_devices` gives that target's devices as ``jax.Device`` objects that the XLA
@@ -37,7 +37,7 @@ mesh over hosts takes ``process_is_granule=True``; the compiled HLO is the same 
 What the compilers check: libtpu refuses a program that does not fit the chip (``RESOURCE_EXHAUSTED: ... exceeds
 available HBM (15.75G)``: :attr:`Target.usable_hbm_bytes`); XLA's GPU compiler does not (it only logs that the
 scheduler's memory limit is exceeded), so a GPU fit check is ``memory_analysis()`` against ``hbm_bytes``. Compile-only
-devices have no ``memory_stats()``. A GPU executable's ``cost_analysis()`` is ``None`` (``train.compile`` counts
+devices have no ``memory_stats()``. A GPU executable's ``cost_analysis()`` is ``None`` (``flaxzoo.train.compile`` counts
 FLOPs analytically anyway: XLA counts a loop body once). JAX's persistent compilation cache writes compile-only
 executables but cannot read them back (``PjRtCompiler must be constructed with a Client``, a warning and a fresh
 compile): compile under :func:`persistent_cache_off`.

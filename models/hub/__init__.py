@@ -14,12 +14,12 @@ read by ``models/gguf.py``), a flaxzoo training checkpoint (``models/checkpoint.
 * ``pretrained.py``: ``from_pretrained`` / ``save_pretrained`` themselves.
 """
 
-from models.hub.files import (HUB_ALLOW_PATTERNS, checkpoint_kind, download_from_hub, is_hub_id,
+from flaxzoo.models.hub.files import (HUB_ALLOW_PATTERNS, checkpoint_kind, download_from_hub, is_hub_id,
                               resolve_pretrained)
-from models.hub.llama import GGUF_LLAMA_NAMES, gguf_name
-from models.hub.mapping import Entry, Family, Transform, WeightMap, layout
-from models.hub.pretrained import from_pretrained, save_pretrained
-from models.hub.registry import FAMILIES, SUPPORTED_ARCHITECTURES
+from flaxzoo.models.hub.llama import GGUF_LLAMA_NAMES, gguf_name
+from flaxzoo.models.hub.mapping import Entry, Family, Transform, WeightMap, layout
+from flaxzoo.models.hub.pretrained import from_pretrained, save_pretrained
+from flaxzoo.models.hub.registry import FAMILIES, SUPPORTED_ARCHITECTURES
 
 __all__ = ["FAMILIES", "GGUF_LLAMA_NAMES", "HUB_ALLOW_PATTERNS", "SUPPORTED_ARCHITECTURES", "Entry", "Family",
            "Transform", "WeightMap", "checkpoint_kind", "download_from_hub", "from_pretrained", "gguf_name",

@@ -12,11 +12,11 @@ from typing import Any, Callable, Collection, Mapping
 
 from flax import nnx
 
-from models.bert import BertForMaskedLM, BertForSequenceClassification, BertForTokenClassification, BertModel
-from models.config import TransformerConfig
-from models.hub.fields import ACTIVATIONS_TO_HF, activation, common_from_hf, full_width_heads, refuse
-from models.hub.mapping import Entry, Family, WeightMap, entry, layout, linear, norm, outside
-from models.modeling import bert_without_pooler
+from flaxzoo.models.bert import BertForMaskedLM, BertForSequenceClassification, BertForTokenClassification, BertModel
+from flaxzoo.models.config import TransformerConfig
+from flaxzoo.models.hub.fields import ACTIVATIONS_TO_HF, activation, common_from_hf, full_width_heads, refuse
+from flaxzoo.models.hub.mapping import Entry, Family, WeightMap, entry, layout, linear, norm, outside
+from flaxzoo.models.modeling import bert_without_pooler
 
 ENCODER_LAYOUT = dict(causal=False, position="learned", norm="layernorm", norm_placement="post", embedding_norm=True,
                       final_norm=False, mlp_gated=False, attention_bias=True, mlp_bias=True)

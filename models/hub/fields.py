@@ -6,7 +6,7 @@ from __future__ import annotations
 import warnings
 from typing import Any, Mapping, Sequence
 
-from models.config import TransformerConfig
+from flaxzoo.models.config import TransformerConfig
 
 ACTIVATIONS_FROM_HF = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
                        "gelu_fast": "gelu_tanh", "relu": "relu", "silu": "silu", "swish": "silu"}

@@ -17,7 +17,7 @@ import numpy as np
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
-from models.modeling import format_names
+from flaxzoo.models.modeling import format_names
 
 PathLike = Union[str, pathlib.Path]
 
@@ -136,8 +136,8 @@ def checkpoint_kind(path: pathlib.Path) -> tuple[str, pathlib.Path]:
     Hugging Face directory when it has ``config.json`` and weights; otherwise a directory holding exactly one
     ``.gguf`` file stands for that file. Raises ValueError (listing what the directory holds) for anything else.
     """
-    from models.checkpoint import find_step_dir
-    from models.gguf import is_gguf
+    from flaxzoo.models.checkpoint import find_step_dir
+    from flaxzoo.models.gguf import is_gguf
 
     if path.is_file():
         if path.suffix == ".gguf" or is_gguf(path):

@@ -8,10 +8,10 @@ from __future__ import annotations
 import re
 from typing import Any, Mapping
 
-from models.config import TransformerConfig
-from models.gpt import GPTForCausalLM, GPTModel
-from models.hub.fields import ACTIVATIONS_TO_HF, activation, common_from_hf, full_width_heads, refuse
-from models.hub.mapping import IDENTITY, Family, WeightMap, causal_lm_head, entry, layout, linear, norm, outside
+from flaxzoo.models.config import TransformerConfig
+from flaxzoo.models.gpt import GPTForCausalLM, GPTModel
+from flaxzoo.models.hub.fields import ACTIVATIONS_TO_HF, activation, common_from_hf, full_width_heads, refuse
+from flaxzoo.models.hub.mapping import IDENTITY, Family, WeightMap, causal_lm_head, entry, layout, linear, norm, outside
 
 GPT2_LAYOUT = dict(causal=True, position="learned", norm="layernorm", norm_placement="pre", embedding_norm=False,
                    final_norm=True, mlp_gated=False, attention_bias=True, mlp_bias=True, type_vocab_size=0,

@@ -12,10 +12,10 @@ import re
 import warnings
 from typing import Any, Mapping
 
-from models.config import TransformerConfig
-from models.gpt import GPTForCausalLM, GPTModel
-from models.hub.fields import ACTIVATIONS_TO_HF, activation, common_from_hf
-from models.hub.mapping import Family, WeightMap, causal_lm_head, entry, layout, linear, norm, outside
+from flaxzoo.models.config import TransformerConfig
+from flaxzoo.models.gpt import GPTForCausalLM, GPTModel
+from flaxzoo.models.hub.fields import ACTIVATIONS_TO_HF, activation, common_from_hf
+from flaxzoo.models.hub.mapping import Family, WeightMap, causal_lm_head, entry, layout, linear, norm, outside
 
 LLAMA_LAYOUT = dict(causal=True, position="rope", norm="rmsnorm", norm_placement="pre", embedding_norm=False,
                     final_norm=True, mlp_gated=True, type_vocab_size=0)

@@ -4,7 +4,7 @@ family record, and the checks that match a checkpoint's tensors against a table.
 A family's table lists, per Hugging Face tensor, the flaxzoo parameter path(s) it fills and a ``Transform`` whose two
 directions are written once as a pair of einops patterns: loading (``to_flax``) and saving (``to_hf``) walk the same
 table, so the two directions cannot drift apart. Tables are always per layer (``layers.3.mlp.up.kernel``); a model
-whose blocks are stacked is converted at the boundary (``models.modeling.assemble_model`` on load,
+whose blocks are stacked is converted at the boundary (``flaxzoo.models.modeling.assemble_model`` on load,
 ``unstack_layer_values`` on save).
 """
 
@@ -20,9 +20,9 @@ import numpy as np
 from einops import rearrange
 from flax import nnx
 
-from models.config import TransformerConfig
-from models.gpt import GPTForCausalLM
-from models.modeling import dotted, format_names
+from flaxzoo.models.config import TransformerConfig
+from flaxzoo.models.gpt import GPTForCausalLM
+from flaxzoo.models.modeling import dotted, format_names
 
 ParamPath = tuple[Union[str, int], ...]
 Array = Any  # np.ndarray, or a jax array / tracer while shapes are being worked out

@@ -2,7 +2,7 @@
 
 Loading: read the config and the tensors (``files``), pick the family and class (``registry``), check the tensors
 against the family's table (``mapping``: names, shapes; strict), translate them, and assemble the model for the
-requested config (``models.modeling.assemble_model``: per-layer or stacked blocks, head tensors the checkpoint lacks
+requested config (``flaxzoo.models.modeling.assemble_model``: per-layer or stacked blocks, head tensors the checkpoint lacks
 initialised). Saving walks the same table the other way.
 """
 
@@ -14,17 +14,17 @@ from typing import Any, Callable
 import numpy as np
 from flax import nnx
 
-from models.bert import BertForSequenceClassification
-from models.config import TransformerConfig
-from models.hub.fields import ACTIVATIONS_TO_HF, common_to_hf, labels_to_hf
-from models.hub.files import (PathLike, checkpoint_kind, read_config, read_weights, resolve_pretrained,
+from flaxzoo.models.bert import BertForSequenceClassification
+from flaxzoo.models.config import TransformerConfig
+from flaxzoo.models.hub.fields import ACTIVATIONS_TO_HF, common_to_hf, labels_to_hf
+from flaxzoo.models.hub.files import (PathLike, checkpoint_kind, read_config, read_weights, resolve_pretrained,
                               weight_files, write_hf_directory)
-from models.hub.llama import gguf_llama_weights
-from models.hub.mapping import (Family, ParamPath, WeightMap, check_coverage, expected_hf_shapes,
+from flaxzoo.models.hub.llama import gguf_llama_weights
+from flaxzoo.models.hub.mapping import (Family, ParamPath, WeightMap, check_coverage, expected_hf_shapes,
                                 match_tensors)
-from models.hub.registry import family_and_class, family_of
-from models.layers.stack import unstack_layer_values
-from models.modeling import (abstract_params, assemble_model, override_config, per_layer_shapes,
+from flaxzoo.models.hub.registry import family_and_class, family_of
+from flaxzoo.models.layers.stack import unstack_layer_values
+from flaxzoo.models.modeling import (abstract_params, assemble_model, override_config, per_layer_shapes,
                              resize_vocab_values, vocab_axes, vocab_shapes, warn_initialised)
 
 Overrides = dict[str, Any]  # override_config's keyword arguments
@@ -37,7 +37,7 @@ def load_tensors(config: TransformerConfig, factory: Callable[..., nnx.Module], 
     ``config.vocab_size`` vocabulary rows; a padded model (``config.pad_vocab_to``) gets zero padding rows.
 
     ``tensors`` values are arrays or anything ``np.asarray`` turns into one (a GGUF tensor is dequantised only
-    then), each read once. ``quantize`` (``models.quantize``): each projection is quantised as soon as it is
+    then), each read once. ``quantize`` (``flaxzoo.models.quantize``): each projection is quantised as soon as it is
     translated, so the float projections of the whole model are never held at once."""
     abstract = abstract_params(config, factory)
     shapes = per_layer_shapes(abstract[2], config.num_layers)
@@ -50,7 +50,7 @@ def load_tensors(config: TransformerConfig, factory: Callable[..., nnx.Module], 
     fresh: list[ParamPath] = []
     quantized = None
     if quantize is not None:
-        from models.quantize import QuantizedAssembly
+        from flaxzoo.models.quantize import QuantizedAssembly
 
         quantized = QuantizedAssembly(config, factory, quantize, seed=seed)
     for e in weights.entries:
@@ -96,7 +96,7 @@ def from_gguf(file: pathlib.Path, cls: type | str | None, progress: bool, overri
               seed: int, quantize: str | None = None) -> nnx.Module:
     """A Llama-architecture GGUF: config from its metadata, dequantised tensors through the GGUF name table, one
     tensor at a time (``GGUFFile.lazy_tensors``)."""
-    from models.gguf import GGUFFile, llama_hf_config
+    from flaxzoo.models.gguf import GGUFFile, llama_hf_config
 
     gguf_file = GGUFFile(file)
     hf = llama_hf_config(gguf_file)
@@ -123,7 +123,7 @@ def from_pretrained(path: PathLike, *, cls: type | str | None = None, allow_pick
           (LlamaModel, LlamaForCausalLM);
         * a ``.gguf`` file (llama.cpp) of the Llama architecture, dequantised from any type the ``gguf`` package
           reads (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, K-quants ...), or a directory holding one;
-        * a flaxzoo training checkpoint: a ``python -m train`` work directory, its ``checkpoints/`` folder or one
+        * a flaxzoo training checkpoint: a ``python -m flaxzoo.train`` work directory, its ``checkpoints/`` folder or one
           step folder (the latest step is taken; only the parameters are read);
         * a Hub id such as ``"openai-community/gpt2"`` (any string that is not an existing local path): its config,
           safetensors and tokenizer files (never pickles) are fetched into the standard Hugging Face cache, or
@@ -171,13 +171,13 @@ def from_pretrained(path: PathLike, *, cls: type | str | None = None, allow_pick
     Special-token ids outside the vocabulary (``GPT2Config(vocab_size=1000)`` keeps GPT-2's 50256) are dropped with a
     warning: only generation uses them.
     """
-    from models.quantize import check_quantize, quantize_model
+    from flaxzoo.models.quantize import check_quantize, quantize_model
 
     quantize = check_quantize(quantize)  # before anything is read
     source = resolve_pretrained(path, revision=revision)
     kind, source = checkpoint_kind(source)
     if kind == "flaxzoo":
-        from models.checkpoint import load_checkpoint
+        from flaxzoo.models.checkpoint import load_checkpoint
 
         model = load_checkpoint(source, cls=cls, dtype=dtype, scan_layers=scan_layers, num_labels=num_labels,
                                 pad_vocab_to=pad_vocab_to, seed=seed)
@@ -234,7 +234,7 @@ def save_pretrained(model: nnx.Module, path: PathLike) -> pathlib.Path:
     if not isinstance(config, TransformerConfig):
         raise ValueError(f"save_pretrained expects a flaxzoo model (with a TransformerConfig .config); got "
                          f"{type(model).__name__}")
-    from models.quantize import is_quantized, module_at, projection_paths
+    from flaxzoo.models.quantize import is_quantized, module_at, projection_paths
 
     quantized = [".".join(map(str, p)) for p in projection_paths(model) if is_quantized(module_at(model, p))]
     if quantized:

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from models.hub import bert, gpt2, llama, roberta
-from models.hub.mapping import Family
+from flaxzoo.models.hub import bert, gpt2, llama, roberta
+from flaxzoo.models.hub.mapping import Family
 
 FAMILIES: dict[str, Family] = {family.model_type: family for family in (
     bert.FAMILY,

@@ -15,12 +15,12 @@ from __future__ import annotations
 import re
 from typing import Any, Mapping
 
-from models.bert import BertForMaskedLM, BertForSequenceClassification, BertForTokenClassification, BertModel
-from models.config import TransformerConfig
-from models.hub.bert import (ENCODER_LAYOUT, encoder_config_from_hf, encoder_config_to_hf, encoder_entries,
+from flaxzoo.models.bert import BertForMaskedLM, BertForSequenceClassification, BertForTokenClassification, BertModel
+from flaxzoo.models.config import TransformerConfig
+from flaxzoo.models.hub.bert import (ENCODER_LAYOUT, encoder_config_from_hf, encoder_config_to_hf, encoder_entries,
                              encoder_factory, encoder_save_problems, flax_root, mlm_head, tf_layernorm_names,
                              weight_map)
-from models.hub.mapping import Family, WeightMap, linear
+from flaxzoo.models.hub.mapping import Family, WeightMap, linear
 
 
 def roberta_weights(config: TransformerConfig, cls: type, base: str) -> WeightMap:

@@ -9,9 +9,9 @@ from __future__ import annotations
 import hashlib
 import pathlib
 
-from models.config import TransformerConfig
-from models.hub.files import PathLike, checkpoint_kind, read_config, resolve_pretrained
-from models.hub.registry import family_and_class
+from flaxzoo.models.config import TransformerConfig
+from flaxzoo.models.hub.files import PathLike, checkpoint_kind, read_config, resolve_pretrained
+from flaxzoo.models.hub.registry import family_and_class
 
 FINGERPRINT_CHUNK = 1 << 22  # bytes read at a time
 
@@ -21,12 +21,12 @@ def describe_pretrained(path: PathLike) -> tuple[TransformerConfig, str]:
     float32); only the config (``config.json``, the GGUF metadata, a flaxzoo ``meta``) is read."""
     kind, source = checkpoint_kind(resolve_pretrained(path))
     if kind == "flaxzoo":
-        from models.checkpoint import find_step_dir, read_meta
+        from flaxzoo.models.checkpoint import find_step_dir, read_meta
 
         meta = read_meta(find_step_dir(source))
         return TransformerConfig.from_dict(meta["config"]), meta["model_class"]
     if kind == "gguf":
-        from models.gguf import GGUFFile, llama_hf_config
+        from flaxzoo.models.gguf import GGUFFile, llama_hf_config
 
         hf = llama_hf_config(GGUFFile(source))
         family, cls = family_and_class(hf, None)
@@ -43,7 +43,7 @@ def source_files(path: PathLike) -> list[pathlib.Path]:
     if kind == "gguf":
         return [source]
     if kind == "flaxzoo":
-        from models.checkpoint import find_step_dir
+        from flaxzoo.models.checkpoint import find_step_dir
 
         step = find_step_dir(source)
         return sorted(p for p in step.rglob("*") if p.is_file())

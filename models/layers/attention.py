@@ -9,13 +9,13 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from models.config import TransformerConfig
-from models.layers.attention_core import attend, attention_with_weights
-from models.layers.linear import Dense
-from models.layers.masking import AttentionLayout
-from models.layers.partitioning import (ACTIVATION_BATCH, ACTIVATION_HEADS, ACTIVATION_KV_HEADS, ACTIVATION_LENGTH,
+from flaxzoo.models.config import TransformerConfig
+from flaxzoo.models.layers.attention_core import attend, attention_with_weights
+from flaxzoo.models.layers.linear import Dense
+from flaxzoo.models.layers.masking import AttentionLayout
+from flaxzoo.models.layers.partitioning import (ACTIVATION_BATCH, ACTIVATION_HEADS, ACTIVATION_KV_HEADS, ACTIVATION_LENGTH,
                                         constrain)
-from models.layers.positions import alibi_bias, apply_rope
+from flaxzoo.models.layers.positions import alibi_bias, apply_rope
 
 
 QUERY_HEADS = (ACTIVATION_BATCH, ACTIVATION_LENGTH, ACTIVATION_HEADS, None)  # [batch, seq, heads, head_dim]

@@ -34,9 +34,9 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
-from models.config import ATTENTION_IMPLS
-from models.layers import attention_kernels
-from models.layers.partitioning import (ACTIVATION_BATCH, ACTIVATION_HEADS, ACTIVATION_KV_HEADS, current_placement,
+from flaxzoo.models.config import ATTENTION_IMPLS
+from flaxzoo.models.layers import attention_kernels
+from flaxzoo.models.layers.partitioning import (ACTIVATION_BATCH, ACTIVATION_HEADS, ACTIVATION_KV_HEADS, current_placement,
                                         current_platform)
 
 

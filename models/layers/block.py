@@ -5,11 +5,11 @@ from __future__ import annotations
 import jax
 from flax import nnx
 
-from models.config import TransformerConfig
-from models.layers.attention import Attention, KVCache
-from models.layers.feedforward import FeedForward
-from models.layers.masking import AttentionLayout
-from models.layers.norms import make_norm, residual
+from flaxzoo.models.config import TransformerConfig
+from flaxzoo.models.layers.attention import Attention, KVCache
+from flaxzoo.models.layers.feedforward import FeedForward
+from flaxzoo.models.layers.masking import AttentionLayout
+from flaxzoo.models.layers.norms import make_norm, residual
 
 
 class TransformerBlock(nnx.Module):

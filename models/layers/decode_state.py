@@ -7,9 +7,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from models.config import TransformerConfig
-from models.layers.embeddings import is_concrete
-from models.layers.masking import AttentionLayout, document_positions
+from flaxzoo.models.config import TransformerConfig
+from flaxzoo.models.layers.embeddings import is_concrete
+from flaxzoo.models.layers.masking import AttentionLayout, document_positions
 
 
 @struct.dataclass

@@ -8,11 +8,11 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from models.config import TransformerConfig
-from models.layers.linear import logical_param, take_rows
-from models.layers.norms import make_norm
-from models.layers.partitioning import ACTIVATION_BATCH, ACTIVATION_LENGTH, ACTIVATION_VOCAB, HIDDEN, constrain
-from models.layers.positions import LearnedPositions, sinusoidal_table
+from flaxzoo.models.config import TransformerConfig
+from flaxzoo.models.layers.linear import logical_param, take_rows
+from flaxzoo.models.layers.norms import make_norm
+from flaxzoo.models.layers.partitioning import ACTIVATION_BATCH, ACTIVATION_LENGTH, ACTIVATION_VOCAB, HIDDEN, constrain
+from flaxzoo.models.layers.positions import LearnedPositions, sinusoidal_table
 
 
 def is_concrete(x) -> bool:

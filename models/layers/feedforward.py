@@ -8,9 +8,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from models.config import TransformerConfig
-from models.layers.linear import Dense
-from models.layers.partitioning import ACTIVATION_BATCH, ACTIVATION_LENGTH, ACTIVATION_MLP, constrain
+from flaxzoo.models.config import TransformerConfig
+from flaxzoo.models.layers.linear import Dense
+from flaxzoo.models.layers.partitioning import ACTIVATION_BATCH, ACTIVATION_LENGTH, ACTIVATION_MLP, constrain
 
 MLP_HIDDEN = (ACTIVATION_BATCH, ACTIVATION_LENGTH, ACTIVATION_MLP)  # [batch, seq, intermediate]
 

@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from models.config import TransformerConfig
+from flaxzoo.models.config import TransformerConfig
 
 
 @struct.dataclass

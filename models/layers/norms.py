@@ -8,8 +8,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from models.config import TransformerConfig
-from models.layers.linear import logical_param
+from flaxzoo.models.config import TransformerConfig
+from flaxzoo.models.layers.linear import logical_param
 
 
 class LayerNorm(nnx.Module):

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from models.layers.linear import logical_param, take_rows
+from flaxzoo.models.layers.linear import logical_param, take_rows
 
 
 def sinusoidal_table(num_positions: int, dim: int) -> np.ndarray:

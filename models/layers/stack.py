@@ -16,14 +16,14 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from models.config import TransformerConfig
-from models.layers.attention import KVCache
-from models.layers.block import TransformerBlock
-from models.layers.decode_state import DecodeState
-from models.layers.embeddings import InputEmbeddings, as_index_array, check_index_range, check_token_ids, is_concrete
-from models.layers.masking import AttentionLayout, full_sequence_layout, input_positions
-from models.layers.norms import make_norm
-from models.layers.partitioning import HIDDEN, constrain
+from flaxzoo.models.config import TransformerConfig
+from flaxzoo.models.layers.attention import KVCache
+from flaxzoo.models.layers.block import TransformerBlock
+from flaxzoo.models.layers.decode_state import DecodeState
+from flaxzoo.models.layers.embeddings import InputEmbeddings, as_index_array, check_index_range, check_token_ids, is_concrete
+from flaxzoo.models.layers.masking import AttentionLayout, full_sequence_layout, input_positions
+from flaxzoo.models.layers.norms import make_norm
+from flaxzoo.models.layers.partitioning import HIDDEN, constrain
 
 # The remat policies a config can name: what each layer keeps for the backward pass.
 REMAT_POLICIES = {

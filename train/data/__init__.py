@@ -3,24 +3,24 @@ Grain loader. Everything runs without TensorFlow.
 
 One module per job:
 
-- :mod:`~train.data.config`: :class:`DataConfig`, the settings.
-- :mod:`~train.data.corpus`: the embedded corpus (Python's own documentation), text / JSONL files, document and
+- :mod:`~flaxzoo.train.data.config`: :class:`DataConfig`, the settings.
+- :mod:`~flaxzoo.train.data.corpus`: the embedded corpus (Python's own documentation), text / JSONL files, document and
   sentence splitting.
-- :mod:`~train.data.builders`: the TFDS builders, cache keys, the preparation lock; :func:`raw_sources`.
-- :mod:`~train.data.tokenizers`: :func:`build_tokenizer` from a ``DataConfig`` (trained and cached, or loaded).
-- :mod:`~train.data.packing`: fixed-length records with per-token document numbers; :func:`prepare`.
-- :mod:`~train.data.masking`: BERT masking, vectorised, counter-based randomness per example.
-- :mod:`~train.data.loader`: :class:`BatchSource`, :func:`make_loader`, :func:`make_iterator`, :func:`batch_shapes`.
-- :mod:`~train.data.stats`: throughput and corpus sizes, the ``python -m train.data`` command line.
+- :mod:`~flaxzoo.train.data.builders`: the TFDS builders, cache keys, the preparation lock; :func:`raw_sources`.
+- :mod:`~flaxzoo.train.data.tokenizers`: :func:`build_tokenizer` from a ``DataConfig`` (trained and cached, or loaded).
+- :mod:`~flaxzoo.train.data.packing`: fixed-length records with per-token document numbers; :func:`prepare`.
+- :mod:`~flaxzoo.train.data.masking`: BERT masking, vectorised, counter-based randomness per example.
+- :mod:`~flaxzoo.train.data.loader`: :class:`BatchSource`, :func:`make_loader`, :func:`make_iterator`, :func:`batch_shapes`.
+- :mod:`~flaxzoo.train.data.stats`: throughput and corpus sizes, the ``python -m flaxzoo.train.data`` command line.
 
 Stages are cached under ``DataConfig.data_dir``, so a second run reuses the first one's work. The batch layout is
-the contract of :mod:`train.batches` (``IGNORE_INDEX``, ``CAUSAL_KEYS``, ``MLM_KEYS``).
+the contract of :mod:`flaxzoo.train.batches` (``IGNORE_INDEX``, ``CAUSAL_KEYS``, ``MLM_KEYS``).
 """
 
-from train.batches import CAUSAL_KEYS, IGNORE_INDEX, MLM_KEYS
-from train.data.builders import RawCorpus, cache_key, load_documents, raw_sources
-from train.data.config import MIN_SEQ_LEN, OBJECTIVES, DataConfig, default_data_dir
-from train.data.corpus import (
+from flaxzoo.train.batches import CAUSAL_KEYS, IGNORE_INDEX, MLM_KEYS
+from flaxzoo.train.data.builders import RawCorpus, cache_key, load_documents, raw_sources
+from flaxzoo.train.data.config import MIN_SEQ_LEN, OBJECTIVES, DataConfig, default_data_dir
+from flaxzoo.train.data.corpus import (
     TextFiles,
     decode_bytes,
     embedded_documents,
@@ -29,12 +29,12 @@ from train.data.corpus import (
     split_documents,
     split_sentences,
 )
-from train.data.loader import BatchIterator, BatchSource, batch_shapes, make_iterator, make_loader
-from train.data.masking import example_keys, mask_tokens
-from train.data.packing import PACK_FORMAT_VERSION, pack_causal, pack_mlm, prepare
-from train.data.stats import corpus_stats, main, measure_throughput
-from train.data.tokenizers import build_tokenizer, check_tokenizer
-from train.tokenizer import TextTokenizer
+from flaxzoo.train.data.loader import BatchIterator, BatchSource, batch_shapes, make_iterator, make_loader
+from flaxzoo.train.data.masking import example_keys, mask_tokens
+from flaxzoo.train.data.packing import PACK_FORMAT_VERSION, pack_causal, pack_mlm, prepare
+from flaxzoo.train.data.stats import corpus_stats, main, measure_throughput
+from flaxzoo.train.data.tokenizers import build_tokenizer, check_tokenizer
+from flaxzoo.train.tokenizer import TextTokenizer
 
 __all__ = [
     "BatchIterator", "BatchSource", "CAUSAL_KEYS", "DataConfig", "IGNORE_INDEX", "MIN_SEQ_LEN", "MLM_KEYS",

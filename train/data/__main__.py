@@ -1,7 +1,7 @@
-"""``python -m train.data [--bench] [--stats] [--DataConfig-field value ...]``: prepare and measure a pipeline."""
+"""``python -m flaxzoo.train.data [--bench] [--stats] [--DataConfig-field value ...]``: prepare and measure a pipeline."""
 
 import sys
 
-from train.data.stats import main
+from flaxzoo.train.data.stats import main
 
 sys.exit(main())

@@ -8,8 +8,8 @@ building twice. Datasets are written by ``tfds.core.GeneratorBasedBuilder`` subc
 
 Raw text (:func:`raw_sources`): a dataset of ``{"text": str}`` documents, splits ``train`` / ``validation``:
 
-- ``source="embedded"``: :func:`train.data.corpus.embedded_documents` (``flaxzoo_embedded_text``).
-- ``source="files"``: :func:`train.data.corpus.read_text_files` of ``paths`` (``flaxzoo_text_files``, keyed by the
+- ``source="embedded"``: :func:`flaxzoo.train.data.corpus.embedded_documents` (``flaxzoo_embedded_text``).
+- ``source="files"``: :func:`flaxzoo.train.data.corpus.read_text_files` of ``paths`` (``flaxzoo_text_files``, keyed by the
   files' paths, sizes and modification times).
 - ``source="tfds:NAME"`` (e.g. ``"tfds:lm1b"``, ``"tfds:wikipedia/20230601.en"``): any TFDS catalog dataset,
   downloaded and prepared once as array_record into ``data_dir`` (needs internet the first time; catalog builders
@@ -34,8 +34,8 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import tensorflow_datasets as tfds
 
-from train.data import corpus as corpuslib
-from train.data.config import DataConfig
+from flaxzoo.train.data import corpus as corpuslib
+from flaxzoo.train.data.config import DataConfig
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +87,17 @@ def prepare_builder(builder) -> None:
 
 
 # ------------------------------------------------------------------------------------------------- raw text
-class TextBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
+class LocatedBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
+    """A builder that says where its code is: tfds looks through the top-level package, and ``flaxzoo`` is a
+    namespace package (the folders map to ``flaxzoo.*``) that an editable install backs with no directory."""
+
+    @tfds.core.utils.classproperty
+    @classmethod
+    def code_path(cls) -> pathlib.Path:
+        return pathlib.Path(sys.modules[cls.__module__].__file__)
+
+
+class TextBuilder(LocatedBuilder, skip_registration=True):
     """A dataset of ``{"text": str}`` documents, written from ``documents() -> (train, validation)``."""
 
     VERSION = tfds.core.Version("1.0.0")
@@ -202,7 +212,7 @@ def load_documents(cfg: DataConfig, split: str = "train") -> list[str]:
 
 
 # --------------------------------------------------------------------------------------------------- packed
-class FlaxzooPacked(tfds.core.GeneratorBasedBuilder, skip_registration=True):
+class FlaxzooPacked(LocatedBuilder, skip_registration=True):
     """Tokenized, packed fixed-length examples (one record = one training example); ``features`` maps each field
     to its length (all int32)."""
 

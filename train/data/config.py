@@ -7,9 +7,9 @@ import math
 import os
 from typing import Any
 
-from models.config import FieldError
+from flaxzoo.models.config import FieldError
 
-from train.tokenizer import KINDS as TOKENIZER_KINDS, min_vocab_size
+from flaxzoo.train.tokenizer import KINDS as TOKENIZER_KINDS, min_vocab_size
 
 OBJECTIVES = ("causal", "mlm")
 MIN_SEQ_LEN = 8

@@ -6,11 +6,11 @@ epoch); global batch ``g`` holds the next ``batch_size`` records of that order; 
 A batch's records are read with one ``__getitems__`` call where the source has it (ArrayRecord sources do) and the
 batch is large enough for that to pay (:data:`BATCHED_READ_MIN`), and stacked per field.
 
-Per-process rows: ``rows`` (the training loop passes ``train.sharding.BatchPlacement.rows``: the rows this
+Per-process rows: ``rows`` (the training loop passes ``flaxzoo.train.sharding.BatchPlacement.rows``: the rows this
 process's devices hold under the batch sharding, for any mesh) or by default ``grain.sharding.ShardByJaxProcess``'s
 contiguous block ``[p*B/P, (p+1)*B/P)`` for process ``p`` of ``P``; either way the global batch does not depend on
 ``P``. MLM masking is keyed by ``(seed, e, i)`` for the record
-at position ``i`` of epoch ``e``'s order (:mod:`train.data.masking`). ``worker_count`` > 0 produces batches in Grain
+at position ``i`` of epoch ``e``'s order (:mod:`flaxzoo.train.data.masking`). ``worker_count`` > 0 produces batches in Grain
 worker processes, ``read_threads`` > 0 in reader threads, ``prefetch`` batches ahead; the batches are the same for
 any of these settings.
 
@@ -18,7 +18,7 @@ any of these settings.
 needs only a number: ``make_iterator(..., start=g)`` yields global batches ``g, g + 1, ...``, and the iterator's
 ``position`` is the next one it will yield (a training checkpoint stores it; after step ``s`` it is ``s``).
 
-Batches are dicts of int32 numpy arrays with the keys of ``train.batches`` (B = this process's rows:
+Batches are dicts of int32 numpy arrays with the keys of ``flaxzoo.train.batches`` (B = this process's rows:
 ``batch_size // process_count`` by default, ``len(rows)`` when given; T = ``seq_len``; :func:`batch_shapes` gives the shapes):
 
 - ``causal`` (``CAUSAL_KEYS``): ``input_ids`` [B, T]; ``targets`` [B, T], the next token of each position
@@ -38,19 +38,19 @@ from typing import Any, Sequence
 import grain
 import numpy as np
 
-from train.batches import CAUSAL_KEYS, IGNORE_INDEX, MLM_KEYS
-from train.data.config import DataConfig
-from train.data.masking import example_keys, mask_tokens
-from train.data.packing import prepare
-from train.data.tokenizers import build_tokenizer, check_tokenizer
-from train.tokenizer import TextTokenizer
+from flaxzoo.train.batches import CAUSAL_KEYS, IGNORE_INDEX, MLM_KEYS
+from flaxzoo.train.data.config import DataConfig
+from flaxzoo.train.data.masking import example_keys, mask_tokens
+from flaxzoo.train.data.packing import prepare
+from flaxzoo.train.data.tokenizers import build_tokenizer, check_tokenizer
+from flaxzoo.train.tokenizer import TextTokenizer
 
 MAX_BATCH_INDEX = 2**62  # "forever": an index space no run exhausts
 
 
 def batch_shapes(cfg: DataConfig, rows: int) -> dict[str, tuple[int, ...]]:
     """``{key: shape}`` of a batch of ``rows`` rows under ``cfg`` (every array int32), in the order of
-    ``train.batches.CAUSAL_KEYS`` / ``MLM_KEYS``."""
+    ``flaxzoo.train.batches.CAUSAL_KEYS`` / ``MLM_KEYS``."""
     t = cfg.seq_len
     if cfg.objective == "causal":
         return {k: (rows, t) for k in CAUSAL_KEYS}
@@ -214,10 +214,10 @@ def make_loader(cfg: DataConfig, split: str = "train", tokenizer: TextTokenizer 
     ``start`` on.
 
     ``overrides`` replace ``cfg`` fields (e.g. ``num_epochs=1, shuffle=False`` for evaluation). ``sources`` (from
-    :func:`~train.data.packing.prepare`) skips the cache lookup. ``pad_last`` (evaluation, with ``num_epochs``): the
+    :func:`~flaxzoo.train.data.packing.prepare`) skips the cache lookup. ``pad_last`` (evaluation, with ``num_epochs``): the
     last partial batch of an epoch is completed with rows that score nothing (targets / labels ``IGNORE_INDEX``,
     segment 0), so the whole split is read, even one smaller than a batch. ``rows``: the rows of every global
-    batch this process loads (``train.sharding.BatchPlacement.rows``); by default ``grain.sharding.ShardByJaxProcess``'s
+    batch this process loads (``flaxzoo.train.sharding.BatchPlacement.rows``); by default ``grain.sharding.ShardByJaxProcess``'s
     block: process ``p`` of ``P`` takes rows ``[p * B / P, (p + 1) * B / P)`` of every global batch of ``B`` records.
     """
     if overrides:

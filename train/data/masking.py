@@ -18,7 +18,7 @@ from typing import Sequence
 
 import numpy as np
 
-from train.batches import IGNORE_INDEX
+from flaxzoo.train.batches import IGNORE_INDEX
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _M1 = np.uint64(0xBF58476D1CE4E5B9)

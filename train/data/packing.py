@@ -6,7 +6,7 @@ dataset (:func:`prepare`).
   incomplete tail (< T tokens) is dropped. Each record also holds ``segment_ids`` ``[T + 1]``: the document of each
   token, numbered from 1 within the window (an EOS belongs to the document it ends). A batch row is
   ``input_ids = w[:-1]``, ``targets = w[1:]``, and a target whose document differs from its input's (a prediction
-  across a document boundary) is not scored (see :mod:`train.data.loader`).
+  across a document boundary) is not scored (see :mod:`flaxzoo.train.data.loader`).
 - ``mlm`` (:func:`pack_mlm`): a row holds one or more segments ``[CLS] whole sentences of one document [SEP]``, then
   padding (segment 0) to ``seq_len``. Sentences are packed greedily, in order; a sentence never straddles two rows
   unless it alone exceeds ``seq_len - 2`` tokens (then it is cut into pieces of that length); sentences of
@@ -26,12 +26,12 @@ from typing import Any, Iterable, Iterator, Sequence
 import numpy as np
 import tensorflow_datasets as tfds
 
-from train.data.builders import FlaxzooPacked, RawCorpus, cache_key, file_lock, prepare_builder, quiet_tfds, \
+from flaxzoo.train.data.builders import FlaxzooPacked, RawCorpus, cache_key, file_lock, prepare_builder, quiet_tfds, \
     raw_sources
-from train.data.config import DataConfig
-from train.data.corpus import split_sentences
-from train.data.tokenizers import build_tokenizer, check_tokenizer
-from train.tokenizer import TextTokenizer
+from flaxzoo.train.data.config import DataConfig
+from flaxzoo.train.data.corpus import split_sentences
+from flaxzoo.train.data.tokenizers import build_tokenizer, check_tokenizer
+from flaxzoo.train.tokenizer import TextTokenizer
 
 PACK_FORMAT_VERSION = 2  # bump when the record layout changes: new cache keys (2: per-token segment_ids)
 
@@ -151,7 +151,7 @@ def tokenized_sentences(texts: Iterable[str], tok: TextTokenizer, chunk: int = 2
 
 
 def record_generators(cfg: DataConfig, corpus: RawCorpus, tok: TextTokenizer):
-    """``{split: generate(stats) -> records}`` for :class:`~train.data.builders.FlaxzooPacked`."""
+    """``{split: generate(stats) -> records}`` for :class:`~flaxzoo.train.data.builders.FlaxzooPacked`."""
     roles = check_tokenizer(tok, cfg.objective)
 
     def make(split: str):

@@ -1,4 +1,4 @@
-"""Pipeline throughput and corpus sizes, and the ``python -m train.data`` command line."""
+"""Pipeline throughput and corpus sizes, and the ``python -m flaxzoo.train.data`` command line."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ import logging
 import time
 from typing import Any, Sequence
 
-from train.data.builders import raw_sources
-from train.data.config import DataConfig
-from train.data.loader import make_iterator
-from train.data.packing import prepare
-from train.data.tokenizers import build_tokenizer
-from train.tokenizer import TextTokenizer
+from flaxzoo.train.data.builders import raw_sources
+from flaxzoo.train.data.config import DataConfig
+from flaxzoo.train.data.loader import make_iterator
+from flaxzoo.train.data.packing import prepare
+from flaxzoo.train.data.tokenizers import build_tokenizer
+from flaxzoo.train.tokenizer import TextTokenizer
 
 
 def measure_throughput(cfg: DataConfig, *, batches: int = 300, warmup: int = 10, split: str = "train",
@@ -47,7 +47,7 @@ def corpus_stats(cfg: DataConfig) -> dict[str, Any]:
 
 
 def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, DataConfig]:
-    parser = argparse.ArgumentParser(prog="python -m train.data",
+    parser = argparse.ArgumentParser(prog="python -m flaxzoo.train.data",
                                      description="Prepare the input pipeline of a DataConfig; measure it.")
     parser.add_argument("--bench", action="store_true", help="measure pipeline tokens/s")
     parser.add_argument("--stats", action="store_true", help="print corpus sizes")

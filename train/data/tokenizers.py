@@ -1,5 +1,5 @@
 """The tokenizer of a ``DataConfig``: loaded from a path, or trained on the train split and cached; and the check
-that it has the special tokens an objective needs. (The tokenizer itself is ``train.tokenizer.TextTokenizer``.)"""
+that it has the special tokens an objective needs. (The tokenizer itself is ``flaxzoo.train.tokenizer.TextTokenizer``.)"""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import json
 import os
 import pathlib
 
-from train.data.builders import RawCorpus, cache_key, file_lock, raw_sources
-from train.data.config import DataConfig
-from train.tokenizer import KINDS as TOKENIZER_KINDS, TextTokenizer, load_tokenizer, train_tokenizer
+from flaxzoo.train.data.builders import RawCorpus, cache_key, file_lock, raw_sources
+from flaxzoo.train.data.config import DataConfig
+from flaxzoo.train.tokenizer import KINDS as TOKENIZER_KINDS, TextTokenizer, load_tokenizer, train_tokenizer
 
 TOKENIZER_CACHE_VERSION = 1
 

@@ -12,7 +12,7 @@ Three methods, each trained on the ``train`` split and scored on the ``test`` sp
 Wall seconds are ``time.perf_counter`` on this machine's CPUs, from the model load (or the vectoriser fit) to the
 end of the test predictions. Every row records the host CPU and the torch / transformers / scikit-learn versions.
 
-    python -m train.finetune.baselines --seeds 0,1 [--only tfidf,frozen,torch] [--out results.json]
+    python -m flaxzoo.train.finetune.baselines --seeds 0,1 [--only tfidf,frozen,torch] [--out results.json]
 
 prints a markdown table and writes the rows (with each method's test predictions) as JSON, one row a line, to
 ``--out`` (default ``~/.cache/flaxzoo/finetune_baselines.json``).
@@ -33,15 +33,15 @@ from typing import Any, Protocol, Sequence
 
 import numpy as np
 
-from train.finetune.report import scores
-from train.finetune.trainer import packaged_minilm
+from flaxzoo.train.finetune.report import scores
+from flaxzoo.train.finetune.trainer import packaged_minilm
 
 METHODS = ("tfidf", "frozen", "torch")
 DEFAULT_OUT = "~/.cache/flaxzoo/finetune_baselines.json"
 
 
 class Split(Protocol):
-    """What the baselines read of a ``train.finetune.data.LabelledSplit``."""
+    """What the baselines read of a ``flaxzoo.train.finetune.data.LabelledSplit``."""
 
     texts: dict[str, list[str]]
     labels: dict[str, np.ndarray]
@@ -109,7 +109,7 @@ def frozen_encoder_baseline(split: Split, folder: str | os.PathLike | None = Non
     ``wall_s`` runs from the model load to the test predictions (JAX compiles per padded batch shape, inside it);
     ``embed_s`` is the embedding of both splits alone.
     """
-    import models
+    from flaxzoo import models
     from sklearn.linear_model import LogisticRegression
 
     folder = pathlib.Path(folder) if folder else packaged_minilm()
@@ -197,8 +197,8 @@ def torch_finetune_baseline(split: Split, seed: int, folder: str | os.PathLike |
 # -------------------------------------------------------------------------------------------------------- CLI
 def run(seeds: Sequence[int], only: Sequence[str] = METHODS) -> list[dict[str, Any]]:
     """Every method of ``only`` on the BBC headline split of every seed (the seed also seeds the torch run)."""
-    from train.finetune.config import ClassifyDataConfig
-    from train.finetune.data import load_labelled
+    from flaxzoo.train.finetune.config import ClassifyDataConfig
+    from flaxzoo.train.finetune.data import load_labelled
 
     rows = []
     for seed in seeds:
@@ -245,7 +245,7 @@ def methods(text: str) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m train.finetune.baselines", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m flaxzoo.train.finetune.baselines", description=__doc__.split("\n")[0])
     parser.add_argument("--seeds", type=lambda s: parse_list(s, int, "integer seeds"), default=[0],
                         help="comma-separated split seeds (default: 0)")
     parser.add_argument("--only", type=methods, default=list(METHODS),

@@ -1,6 +1,6 @@
-"""The fine-tuner's train step (``task="classify"``) compiled for compile-only devices: ``python -m train.compile``.
+"""The fine-tuner's train step (``task="classify"``) compiled for compile-only devices: ``python -m flaxzoo.train.compile``.
 
-The step is the one ``train.finetune.trainer.Finetuner`` runs: ``train.step.make_train_step(objective="classify")``
+The step is the one ``flaxzoo.train.finetune.trainer.Finetuner`` runs: ``flaxzoo.train.step.make_train_step(objective="classify")``
 over the classifier built from ``init_from``'s config (only its config is read), with the fine-tuning optimizer
 (layer decay, the head's own schedule), its parameters replicated and its batch (``input_ids``, ``attention_mask``
 ``[batch_size, data.max_len]``; ``labels``, ``example_weights`` ``[batch_size]``) split over every device, as the
@@ -18,18 +18,18 @@ import jax.numpy as jnp
 from flax import nnx
 from ml_collections import ConfigDict
 
-from models import BertForSequenceClassification
-from models.hub.source import describe_pretrained
-from models.layers.attention_core import attention_backend
-from models.lora import apply_lora, frozen_and_trainable
-from train import flops as flopslib
-from train import sharding as shardlib
-from train.config import execution_defaults
-from train.finetune.config import SCRATCH, FinetuneConfig
-from train.finetune.trainer import is_head, packaged_minilm, read_num_layers
-from train.optim import make_finetune_optimizer
-from train.step import make_train_step, new_train_state
-from train.targets import Target
+from flaxzoo.models import BertForSequenceClassification
+from flaxzoo.models.hub.source import describe_pretrained
+from flaxzoo.models.layers.attention_core import attention_backend
+from flaxzoo.models.lora import apply_lora, frozen_and_trainable
+from flaxzoo.train import flops as flopslib
+from flaxzoo.train import sharding as shardlib
+from flaxzoo.train.config import execution_defaults
+from flaxzoo.train.finetune.config import SCRATCH, FinetuneConfig
+from flaxzoo.train.finetune.trainer import is_head, packaged_minilm, read_num_layers
+from flaxzoo.train.optim import make_finetune_optimizer
+from flaxzoo.train.step import make_train_step, new_train_state
+from flaxzoo.train.targets import Target
 
 STEPS = 1000  # the schedule's length does not change the compiled step
 
@@ -37,7 +37,7 @@ STEPS = 1000  # the schedule's length does not change the compiled step
 def compile_finetune(config: ConfigDict, target: Target, devices: list[jax.Device], *,
                      report: Callable[..., Any]) -> tuple[Any, jax.stages.Compiled]:
     """Compile ``config``'s fine-tuning step for ``devices``: ``(report, compiled)``; ``report`` is the function that
-    builds ``train.compile.Report`` (passed in: ``train.compile`` imports this module)."""
+    builds ``flaxzoo.train.compile.Report`` (passed in: ``flaxzoo.train.compile`` imports this module)."""
     cfg = FinetuneConfig.from_config_dict(config)
     platform = shardlib.platform_of(devices[0])
     notes = []
@@ -100,6 +100,6 @@ def compile_finetune(config: ConfigDict, target: Target, devices: list[jax.Devic
     attention = attention_backend(model_config, q_len=seq, masked=True, training=True, platform=platform,
                                   shared_segments=False)  # attention_mask only: query and key segments differ
     return report(target, "train (fine-tune)", devices[:rows_axis], mesh, compiled,
-                  flops_total=per_token * batch * seq, flops_source="analytic model FLOPs, train.flops (6N + 12LTd)",
+                  flops_total=per_token * batch * seq, flops_source="analytic model FLOPs, flaxzoo.train.flops (6N + 12LTd)",
                   tokens=batch * seq, attention=attention, remat=remat, scan_layers=scan, compile_s=compile_s,
                   notes=notes), compiled

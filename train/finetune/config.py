@@ -12,7 +12,7 @@ Keys (``--config.KEY=VALUE``):
   ``head_lr``: the head's peak learning rate (0 = ``optim.lr``; the backbone's is ``optim.lr``)
 - ``class_weights``: ``"none"`` or ``"balanced"`` (weight of class c = n / (classes · n_c), scikit-learn's)
 - ``warmup_ratio``: the warmup's share of the steps (``optim.warmup_steps`` is used only when this is 0)
-- ``optim.*``: as for pre-training (``train.config.OptimConfig``), ``optim.layer_decay`` < 1 gives layer-wise LR
+- ``optim.*``: as for pre-training (``flaxzoo.train.config.OptimConfig``), ``optim.layer_decay`` < 1 gives layer-wise LR
   decay (embeddings lowest, the head highest)
 - ``remat``, ``scan_layers``: as ``precision.remat`` / ``precision.scan_layers`` in pre-training ("auto" decides from
   the backend and the depth)
@@ -20,16 +20,16 @@ Keys (``--config.KEY=VALUE``):
   float32's exponent range, so its gradients need no loss scaling; ``float16`` is refused for training: flaxzoo has no
   loss scaling, and float16 gradients underflow without it.
 - ``data.*``: :class:`ClassifyDataConfig`; ``vocab.*``: :class:`VocabConfig`; ``model.*``: for ``"scratch"`` only,
-  as in pre-training (``train.config.model_fields``)
-- ``lora.*``: LoRA, as in pre-training (``train.config.LoraSettings``: ``rank`` 0 = off, ``alpha``, ``targets``,
+  as in pre-training (``flaxzoo.train.config.model_fields``)
+- ``lora.*``: LoRA, as in pre-training (``flaxzoo.train.config.LoraSettings``: ``rank`` 0 = off, ``alpha``, ``targets``,
   ``base_dtype``, ``train_fully``): the encoder stays frozen (no gradients, no optimizer state) and low-rank
   adapters train on ``targets`` (default ``attention,mlp``). The fresh pooler and classifier always need training:
-  ``train_fully`` "" means ``head`` here (``models.lora``'s name for the modules outside the encoder's embeddings
+  ``train_fully`` "" means ``head`` here (``flaxzoo.models.lora``'s name for the modules outside the encoder's embeddings
   and layers: the pooler and the classifier), and a setting that leaves the classifier frozen is refused.
   ``optim.layer_decay`` scales the
   adapters by their layer as it scales the weights; ``freeze_steps`` trains the head alone first, then the adapters
   (both work with LoRA). Refused with LoRA: ``init_from="scratch"`` (a random encoder has nothing to adapt). The
-  checkpoint holds the merged classifier (``models.lora.merge_lora``): a plain model, loaded as any other.
+  checkpoint holds the merged classifier (``flaxzoo.models.lora.merge_lora``): a plain model, loaded as any other.
 - ``compilation_cache``, ``compilation_cache_dir``
 """
 
@@ -41,19 +41,19 @@ from typing import Any, ClassVar, Mapping
 import jax
 from ml_collections import ConfigDict
 
-from models import TransformerConfig
-from models.text import TRUNCATION_STRATEGIES
-from models.config import REMAT_POLICIES
-from train.config import (BOOL, TEXT, ConfigError, LoraSettings, OptimConfig, Section, Spec, checked, choice,
+from flaxzoo.models import TransformerConfig
+from flaxzoo.models.text import TRUNCATION_STRATEGIES
+from flaxzoo.models.config import REMAT_POLICIES
+from flaxzoo.train.config import (BOOL, TEXT, ConfigError, LoraSettings, OptimConfig, Section, Spec, checked, choice,
                           compilation_cache_path, execution_defaults, integer, model_fields, model_from_values,
                           names_list, number, section_dict)
-from train.data.config import default_data_dir
-from train.finetune.data import SOURCES
+from flaxzoo.train.data.config import default_data_dir
+from flaxzoo.train.finetune.data import SOURCES
 
 TASK = "classify"
 SCRATCH = "scratch"
 CLASS_WEIGHTS = ("none", "balanced")
-# What LoRA fine-tuning trains in full when lora.train_fully is "": models.lora's "head", the modules outside the
+# What LoRA fine-tuning trains in full when lora.train_fully is "": flaxzoo.models.lora's "head", the modules outside the
 # encoder's embeddings and layers (for a BertForSequenceClassification: bert.pooler and classifier).
 DEFAULT_TRAIN_FULLY = ("head",)
 
@@ -198,7 +198,7 @@ class FinetuneConfig(Section):
     def execution(self, num_layers: int) -> tuple[str, bool]:
         """``(remat, scan_layers)`` with "auto" decided: on CPU unrolled layers without remat (MiniLM, batch 32 x 16
         tokens, 2-core AMD EPYC: 310-325 ms a step against 342-381 with dots + scan); on accelerators as for
-        pre-training (``train.config.execution_defaults``)."""
+        pre-training (``flaxzoo.train.config.execution_defaults``)."""
         backend = jax.default_backend()
         remat, scan = ("none", False) if backend == "cpu" else execution_defaults(backend, num_layers)
         return (remat if self.remat == "auto" else self.remat,

@@ -36,8 +36,8 @@ from typing import Any, Sequence
 import numpy as np
 import tensorflow_datasets as tfds
 
-from train.data.builders import cache_key, file_lock, prepare_builder, quiet_tfds
-from train.data.corpus import decode_bytes
+from flaxzoo.train.data.builders import cache_key, file_lock, prepare_builder, quiet_tfds
+from flaxzoo.train.data.corpus import decode_bytes
 
 log = logging.getLogger(__name__)
 

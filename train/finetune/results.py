@@ -1,4 +1,4 @@
-"""The fine-tuning tables of the README, measured: ``python -m train.finetune.results bbc|positions [--seeds 0,1]``.
+"""The fine-tuning tables of the README, measured: ``python -m flaxzoo.train.finetune.results bbc|positions [--seeds 0,1]``.
 
 - ``bbc``: on the BBC headline split of each seed (``data.split_seed`` = ``seed``): the reference points of
   ``baselines.py`` (TF-IDF + linear SVM, frozen MiniLM + logistic regression, a plain transformers + PyTorch loop),
@@ -25,9 +25,9 @@ import sys
 import tempfile
 from typing import Any, Sequence
 
-from train.config import ConfigError
-from train.finetune.config import FinetuneConfig
-from train.finetune.trainer import Finetuner
+from flaxzoo.train.config import ConfigError
+from flaxzoo.train.finetune.config import FinetuneConfig
+from flaxzoo.train.finetune.trainer import Finetuner
 
 CONFIGS = pathlib.Path(__file__).resolve().parents[2] / "configs"
 # The recipe minus one practice each: the config changes that switch it off.
@@ -81,9 +81,9 @@ def bbc_rows(seeds: Sequence[int], root: pathlib.Path, include_baselines: bool =
              methods: Sequence[str] | None = None) -> list[dict[str, Any]]:
     """The rows of the BBC table (``methods``: only these: "tfidf", "frozen", "plain", the ablation names, "torch";
     None: all)."""
-    from train.finetune import baselines
-    from train.finetune.config import ClassifyDataConfig
-    from train.finetune.data import load_labelled
+    from flaxzoo.train.finetune import baselines
+    from flaxzoo.train.finetune.config import ClassifyDataConfig
+    from flaxzoo.train.finetune.data import load_labelled
 
     rows = []
     wanted = lambda name: methods is None or name in methods  # noqa: E731
@@ -142,7 +142,7 @@ def positions_table(rows: Sequence[dict[str, Any]]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m train.finetune.results", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m flaxzoo.train.finetune.results", description=__doc__.split("\n\n")[0])
     parser.add_argument("table", choices=["bbc", "positions"])
     parser.add_argument("--seeds", default=None, help="comma-separated (bbc: 0,1; positions: 0,1,2)")
     parser.add_argument("--no-baselines", action="store_true", help="bbc: the fine-tunes only")
@@ -153,7 +153,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--workdir", default=None, help="where the runs go (default: a temporary directory)")
     args = parser.parse_args(argv)
     seeds = [int(s) for s in (args.seeds or ("0,1" if args.table == "bbc" else "0,1,2")).split(",")]
-    from train.finetune.baselines import host_info
+    from flaxzoo.train.finetune.baselines import host_info
 
     with tempfile.TemporaryDirectory() as tmp:
         root = pathlib.Path(args.workdir or tmp)

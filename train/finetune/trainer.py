@@ -1,4 +1,4 @@
-"""The fine-tuning job behind ``python -m train --config configs/finetune_cls.py``: a pretrained encoder becomes a
+"""The fine-tuning job behind ``python -m flaxzoo.train --config configs/finetune_cls.py``: a pretrained encoder becomes a
 text classifier.
 
 1. check the config (``train/finetune/config.py``), then read and split the labelled data (``data.py``, cached);
@@ -7,14 +7,14 @@ text classifier.
 3. optionally extend the vocabulary (``vocab.py``) and report how the tokenizer cuts the words before and after;
 4. train for ``epochs`` over the shuffled training split: AdamW with global-norm clipping, a warmup + decay schedule,
    layer-wise LR decay, the head alone for ``freeze_steps`` steps (its own compiled step: no backward pass through
-   the encoder), class weights; batches padded to a multiple of 8 tokens (``models.text.pad_batch``: few compiled
+   the encoder), class weights; batches padded to a multiple of 8 tokens (``flaxzoo.models.text.pad_batch``: few compiled
    shapes), the last batch of an epoch completed with rows of weight 0 (no example dropped, one shape). With LoRA
    (``lora.rank`` > 0) the trained state holds the adapters and the head (pooler + classifier) only: the encoder's
    weights are frozen in ``rest`` (no gradient, no optimizer state), as in pre-training (``train/loop.py``);
 5. score the held-out test split once, at the end (it never selects anything), and write ``WORKDIR/eval/``
    (``report.py``), ``WORKDIR/metrics.jsonl`` (the training curve), the tokenizer and a flaxzoo checkpoint that
    ``models.from_pretrained(WORKDIR)`` loads as the classifier (with LoRA: the merged classifier,
-   ``models.lora.merge_lora``, a plain model: no base to find at load time).
+   ``flaxzoo.models.lora.merge_lora``, a plain model: no base to find at load time).
 """
 
 from __future__ import annotations
@@ -34,20 +34,20 @@ import numpy as np
 from flax import nnx
 from tqdm.auto import tqdm
 
-from models import BertForSequenceClassification, from_pretrained, load_tokenizer
-from models.hub.packaged import minilm_dir
-from models.checkpoint import find_step_dir, save_checkpoint
-from models.lora import LoraError, apply_lora, check_train_fully, frozen_and_trainable, merge_lora
-from models.text import encode_for_classification, pad_batch
-from train import sharding as shardlib
-from train.config import ConfigError
-from train.finetune import vocab as vocablib
-from train.finetune.config import SCRATCH, FinetuneConfig
-from train.finetune.data import LabelledSplit, load_labelled, stratified_split
-from train.finetune.report import scores, write_report
-from train.loop import setup_compilation_cache
-from train.optim import make_finetune_optimizer
-from train.step import make_predict_probabilities, make_train_step, new_train_state
+from flaxzoo.models import BertForSequenceClassification, from_pretrained, load_tokenizer
+from flaxzoo.models.hub.packaged import minilm_dir
+from flaxzoo.models.checkpoint import find_step_dir, save_checkpoint
+from flaxzoo.models.lora import LoraError, apply_lora, check_train_fully, frozen_and_trainable, merge_lora
+from flaxzoo.models.text import encode_for_classification, pad_batch
+from flaxzoo.train import sharding as shardlib
+from flaxzoo.train.config import ConfigError
+from flaxzoo.train.finetune import vocab as vocablib
+from flaxzoo.train.finetune.config import SCRATCH, FinetuneConfig
+from flaxzoo.train.finetune.data import LabelledSplit, load_labelled, stratified_split
+from flaxzoo.train.finetune.report import scores, write_report
+from flaxzoo.train.loop import setup_compilation_cache
+from flaxzoo.train.optim import make_finetune_optimizer
+from flaxzoo.train.step import make_predict_probabilities, make_train_step, new_train_state
 
 GROUP = 16  # batches whose examples are sorted by length together (data.group_by_length)
 
@@ -169,7 +169,7 @@ def read_num_layers(source: str | pathlib.Path) -> int | None:
         return json.loads(hf.read_text()).get("num_hidden_layers")
     step = find_step_dir(path) if path.exists() else None
     if step is not None:
-        from models.checkpoint import read_meta
+        from flaxzoo.models.checkpoint import read_meta
 
         return read_meta(step)["config"]["num_layers"]
     return None

@@ -16,8 +16,8 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 import tokenizers
 
-from models.modeling import dotted
-from models.text import plain_tokenizer
+from flaxzoo.models.modeling import dotted
+from flaxzoo.models.text import plain_tokenizer
 
 TOKEN_TABLE = ("embeddings", "tokens", "embedding")  # the last keys of the token embedding's path
 
