@@ -62,7 +62,7 @@ def greedy_by_full_passes(kind: str, prompt: np.ndarray, new: int) -> np.ndarray
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_greedy_equals_argmax_of_full_forward_passes(kind):
     prompt = prompts(2, 5)
-    got = np.asarray(flaxzoo.models.generate(model_for(kind), prompt, NEW))
+    got = np.asarray(models.generate(model_for(kind), prompt, NEW))
     expected = greedy_by_full_passes(kind, prompt, NEW)
     assert got.shape == (2, 5 + NEW)
     np.testing.assert_array_equal(got, expected)
@@ -103,14 +103,14 @@ def test_padded_batch_generates_what_each_prompt_generates_alone(kind):
     model = model_for(kind)
     short, long = prompts(1, 3, seed=2), prompts(1, 7, seed=3)
     new = 12
-    alone = [np.asarray(flaxzoo.models.generate(model, p, new))[0, p.shape[1]:] for p in (short, long)]
+    alone = [np.asarray(models.generate(model, p, new))[0, p.shape[1]:] for p in (short, long)]
     pad = 4  # a pad id that is not 0: its value must not matter
     right = np.array([list(short[0]) + [pad] * 4, list(long[0])])
     right_mask = np.array([[1] * 3 + [0] * 4, [1] * 7])
     left = np.array([[pad] * 4 + list(short[0]), list(long[0])])
     left_mask = np.array([[0] * 4 + [1] * 3, [1] * 7])
     for name, ids, mask in (("right", right, right_mask), ("left", left, left_mask)):
-        out = np.asarray(flaxzoo.models.generate(model, ids, new, attention_mask=mask))
+        out = np.asarray(models.generate(model, ids, new, attention_mask=mask))
         np.testing.assert_array_equal(out[:, :7], ids, err_msg=f"{name}: the prompt is returned unchanged")
         for row in range(2):
             np.testing.assert_array_equal(out[row, 7:], alone[row], err_msg=f"{name} padding, row {row}")
@@ -119,12 +119,12 @@ def test_padded_batch_generates_what_each_prompt_generates_alone(kind):
 def test_eos_stops_rows_and_fills_with_eos():
     model = model_for("gpt2")
     prompt = prompts(2, 5)
-    greedy = np.asarray(flaxzoo.models.generate(model, prompt, NEW))[:, 5:]
+    greedy = np.asarray(models.generate(model, prompt, NEW))[:, 5:]
     # An eos that row 0 reaches mid-way (first occurrence), after which greedy would have gone on with other tokens.
     step = next(i for i in range(3, NEW - 3) if greedy[0, i] not in greedy[0, :i] and
                 (greedy[0, i + 1:] != greedy[0, i]).any())
     eos = int(greedy[0, step])
-    got = np.asarray(flaxzoo.models.generate(model, prompt, NEW, eos_token_id=eos))[:, 5:]
+    got = np.asarray(models.generate(model, prompt, NEW, eos_token_id=eos))[:, 5:]
     for row in range(2):
         hits = np.flatnonzero(greedy[row] == eos)
         stop = hits[0] if hits.size else NEW
@@ -136,9 +136,9 @@ def test_eos_stops_rows_and_fills_with_eos():
 def test_top_k_1_and_tiny_top_p_are_greedy():
     model = model_for("llama")
     prompt = prompts(2, 4, seed=5)
-    greedy = np.asarray(flaxzoo.models.generate(model, prompt, 16))
-    top_k = np.asarray(flaxzoo.models.generate(model, prompt, 16, temperature=1.0, top_k=1, rng=jax.random.key(7)))
-    top_p = np.asarray(flaxzoo.models.generate(model, prompt, 16, temperature=1.0, top_p=1e-6, rng=jax.random.key(7)))
+    greedy = np.asarray(models.generate(model, prompt, 16))
+    top_k = np.asarray(models.generate(model, prompt, 16, temperature=1.0, top_k=1, rng=jax.random.key(7)))
+    top_p = np.asarray(models.generate(model, prompt, 16, temperature=1.0, top_p=1e-6, rng=jax.random.key(7)))
     np.testing.assert_array_equal(top_k, greedy)
     np.testing.assert_array_equal(top_p, greedy)
 
@@ -146,7 +146,7 @@ def test_top_k_1_and_tiny_top_p_are_greedy():
 def test_sampling_is_reproducible_and_depends_on_the_key():
     model = model_for("gpt2")
     prompt = prompts(2, 4, seed=6)
-    sample = functools.partial(flaxzoo.models.generate, model, prompt, 16, temperature=1.0)
+    sample = functools.partial(models.generate, model, prompt, 16, temperature=1.0)
     a = np.asarray(sample(rng=jax.random.key(1)))
     b = np.asarray(sample(rng=jax.random.key(1)))
     c = np.asarray(sample(rng=jax.random.key(2)))
@@ -160,20 +160,20 @@ def test_sampling_is_reproducible_and_depends_on_the_key():
 @pytest.mark.parametrize("new", [0, -3])
 def test_max_new_tokens_must_be_positive(new):
     with pytest.raises(ValueError, match=rf"max_new_tokens={new}: expected a positive integer"):
-        flaxzoo.models.generate(model_for("gpt2"), prompts(1, 4), new)
+        models.generate(model_for("gpt2"), prompts(1, 4), new)
 
 
 def test_prompt_plus_new_tokens_beyond_learned_positions():
     with pytest.raises(ValueError, match=r"prompt \+ max_new_tokens = 100 \+ 30 tokens need 129 positions \(the last "
                                          r"new token is not fed back\), more than max_position_embeddings=128"):
-        flaxzoo.models.generate(model_for("gpt2"), prompts(1, 100), 30)
+        models.generate(model_for("gpt2"), prompts(1, 100), 30)
 
 
 def test_the_whole_position_table_is_usable():
     """128 learned positions: a 100-token prompt + 29 new tokens feeds 128 tokens, the last one only sampled (as
     transformers allows); the last new token equals the argmax of a full pass over the first 128 tokens."""
     model = model_for("gpt2")
-    out = np.asarray(flaxzoo.models.generate(model, prompts(1, 100), 29))
+    out = np.asarray(models.generate(model, prompts(1, 100), 29))
     assert out.shape == (1, 129)
     np.testing.assert_array_equal(forward_for("gpt2")(out[:, :128])[:, -1].argmax(-1), out[:, 128])
 
@@ -184,17 +184,17 @@ def test_token_id_out_of_range(bad):
     prompt[0, 2] = bad
     with pytest.raises(ValueError, match=rf"input_ids contains {bad}: expected token ids in \[0, 1000\) "
                                          r"\(vocab_size=1000\)"):
-        flaxzoo.models.generate(model_for("gpt2"), prompt, 4)
+        models.generate(model_for("gpt2"), prompt, 4)
 
 
 def test_non_contiguous_mask():
     with pytest.raises(ValueError, match=r"attention_mask row 1 is not contiguous: expected left or right padding"):
-        flaxzoo.models.generate(model_for("gpt2"), prompts(2, 4), 4, attention_mask=np.array([[1, 1, 1, 1], [1, 0, 1, 1]]))
+        models.generate(model_for("gpt2"), prompts(2, 4), 4, attention_mask=np.array([[1, 1, 1, 1], [1, 0, 1, 1]]))
 
 
 def test_mask_of_wrong_shape():
     with pytest.raises(ValueError, match=r"attention_mask has shape \(2, 3\): expected \(2, 4\)"):
-        flaxzoo.models.generate(model_for("gpt2"), prompts(2, 4), 4, attention_mask=np.ones((2, 3), np.int32))
+        models.generate(model_for("gpt2"), prompts(2, 4), 4, attention_mask=np.ones((2, 3), np.int32))
 
 
 # ------------------------------------------------------------------------------------ compiled once, stop ids, keys
@@ -205,27 +205,27 @@ def test_sampler_values_do_not_recompile():
 
     model = model_for("llama")
     prompt = prompts(2, 4, seed=8)
-    flaxzoo.models.generate(model, prompt, 6, temperature=0.7, top_k=5, top_p=0.9, seed=0)
+    models.generate(model, prompt, 6, temperature=0.7, top_k=5, top_p=0.9, seed=0)
     before = _generate._cache_size()
     for temperature, top_k, top_p in ((1.3, 50, 0.5), (0.2, 2, 0.99), (2.0, 900, 0.3)):
-        flaxzoo.models.generate(model, prompt, 6, temperature=temperature, top_k=top_k, top_p=top_p, seed=1)
-    flaxzoo.models.generate(model, prompt, 6, temperature=0.7, eos_token_id=[5, 6], seed=0)  # new stop ids: same program
+        models.generate(model, prompt, 6, temperature=temperature, top_k=top_k, top_p=top_p, seed=1)
+    models.generate(model, prompt, 6, temperature=0.7, eos_token_id=[5, 6], seed=0)  # new stop ids: same program
     assert _generate._cache_size() == before
 
 
 def test_several_stop_ids_and_pad_fill():
     model = model_for("gpt2")
     prompt = prompts(2, 5)
-    greedy = np.asarray(flaxzoo.models.generate(model, prompt, NEW))[:, 5:]
+    greedy = np.asarray(models.generate(model, prompt, NEW))[:, 5:]
     stops = [int(greedy[0, 4]), int(greedy[1, 7])]
-    got = np.asarray(flaxzoo.models.generate(model, prompt, NEW, eos_token_id=stops))[:, 5:]
+    got = np.asarray(models.generate(model, prompt, NEW, eos_token_id=stops))[:, 5:]
     for row in range(2):
         stop = min(np.flatnonzero(np.isin(greedy[row], stops)))
         np.testing.assert_array_equal(got[row, :stop + 1], greedy[row, :stop + 1])
         assert (got[row, stop + 1:] == stops[0]).all(), "no pad id in the config: filled with the first stop id"
     with_pad = nnx.merge(*nnx.split(model))
     with_pad.config = model.config.replace(pad_token_id=999)
-    padded = np.asarray(flaxzoo.models.generate(with_pad, prompt, NEW, eos_token_id=stops))[:, 5:]
+    padded = np.asarray(models.generate(with_pad, prompt, NEW, eos_token_id=stops))[:, 5:]
     stop = min(np.flatnonzero(np.isin(greedy[0], stops)))
     assert (padded[0, stop + 1:] == 999).all() and padded[0, stop] == greedy[0, stop]
 
@@ -233,14 +233,14 @@ def test_several_stop_ids_and_pad_fill():
 def test_sampling_without_a_key_draws_a_fresh_seed_and_a_seed_reproduces():
     model = model_for("gpt2")
     prompt = prompts(2, 4, seed=6)
-    draws = [np.asarray(flaxzoo.models.generate(model, prompt, 16, temperature=1.0)) for _ in range(2)]
+    draws = [np.asarray(models.generate(model, prompt, 16, temperature=1.0)) for _ in range(2)]
     assert (draws[0] != draws[1]).any(), "two unseeded sampling calls gave the same sample"
-    a, b = (np.asarray(flaxzoo.models.generate(model, prompt, 16, temperature=1.0, seed=11)) for _ in range(2))
+    a, b = (np.asarray(models.generate(model, prompt, 16, temperature=1.0, seed=11)) for _ in range(2))
     np.testing.assert_array_equal(a, b)
-    np.testing.assert_array_equal(a, np.asarray(flaxzoo.models.generate(model, prompt, 16, temperature=1.0,
+    np.testing.assert_array_equal(a, np.asarray(models.generate(model, prompt, 16, temperature=1.0,
                                                                 rng=jax.random.key(11))))
     with pytest.raises(ValueError, match="pass at most one of rng"):
-        flaxzoo.models.generate(model, prompt, 4, temperature=1.0, seed=1, rng=jax.random.key(1))
+        models.generate(model, prompt, 4, temperature=1.0, seed=1, rng=jax.random.key(1))
 
 
 def test_left_padding_does_not_count_against_learned_positions():
@@ -249,8 +249,8 @@ def test_left_padding_does_not_count_against_learned_positions():
     padded = np.zeros((1, 100), np.int32)
     padded[0, -20:] = real
     mask = (np.arange(100) >= 80).astype(np.int32)[None]
-    out = np.asarray(flaxzoo.models.generate(model, padded, 100, attention_mask=mask))  # 20 real + 100 new <= 128
-    np.testing.assert_array_equal(out[:, 100:], np.asarray(flaxzoo.models.generate(model, real, 100))[:, 20:])
+    out = np.asarray(models.generate(model, padded, 100, attention_mask=mask))  # 20 real + 100 new <= 128
+    np.testing.assert_array_equal(out[:, 100:], np.asarray(models.generate(model, real, 100))[:, 20:])
 
 
 @pytest.mark.parametrize("kwargs, message", [
@@ -264,17 +264,17 @@ def test_left_padding_does_not_count_against_learned_positions():
 ])
 def test_bad_generation_arguments_are_named(kwargs, message):
     with pytest.raises(ValueError, match=message):
-        flaxzoo.models.generate(model_for("gpt2"), prompts(1, 4), 4, **kwargs)
+        models.generate(model_for("gpt2"), prompts(1, 4), 4, **kwargs)
 
 
 def test_prompt_as_list_and_one_dimensional_prompt():
     model = model_for("gpt2")
-    np.testing.assert_array_equal(np.asarray(flaxzoo.models.generate(model, [[5, 6, 7]], 3)),
-                                  np.asarray(flaxzoo.models.generate(model, np.array([[5, 6, 7]]), 3)))
+    np.testing.assert_array_equal(np.asarray(models.generate(model, [[5, 6, 7]], 3)),
+                                  np.asarray(models.generate(model, np.array([[5, 6, 7]]), 3)))
     with pytest.raises(ValueError, match=r"input_ids has shape \(3,\): expected \[batch, prompt\] \(for one sequence "
                                          r"pass \[ids\]\)"):
-        flaxzoo.models.generate(model, [5, 6, 7], 3)
+        models.generate(model, [5, 6, 7], 3)
     for empty in ([[]], np.zeros((0, 4), np.int32)):
         with pytest.raises(ValueError, match=r"input_ids has shape \(\d, \d\): expected \[batch, prompt\] with batch >= 1 "
                                              r"and prompt >= 1"):
-            flaxzoo.models.generate(model, empty, 3)
+            models.generate(model, empty, 3)
