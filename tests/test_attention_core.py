@@ -342,7 +342,7 @@ def test_models_give_the_same_logits_and_gradients_with_either_impl(name):
     config = get_preset(preset, attention_impl="softmax")
     model = models.create_model(config, seed=0)
     _, params, rest = nnx.split(model, nnx.Param, ...)
-    graphdefs = {impl: nnx.split(flaxzoo.models.modeling.abstract_model(config.replace(attention_impl=impl)),
+    graphdefs = {impl: nnx.split(models.modeling.abstract_model(config.replace(attention_impl=impl)),
                                  nnx.Param, ...)[0] for impl in ("softmax", "fused")}
     for impl, graphdef in graphdefs.items():
         assert nnx.merge(graphdef, params, rest).config.attention_impl == impl

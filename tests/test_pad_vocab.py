@@ -82,7 +82,7 @@ def test_token_id_checks_reject_padding_ids():
         check_token_ids(np.array([[1, 1000]]), config)
     model = models.create_model(config)
     with pytest.raises(ValueError, match=r"contains 1000"):
-        flaxzoo.models.generate(model, [[1, 1000]], 2)
+        models.generate(model, [[1, 1000]], 2)
     # Inside jit, an id in the padding reads NaNs (as any id outside the vocabulary), never a zero row.
     hidden = jax.jit(lambda ids: model.transformer.decoder.embeddings.tokens(ids))(jnp.array([[5, 1000, 1023]]))
     assert np.isfinite(np.asarray(hidden[0, 0])).all() and np.isnan(np.asarray(hidden[0, 1:])).all()
@@ -97,7 +97,7 @@ def test_decoding_never_emits_a_padding_id():
     prompt = IDS[:, :4]
     for kwargs in (dict(), dict(temperature=1.0, seed=0), dict(temperature=100.0, seed=1),
                    dict(temperature=5.0, top_k=VOCAB, seed=2), dict(temperature=5.0, top_p=0.999, seed=3)):
-        out = np.asarray(flaxzoo.models.generate(model, prompt, 16, **kwargs))
+        out = np.asarray(models.generate(model, prompt, 16, **kwargs))
         assert out.shape == (2, 20) and out.max() < VOCAB and out.min() >= 0, kwargs
     logits = jnp.zeros((4096, PADDED)).at[:, VOCAB:].set(PADDED_LOGIT)  # all real ids equally likely
     for temperature, top_k, top_p in ((1.0, 0, 1.0), (1e4, 0, 1.0), (1.0, VOCAB, 1.0), (1.0, 0, 0.9999)):
