@@ -1,8 +1,12 @@
 """Autoregressive generation: one compiled program (prefill + ``lax.while_loop`` over cached decode steps).
 
-The program is compiled once per model, batch shape, ``max_new_tokens`` and kind of decoding (greedy, sampling,
-with or without top-k / top-p): the values of ``temperature``, ``top_k``, ``top_p``, the stop ids and the key are
-arguments, so changing them does not recompile.
+Few programs for many calls: prompts are left-aligned into a width rounded up to a shape bucket (:func:`shape_bucket`:
+16, 24, 32, 48, 64, 96, ...), the buffer of new tokens is a bucket too, and ``max_new_tokens`` is a traced loop bound,
+so calls whose longest prompt and ``max_new_tokens`` fall in the same buckets share one compiled program. Beyond the
+buckets, a program is compiled per model (its graph, in eval mode whatever mode the caller's model is in), batch size
+and kind of decoding: greedy or sampling. The values of ``temperature``, ``top_k`` and ``top_p`` (one sampling program
+serves plain, top-k and nucleus sampling: ``flaxzoo.models.sampling`` branches with ``lax.cond``), the stop ids
+(padded to 8 or the next power of two) and the key are arguments, so changing them does not recompile.
 """
 
 from __future__ import annotations
@@ -19,36 +23,79 @@ from flax import nnx
 from flaxzoo.models.layers.embeddings import as_index_array, check_token_ids
 from flaxzoo.models.sampling import check_sampling_args, sample_logits
 
+__all__ = ["MIN_BUCKET", "eval_split", "generate", "left_align", "shape_bucket"]
 
-def left_align(input_ids: np.ndarray, attention_mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Move each row's real tokens to the right end (left padding), so every row's next token goes to the same
-    cache slot. Each row's real tokens must be contiguous (left or right padding)."""
-    batch, prompt_len = input_ids.shape
+MIN_BUCKET = 16  # the smallest prompt width and new-token buffer a program is compiled for
+
+
+def shape_bucket(n: int, minimum: int = MIN_BUCKET) -> int:
+    """The smallest bucket ``>= n``: ``minimum``, then powers of two and their three-quarters (``2^k`` and
+    ``3·2^(k-2)``: 16, 24, 32, 48, 64, 96, 128, ...), so a bucket wastes at most half of itself and nearby lengths
+    share one compiled program."""
+    if not isinstance(n, (int, np.integer)) or isinstance(n, bool) or n < 1:
+        raise ValueError(f"n={n!r}: expected a positive integer")
+    if n <= minimum:
+        return minimum
+    power = 1 << (int(n) - 1).bit_length()  # the power of two >= n
+    three_quarters = power // 4 * 3
+    return three_quarters if n <= three_quarters and three_quarters >= minimum else power
+
+
+def eval_split(model: nnx.Module) -> tuple[nnx.GraphDef, nnx.State]:
+    """``nnx.split`` of ``model`` in eval mode (dropout off): of the model itself when nothing in it is in training
+    mode, else of a copy set to eval (the same arrays; the caller's model keeps its mode). Eval-mode graphs of one
+    model are equal, so compiled programs keyed by the graph are shared whatever mode the caller left it in."""
+    training = any(getattr(m, "deterministic", True) is False or getattr(m, "use_running_average", True) is False
+                   for _, m in nnx.iter_modules(model))
+    if not training:
+        return nnx.split(model)
+    copy = nnx.merge(*nnx.split(model))
+    copy.eval()
+    return nnx.split(copy)
+
+
+def _real_spans(attention_mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(start, length)`` of each row's real tokens, ``[batch]`` each; ValueError for an empty or non-contiguous
+    row."""
     lengths = attention_mask.sum(axis=1)
     starts = attention_mask.argmax(axis=1)
-    for row in range(batch):
+    for row in range(attention_mask.shape[0]):
         if lengths[row] == 0:
             raise ValueError(f"prompt row {row} has no real tokens (attention_mask is all zeros)")
         if not attention_mask[row, starts[row]:starts[row] + lengths[row]].all():
             raise ValueError(f"attention_mask row {row} is not contiguous: expected left or right padding")
-    slots = np.arange(prompt_len)[None, :]
-    first_slot = (prompt_len - lengths)[:, None]
+    return starts, lengths
+
+
+def left_align(input_ids: np.ndarray, attention_mask: np.ndarray, width: int | None = None
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's real tokens moved to the right end of ``width`` slots (default: the prompt's width), padding on the
+    left, so that every row's next token goes to the same cache slot: ``(ids [batch, width] int32 (0 in padding),
+    mask [batch, width] int32)``. Each row's real tokens must be contiguous (left or right padding) and fit."""
+    starts, lengths = _real_spans(attention_mask)
+    batch, prompt_len = input_ids.shape
+    width = prompt_len if width is None else int(width)
+    if width < lengths.max():
+        raise ValueError(f"width={width}: expected at least the longest prompt's {int(lengths.max())} real tokens")
+    slots = np.arange(width)[None, :]
+    first_slot = (width - lengths)[:, None]
     source = np.clip(starts[:, None] + slots - first_slot, 0, prompt_len - 1)
     valid = slots >= first_slot
     aligned = np.where(valid, np.take_along_axis(input_ids, source, axis=1), 0)
     return aligned.astype(np.int32), valid.astype(np.int32)
 
 
-@partial(jax.jit, static_argnames=("graphdef", "max_new_tokens", "greedy"))
-def _generate(graphdef, state, input_ids, prompt_mask, rng, temperature, top_k, top_p, stop_ids, fill, *,
-              max_new_tokens, greedy):
-    """``[batch, max_new_tokens]`` new tokens. ``stop_ids: [n]`` (-1 entries match nothing); ``fill``: the id written
-    after a stop."""
+@partial(jax.jit, static_argnames=("graphdef", "capacity", "greedy"))
+def _generate(graphdef, state, input_ids, prompt_mask, max_new_tokens, rng, temperature, top_k, top_p, stop_ids,
+              fill, *, capacity, greedy):
+    """``[batch, capacity]`` new tokens: the first ``max_new_tokens`` (traced int32, ``1 <= max_new_tokens <=
+    capacity``) generated, the rest ``fill``. ``input_ids`` / ``prompt_mask: [batch, width]``, left padded;
+    ``stop_ids: [n]`` (-1 entries match nothing); ``fill``: the id written after a stop and past ``max_new_tokens``.
+    ``capacity`` (static, a :func:`shape_bucket`) sizes the token buffer and the cache."""
     model = nnx.merge(graphdef, state)
-    model.eval()
-    batch, prompt_len = input_ids.shape
+    batch, width = input_ids.shape
     # The last new token is never fed back, so the cache needs one slot less than prompt + new tokens.
-    decode_state = model.init_state(batch, prompt_len + max_new_tokens - 1)
+    decode_state = model.init_state(batch, width + capacity - 1)
     logits, decode_state = model.decode(input_ids, decode_state, prompt_mask, last_only=True)
 
     def pick(logits, step, done):
@@ -60,7 +107,7 @@ def _generate(graphdef, state, input_ids, prompt_mask, rng, temperature, top_k, 
         return token, done | (token[:, None] == stop_ids[None, :]).any(axis=-1)
 
     first, done = pick(logits, 0, jnp.zeros((batch,), bool))
-    tokens = jnp.full((batch, max_new_tokens), fill, jnp.int32).at[:, 0].set(first)
+    tokens = jnp.full((batch, capacity), fill, jnp.int32).at[:, 0].set(first)
 
     def keep_going(carry):
         step, _, _, _, done = carry
@@ -116,7 +163,11 @@ def generate(model: nnx.Module, input_ids, max_new_tokens: int, *, attention_mas
         draws a fresh seed from the operating system each call (two calls give different samples); pass one to
         reproduce a sample. Greedy decoding uses no randomness.
 
-    Returns ``[batch, prompt + max_new_tokens]``: ``input_ids`` unchanged, then each row's new tokens.
+    Returns ``[batch, prompt + max_new_tokens]`` int32: each row's prompt and, right after its last real token,
+    its new tokens. A left-padded row keeps its padding in front (``input_ids`` row, then the new tokens); a
+    right-padded row's padding moves behind the new tokens (``[5 6 0 0]`` → ``[5 6 n1 n2 … 0 0]``), so the
+    continuation never has pad ids in the middle. The model runs in eval mode (no dropout) whatever mode it is in;
+    its mode is not changed.
     """
     if not hasattr(model, "decode") or not hasattr(model, "init_state"):
         raise ValueError(f"generate needs a causal LM with a KV cache (GPTForCausalLM); got {type(model).__name__}")
@@ -154,10 +205,18 @@ def generate(model: nnx.Module, input_ids, max_new_tokens: int, *, attention_mas
     if rng is None:
         rng = jax.random.key(0 if greedy else (secrets.randbits(63) if seed is None else int(seed)))
     fill = config.pad_token_id if config.pad_token_id is not None else (stop_ids[0] if stop_ids else 0)
-    aligned_ids, aligned_mask = left_align(input_ids, mask.astype(np.int32))
-    graphdef, state = nnx.split(model)
-    new_tokens = _generate(graphdef, state, jnp.asarray(aligned_ids), jnp.asarray(aligned_mask), rng,
-                           jnp.float32(temperature), jnp.int32(top_k), jnp.float32(top_p),
-                           jnp.asarray(_padded_stop_ids(stop_ids)), jnp.int32(fill),
-                           max_new_tokens=int(max_new_tokens), greedy=greedy)
-    return jnp.concatenate([jnp.asarray(input_ids, jnp.int32), new_tokens], axis=1)
+    mask = mask.astype(np.int32)
+    starts, lengths = _real_spans(mask)
+    aligned_ids, aligned_mask = left_align(input_ids, mask, shape_bucket(longest))
+    capacity = shape_bucket(int(max_new_tokens))
+    graphdef, state = eval_split(model)
+    # numpy arguments and device_put, not jnp.asarray: that compiles a small program for every new shape.
+    new_tokens = _generate(graphdef, state, aligned_ids, aligned_mask, np.int32(max_new_tokens), rng,
+                           np.float32(temperature), np.int32(top_k), np.float32(top_p), _padded_stop_ids(stop_ids),
+                           np.int32(fill), capacity=capacity, greedy=greedy)
+    new_tokens = np.asarray(new_tokens)[:, :max_new_tokens]
+    # Each row: its tokens up to the end of its real ones, the new tokens, then its right padding (if any).
+    out = np.empty((input_ids.shape[0], input_ids.shape[1] + int(max_new_tokens)), np.int32)
+    for row, end in enumerate((starts + lengths).tolist()):
+        out[row] = np.concatenate([input_ids[row, :end], new_tokens[row], input_ids[row, end:]])
+    return jax.device_put(out)

@@ -109,11 +109,14 @@ def test_padded_batch_generates_what_each_prompt_generates_alone(kind):
     right_mask = np.array([[1] * 3 + [0] * 4, [1] * 7])
     left = np.array([[pad] * 4 + list(short[0]), list(long[0])])
     left_mask = np.array([[0] * 4 + [1] * 3, [1] * 7])
-    for name, ids, mask in (("right", right, right_mask), ("left", left, left_mask)):
-        out = np.asarray(models.generate(model, ids, new, attention_mask=mask))
-        np.testing.assert_array_equal(out[:, :7], ids, err_msg=f"{name}: the prompt is returned unchanged")
-        for row in range(2):
-            np.testing.assert_array_equal(out[row, 7:], alone[row], err_msg=f"{name} padding, row {row}")
+    out = np.asarray(models.generate(model, left, new, attention_mask=left_mask))
+    np.testing.assert_array_equal(out[:, :7], left, err_msg="left: the prompt is returned unchanged")
+    for row in range(2):
+        np.testing.assert_array_equal(out[row, 7:], alone[row], err_msg=f"left padding, row {row}")
+    # Right padding: each row's continuation follows its last real token, its padding moves to the end.
+    out = np.asarray(models.generate(model, right, new, attention_mask=right_mask))
+    np.testing.assert_array_equal(out[0], np.concatenate([short[0], alone[0], [pad] * 4]))
+    np.testing.assert_array_equal(out[1], np.concatenate([long[0], alone[1]]))
 
 
 def test_eos_stops_rows_and_fills_with_eos():
@@ -278,3 +281,68 @@ def test_prompt_as_list_and_one_dimensional_prompt():
         with pytest.raises(ValueError, match=r"input_ids has shape \(\d, \d\): expected \[batch, prompt\] with batch >= 1 "
                                              r"and prompt >= 1"):
             models.generate(model, empty, 3)
+
+
+def test_right_padded_prompt_is_continued_right_after_its_real_tokens():
+    """``[5 6 0 0]`` (mask ``[1 1 0 0]``) continues as ``[5 6 n1 n2 … 0 0]``: no pad ids between the prompt and its
+    continuation, which equals the unpadded prompt's."""
+    model = model_for("llama")
+    alone = np.asarray(models.generate(model, [[5, 6]], 6))
+    out = np.asarray(models.generate(model, [[5, 6, 0, 0], [7, 8, 9, 10]], 6,
+                                     attention_mask=[[1, 1, 0, 0], [1, 1, 1, 1]]))
+    assert out.shape == (2, 10)
+    np.testing.assert_array_equal(out[0], np.concatenate([alone[0], [0, 0]]))
+    np.testing.assert_array_equal(out[1], np.asarray(models.generate(model, [[7, 8, 9, 10]], 6))[0])
+
+
+def test_nearby_prompt_lengths_and_new_token_counts_share_one_program():
+    """Prompts of 6, 7 and 5 tokens with 10, 10 and 12 new tokens: one compiled program (each prompt length and
+    ``max_new_tokens`` compiled its own before), and each call equal to greedy decoding by full passes. Every
+    lowering to XLA is counted (``jax.monitoring``), so host-side helpers compiled per shape would count too."""
+    from flaxzoo.models.generate import _generate
+
+    model = nnx.merge(*nnx.split(model_for("gpt2")))
+    model.config = model.config.replace(remat="full")  # a graph of its own (remat: full passes only, not decoding)
+    models.generate(model, prompts(2, 40, seed=20), 40)  # other buckets: warms up eager helpers (the key)
+    lowered = []
+
+    def listen(event, duration, **kwargs):
+        if event == "/jax/core/compile/jaxpr_to_mlir_module_duration":
+            lowered.append(kwargs.get("fun_name"))
+
+    jax.monitoring.register_event_duration_secs_listener(listen)
+    try:
+        before = _generate._cache_size()
+        outputs = [(length, new, np.asarray(models.generate(model, prompts(2, length, seed=length), new)))
+                   for length, new in ((6, 10), (7, 10), (5, 12))]
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listen)
+    assert _generate._cache_size() - before == 1 and len(lowered) == 1, lowered
+    for length, new, out in outputs:
+        assert out.shape == (2, length + new)
+        np.testing.assert_array_equal(out, greedy_by_full_passes("gpt2", prompts(2, length, seed=length), new))
+
+
+def test_a_model_in_training_mode_generates_in_eval_mode():
+    """Dropout 0.3, the model as ``create_model`` leaves it (training mode): generate equals the eval-mode result,
+    shares its compiled program, and leaves the caller's model in training mode."""
+    from flaxzoo.models.generate import _generate
+
+    config = get_preset("llama-tiny", dropout=0.3, attention_dropout=0.3)
+    train_mode = models.create_model(config, seed=0)
+    assert any(getattr(m, "deterministic", True) is False for _, m in nnx.iter_modules(train_mode))
+    eval_mode = nnx.merge(*nnx.split(train_mode))
+    eval_mode.eval()
+    expected = np.asarray(models.generate(eval_mode, prompts(2, 5, seed=4), 8))
+    before = _generate._cache_size()
+    np.testing.assert_array_equal(np.asarray(models.generate(train_mode, prompts(2, 5, seed=4), 8)), expected)
+    assert _generate._cache_size() == before, "the training-mode model compiled a program of its own"
+    assert any(getattr(m, "deterministic", True) is False for _, m in nnx.iter_modules(train_mode))
+
+
+@pytest.mark.parametrize("n, bucket", [(1, 16), (16, 16), (17, 24), (24, 24), (25, 32), (33, 48), (49, 64),
+                                       (100, 128), (129, 192), (1000, 1024)])
+def test_shape_buckets(n, bucket):
+    from flaxzoo.models.generate import shape_bucket
+
+    assert shape_bucket(n) == bucket
