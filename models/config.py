@@ -40,8 +40,10 @@ class TransformerConfig:
     ``remat`` and ``scan_layers`` change how the layer stack is executed, never its parameters or its outputs:
     ``remat="full"`` recomputes each layer's activations in the backward pass, ``"dots"`` keeps the results of the
     weight matmuls and recomputes the rest, ``"none"`` keeps everything; ``scan_layers`` runs the layers as one
-    ``lax.scan`` over their stacked parameters (one compiled layer body instead of ``num_layers`` copies). Both apply
-    to full-sequence forward passes (training, evaluation); cached decoding always runs the plain loop.
+    ``lax.scan`` over their stacked parameters (one compiled layer body instead of ``num_layers`` copies). ``remat``
+    applies to full-sequence forward passes only (training, evaluation); cached decoding never recomputes.
+    ``scan_layers`` applies to cached decoding too: stacked layers decode in the same ``lax.scan``, each step
+    reading and writing its layer's slice of the KV cache (per-layer storage decodes in a Python loop).
     ``attention_impl`` picks the attention core (same outputs): ``"fused"`` is ``jax.nn.dot_product_attention``
     (cuDNN flash attention on GPU where cuDNN takes the shapes, XLA otherwise), ``"softmax"`` the kernel with a
     closed-form backward (``models/layers/attention_core.py``), ``"splash"`` Pallas' TPU splash attention and
