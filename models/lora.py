@@ -65,8 +65,8 @@ class LoraError(ValueError):
 class LoraConfig:
     """What to adapt and how: ``rank`` r > 0, ``alpha`` (the update is scaled by ``alpha / rank``), ``targets``
     (names of :data:`TARGET_PATTERNS` or regular expressions over dotted module paths such as
-    ``transformer.decoder.layers.3.attention.query``), ``base_dtype`` of the frozen base weights (``"int8"``:
-    QLoRA-style, qwix weight-only int8 with per-channel scales)."""
+    ``transformer.decoder.layers.3.attention.query``), ``base_dtype`` of the adapted projections' frozen weights
+    (``"int8"``: QLoRA-style, qwix weight-only int8 with per-channel scales; other parameters keep their dtype)."""
 
     rank: int
     alpha: float
@@ -186,8 +186,10 @@ def _intercepted(dense: Dense, lora: LoraConfig) -> Dense:
 def apply_lora(model: nnx.Module, lora: LoraConfig, *, seed: int = 0) -> nnx.Module:
     """``model`` with LoRA adapters on the projections ``lora.targets`` selects (changed in place and returned).
 
-    The base parameters keep their values (``lora.base_dtype="bfloat16"`` stores them in bfloat16; ``"int8"``
-    quantises the adapted projections' kernels with qwix); each adapter's ``A`` is drawn from ``seed`` and the
+    The base parameters keep their values. ``lora.base_dtype`` applies to the adapted projections only, whose
+    weights stay frozen: ``"bfloat16"`` stores their kernels and biases in bfloat16, ``"int8"`` quantises their
+    kernels with qwix. Everything else keeps its dtype, so a head trained fully (``train_fully``: a classifier, a
+    pooler) trains in float32 with float32 optimizer moments. Each adapter's ``A`` is drawn from ``seed`` and the
     module path, ``B`` is zero. Works on concrete and abstract (``nnx.eval_shape``) models, per-layer or stacked.
     """
     if any(LORA_A in vars(m) for m in dense_modules(model).values()):
@@ -203,6 +205,8 @@ def apply_lora(model: nnx.Module, lora: LoraConfig, *, seed: int = 0) -> nnx.Mod
             from flaxzoo.models.quantize import quantize_dense  # the int8 weight layout lives in one place
 
             dense = quantize_dense(dense)
+        elif lora.base_dtype == "bfloat16":
+            _to_bfloat16(dense)
         # One key per (module, layer), the same whether the layers are stored per layer or stacked.
         module_key, layer = _module_key(key, path)
         if len(a_shape) == 3:
@@ -217,14 +221,16 @@ def apply_lora(model: nnx.Module, lora: LoraConfig, *, seed: int = 0) -> nnx.Mod
         setattr(adapted, LORA_B, nnx.LoRAParam(jnp.zeros(b_shape, jnp.float32), **metadata))
         _set_child(parent, name, adapted)
     model.lora_config = lora  # static: recorded in the graph, read back by merge_lora and the checkpoint writer
-    if lora.base_dtype == "bfloat16":
-        for module in dense_modules(model).values():
-            for name in ("kernel", "bias"):
-                var = getattr(module, name, None)
-                if isinstance(var, nnx.Param) and not isinstance(var, nnx.LoRAParam) \
-                        and jnp.issubdtype(var.get_value().dtype, jnp.floating):
-                    var.set_value(var.get_value().astype(jnp.bfloat16))
     return model
+
+
+def _to_bfloat16(dense: Dense) -> None:
+    """Store an adapted (frozen) projection's float kernel and bias in bfloat16, in place."""
+    for name in ("kernel", "bias"):
+        var = getattr(dense, name, None)
+        if isinstance(var, nnx.Param) and not isinstance(var, nnx.LoRAParam) \
+                and jnp.issubdtype(var.get_value().dtype, jnp.floating):
+            var.set_value(var.get_value().astype(jnp.bfloat16))
 
 
 _LAYER_INDEX = re.compile(r"(^|\.)layers\.(\d+)(?=\.)")

@@ -239,3 +239,27 @@ def test_train_fully_names_select_the_head_or_the_embeddings():
     names = {".".join(map(str, p)) for p, _ in nnx.to_flat_state(trained)}
     assert {"classifier.kernel", "classifier.bias", "bert.pooler.kernel"} <= names
     assert all("lora" in n or n.startswith(("classifier", "bert.pooler")) for n in names)
+
+
+@pytest.mark.parametrize("scan", [False, True])
+def test_bfloat16_base_casts_only_the_adapted_projections(scan):
+    """``base_dtype="bfloat16"``: the adapted projections' kernels and biases bfloat16; the head trained fully
+    (pooler, classifier), the projections not targeted, the embeddings and norms stay float32, and so do the Adam
+    moments of what is trained."""
+    from flaxzoo.models.lora import frozen_and_trainable
+
+    config = get_preset("bert-tiny").replace(scan_layers=scan)
+    model = apply_lora(create_model(config.replace(num_labels=3), BertForSequenceClassification),
+                       LoraConfig(rank=2, alpha=4.0, targets=("query", "value"), base_dtype="bfloat16"))
+    dtypes = {".".join(map(str, p)): str(v.get_value().dtype)
+              for p, v in nnx.to_flat_state(nnx.state(model, nnx.Param))}
+    adapted_weights = {p for p in dtypes if ".attention.query." in p or ".attention.value." in p}
+    assert adapted_weights and {p.rsplit(".", 1)[-1] for p in adapted_weights} >= {"kernel", "bias"}
+    for path, dtype in dtypes.items():
+        expected = "float32" if "lora" in path or path not in adapted_weights else "bfloat16"
+        assert dtype == expected, (path, dtype)
+    for path in ("classifier.kernel", "classifier.bias", "bert.pooler.kernel", "bert.pooler.bias"):
+        assert dtypes[path] == "float32", path
+    trained = nnx.state(model, frozen_and_trainable(("head",)))
+    moments = optax.adam(1e-3).init(trained)
+    assert {str(x.dtype) for x in jax.tree.leaves(moments) if x.ndim} == {"float32"}
