@@ -1,5 +1,5 @@
 """The notebooks in ``notebooks/``: stored without outputs, each opening the same way, each run top to bottom in
-SMALL mode in a fresh kernel (nbclient), its plots valid PNG images, its reported figures equal to the README's.
+SMALL mode in a fresh kernel (nbclient), its plots valid PNG images, its reported figures equal to those of ``docs/notebooks.md``.
 
 ``FLAXZOO_EXECUTED_NOTEBOOKS=DIR`` keeps the executed copies in DIR (to look at them, or to read figures off them).
 """
@@ -21,6 +21,7 @@ from flaxzoo.train.notebook import FIGURE_PREFIX
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 NOTEBOOK_DIR = ROOT / "notebooks"
 README = ROOT / "README.md"
+NOTEBOOKS_DOC = ROOT / "docs" / "notebooks.md"  # the figures table
 NAMES = ("01_quickstart", "02_train_gpt", "03_pretrain_bert_mlm", "04_finetune_news_headlines", "05_inside_attention",
          "06_scale_out")
 COLAB_URL = "https://colab.research.google.com/github/flaxzoo/flaxzoo/blob/main/notebooks/{name}.ipynb"
@@ -45,15 +46,15 @@ def source(cell: dict) -> str:
 
 
 def readme_figures() -> dict[str, dict[str, str]]:
-    """The README's notebook figures table: {notebook: {figure: SMALL-mode value as written}}."""
+    """docs/notebooks.md's figures table: {notebook: {figure: SMALL-mode value as written}}."""
     out: dict[str, dict[str, str]] = {}
-    for notebook, name, value in README_ROW.findall(README.read_text()):
+    for notebook, name, value in README_ROW.findall(NOTEBOOKS_DOC.read_text()):
         out.setdefault(notebook, {})[name] = value.strip().strip("`")
     return out
 
 
 def agrees(printed: str, expected: str) -> bool:
-    """A number agrees to within one unit of the README's last digit (or the README's own '± x'); text exactly."""
+    """A number agrees to within one unit of the table's last digit (or the table's own '± x'); text exactly."""
     number = re.compile(r"^-?\d[\d,]*(\.\d+)?(e-?\d+)?$")
     expected, _, plus_minus = (part.strip() for part in expected.partition("±"))
     if not number.match(expected.replace(" ", "")):
@@ -110,15 +111,16 @@ def test_install_cell_installs_only_when_missing():
     assert "jax[cuda12]" in install and "jax[tpu]" in install, "a Colab GPU / TPU needs JAX's matching build"
 
 
-def test_readme_links_every_notebook_and_lists_its_figures():
-    text = README.read_text()
-    for name in NAMES:
-        assert f"(notebooks/{name}.ipynb)" in text, f"README does not link notebooks/{name}.ipynb"
+def test_docs_link_every_notebook_and_list_its_figures():
+    for doc, prefix in ((README, "notebooks/"), (NOTEBOOKS_DOC, "../notebooks/")):
+        text = doc.read_text()
+        for name in NAMES:
+            assert f"({prefix}{name}.ipynb)" in text, f"{doc.name} does not link {prefix}{name}.ipynb"
     table = readme_figures()
-    assert set(table) == set(NAMES), f"README figure rows for {sorted(table)}, expected {list(NAMES)}"
+    assert set(table) == set(NAMES), f"docs/notebooks.md figure rows for {sorted(table)}, expected {list(NAMES)}"
     for name in NAMES:
         reported = set(re.findall(r'figure\(\s*"([^"]+)"', "".join(source(c) for c in code_cells(load(name)))))
-        assert reported == set(table[name]), (f"{name}: figure(...) calls {sorted(reported)}, README rows "
+        assert reported == set(table[name]), (f"{name}: figure(...) calls {sorted(reported)}, docs/notebooks.md rows "
                                               f"{sorted(table[name])}")
 
 
@@ -198,10 +200,10 @@ def test_runs_in_small_mode(name, tmp_path, monkeypatch):
     assert len(printed) == len(lines), f"{name}: a figure reported twice: {[k for k, _ in lines]}"
     listed = readme_figures().get(name, {})
     assert printed, f"{name}: reported no figures"
-    assert set(listed) == set(printed), (f"{name}: the README lists {sorted(listed)}, the notebook reports "
+    assert set(listed) == set(printed), (f"{name}: docs/notebooks.md lists {sorted(listed)}, the notebook reports "
                                          f"{sorted(printed)}")
     wrong = {k: (printed[k], listed[k]) for k in listed if not agrees(printed[k], listed[k])}
-    assert not wrong, f"{name}: printed vs README: {wrong}"
+    assert not wrong, f"{name}: printed vs docs/notebooks.md: {wrong}"
 
 
 def test_setup_helpers():
