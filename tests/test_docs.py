@@ -1,0 +1,231 @@
+"""Every fenced code block of ``README.md`` and ``docs/*.md`` runs as written.
+
+How a page runs (one test per page, marker ``docs``):
+
+- Its ```` ```python ```` and ```` ```bash ```` blocks run in document order in one fresh Python process
+  (``tests/docs_runner.py``) whose working directory is a new temporary folder holding a link ``configs`` to the
+  repository's ``configs/`` (so ``--config configs/NAME.py`` resolves as in a clone). Python blocks share one
+  namespace: a page's blocks may build on each other, as a notebook's cells do. Bash blocks run with
+  ``bash -e -o pipefail``, this environment's ``bin/`` first on ``PATH`` (``python``, ``flaxzoo``), so files one
+  block writes (``runs/NAME``, a converted checkpoint) are there for the next.
+- Blocks in any other language (none, ``text``, ``console``, ...) are not run.
+- HTML comments on the lines right above a block's opening fence change how it runs:
+
+  - ``<!-- docs-test: skip REASON -->``: not run; the reason is required (say what is missing: a TPU pod, a SLURM
+    cluster, ...). Skips are meant to be rare: ``MAX_SKIPS`` in all.
+  - ``<!-- docs-test: append ARGS -->``: ARGS are appended to every command line of the (bash) block that runs
+    ``python -m flaxzoo...`` or ``flaxzoo ...`` (continuation lines joined, before a trailing ``# comment``):
+    fewer steps or smaller settings for a slow command, e.g. ``--config.steps=4``. Later flags win, so a shown
+    ``--rounds 3`` can be shortened by an appended ``--rounds 1``.
+  - ``<!-- docs-test: env NAME=VALUE ... -->``: environment variables for that block.
+
+  Anything else after ``docs-test:`` fails the static test below.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pathlib
+import re
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+RUN_LANGS = {"python", "bash"}
+MAX_SKIPS = 8
+PAGE_TIMEOUT_S = 900
+FENCE = re.compile(r"^```\s*([\w+-]*)\s*$")
+DIRECTIVE = re.compile(r"^<!--\s*docs-test:\s*(.*?)\s*-->\s*$")
+FLAXZOO_COMMAND = re.compile(r"(^|[\s;&|(])(\S*python3?\s+-m\s+flaxzoo\b|flaxzoo\s)")
+
+
+@dataclasses.dataclass
+class Block:
+    page: pathlib.Path
+    line: int  # 1-based line of the opening fence
+    lang: str
+    code: str
+    skip: str | None = None
+    append: str = ""
+    env: dict[str, str] = dataclasses.field(default_factory=dict)
+
+    @property
+    def where(self) -> str:
+        return f"{self.page.relative_to(ROOT)}:{self.line}"
+
+
+def parse_directive(text: str, block: Block) -> None:
+    kind, _, rest = text.partition(" ")
+    rest = rest.strip()
+    if kind == "skip":
+        if not rest:
+            raise ValueError(f"{block.where}: docs-test: skip needs a reason")
+        block.skip = rest
+    elif kind == "append":
+        if not rest:
+            raise ValueError(f"{block.where}: docs-test: append needs arguments")
+        block.append = f"{block.append} {rest}".strip()
+    elif kind == "env":
+        for item in shlex.split(rest):
+            name, eq, value = item.partition("=")
+            if not eq or not name.isidentifier():
+                raise ValueError(f"{block.where}: docs-test: env expects NAME=VALUE, got {item!r}")
+            block.env[name] = value
+    else:
+        raise ValueError(f"{block.where}: unknown directive 'docs-test: {text}' (expected skip / append / env)")
+
+
+def blocks_of(page: pathlib.Path) -> list[Block]:
+    """The fenced blocks of a page (every language), with the directives right above each."""
+    lines = page.read_text().splitlines()
+    out: list[Block] = []
+    attached: set[int] = set()
+    i = 0
+    while i < len(lines):
+        m = FENCE.match(lines[i])
+        if not m:
+            i += 1
+            continue
+        start = i
+        j = i + 1
+        while j < len(lines) and not re.match(r"^```\s*$", lines[j]):
+            j += 1
+        if j == len(lines):
+            raise ValueError(f"{page.relative_to(ROOT)}:{start + 1}: a code block that never closes")
+        block = Block(page, start + 1, m.group(1).lower(), "\n".join(lines[start + 1:j]) + "\n")
+        k = start - 1
+        directives = []
+        while k >= 0 and DIRECTIVE.match(lines[k]):
+            directives.append(DIRECTIVE.match(lines[k]).group(1))
+            attached.add(k)
+            k -= 1
+        for text in reversed(directives):
+            parse_directive(text, block)
+        out.append(block)
+        i = j + 1
+    # A directive anywhere else is a mistake (it would silently do nothing).
+    for n, line in enumerate(lines):
+        if DIRECTIVE.match(line) and n not in attached:
+            raise ValueError(f"{page.relative_to(ROOT)}:{n + 1}: a docs-test directive not right above a code block")
+    return out
+
+
+def split_comment(line: str) -> tuple[str, str]:
+    """``(command, comment)``: a ``#`` that starts a word outside quotes begins the comment."""
+    quote = None
+    for i, ch in enumerate(line):
+        if quote:
+            if ch == quote:
+                quote = None
+        elif ch in "'\"":
+            quote = ch
+        elif ch == "#" and (i == 0 or line[i - 1].isspace()):
+            return line[:i].rstrip(), line[i:]
+    return line.rstrip(), ""
+
+
+def with_appended(code: str, args: str) -> str:
+    """``code`` with ``args`` at the end of every logical line that runs ``python -m flaxzoo...`` / ``flaxzoo``."""
+    if not args:
+        return code
+    logical, pending = [], ""
+    for line in code.splitlines():
+        if line.rstrip().endswith("\\"):
+            pending += line.rstrip()[:-1] + " "
+            continue
+        logical.append(pending + line)
+        pending = ""
+    if pending:
+        logical.append(pending)
+    out = []
+    for line in logical:
+        command, comment = split_comment(line)
+        if FLAXZOO_COMMAND.search(command):
+            line = f"{command} {args}" + (f"  {comment}" if comment else "")
+        out.append(line)
+    return "\n".join(out) + "\n"
+
+
+def all_blocks() -> list[Block]:
+    return [b for page in PAGES for b in blocks_of(page)]
+
+
+def page_id(page: pathlib.Path) -> str:
+    return str(page.relative_to(ROOT))
+
+
+# ======================================================================================================= static
+def test_directives_parse_and_skips_are_rare():
+    blocks = all_blocks()
+    skipped = [b for b in blocks if b.skip and b.lang in RUN_LANGS]
+    assert len(skipped) <= MAX_SKIPS, "skipped blocks: " + ", ".join(f"{b.where} ({b.skip})" for b in skipped)
+    for b in blocks:
+        if b.lang not in RUN_LANGS:
+            assert not (b.skip or b.append or b.env), f"{b.where}: a directive on a {b.lang or 'plain'} block"
+        if b.append:
+            assert b.lang == "bash" and FLAXZOO_COMMAND.search(b.code), f"{b.where}: append on no flaxzoo command"
+
+
+def test_append_rule():
+    code = "python -m flaxzoo.train --config x   # a comment\nflaxzoo train \\\n  --config y\nls '#'\n"
+    assert with_appended(code, "--config.steps=2") == (
+        "python -m flaxzoo.train --config x --config.steps=2  # a comment\n"
+        "flaxzoo train    --config y --config.steps=2\nls '#'\n")
+    assert with_appended("python -m flaxzoo.models.convert a b\n", "") == "python -m flaxzoo.models.convert a b\n"
+
+
+def test_parse_block_and_directives(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    page = tmp_path / "p.md"
+    page.write_text("text\n<!-- docs-test: env A=1 B=two -->\n<!-- docs-test: append --x -->\n```bash\nflaxzoo train\n"
+                    "```\n\n<!-- docs-test: skip needs a TPU pod -->\n```python\nprint(1)\n```\n```\nplain\n```\n")
+    a, b, c = blocks_of(page)
+    assert (a.lang, a.env, a.append, a.line) == ("bash", {"A": "1", "B": "two"}, "--x", 4)
+    assert (b.lang, b.skip, b.code) == ("python", "needs a TPU pod", "print(1)\n")
+    assert c.lang == "" and c.code == "plain\n"
+    page.write_text("<!-- docs-test: skip -->\n```bash\nls\n```\n")
+    with pytest.raises(ValueError, match="needs a reason"):
+        blocks_of(page)
+    page.write_text("<!-- docs-test: fast -->\n```bash\nls\n```\n")
+    with pytest.raises(ValueError, match="unknown directive"):
+        blocks_of(page)
+    page.write_text("<!-- docs-test: skip x -->\n\n```bash\nls\n```\n")
+    with pytest.raises(ValueError, match="not right above"):
+        blocks_of(page)
+
+
+# ===================================================================================================== executed
+def run_page(page: pathlib.Path, tmp_path: pathlib.Path) -> None:
+    blocks = [b for b in blocks_of(page) if b.lang in RUN_LANGS and not b.skip]
+    if not blocks:
+        pytest.skip(f"{page_id(page)} has no code block to run")
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "configs").symlink_to(ROOT / "configs", target_is_directory=True)
+    spec = [{"where": b.where, "lang": b.lang, "env": b.env,
+             "code": with_appended(b.code, b.append) if b.lang == "bash" else b.code} for b in blocks]
+    (tmp_path / "blocks.json").write_text(json.dumps(spec))
+    env = dict(os.environ)
+    env["PATH"] = f"{pathlib.Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    env.setdefault("MPLBACKEND", "Agg")
+    env["PYTHONUNBUFFERED"] = "1"
+    done = subprocess.run([sys.executable, str(ROOT / "tests" / "docs_runner.py"), str(tmp_path / "blocks.json")],
+                          cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          timeout=PAGE_TIMEOUT_S)
+    print(done.stdout[-20000:])
+    if done.returncode != 0:
+        failed = re.findall(r"^FAILED: (.*)$", done.stdout, re.MULTILINE)
+        pytest.fail(f"{page_id(page)}: {failed[-1] if failed else 'the runner failed'}\n{done.stdout[-12000:]}",
+                    pytrace=False)
+
+
+@pytest.mark.docs
+@pytest.mark.parametrize("page", PAGES, ids=page_id)
+def test_code_blocks_run(page, tmp_path):
+    run_page(page, tmp_path)
