@@ -3,7 +3,13 @@ probabilities) from a sequence classifier.
 
 All take a model and a ``tokenizers.Tokenizer`` (``models.load_tokenizer``), tokenize without the tokenizer's own
 padding (each batch is padded here to its longest row, rounded up to a multiple of 8 so that few shapes compile), and
-run compiled programs.
+run compiled programs in eval mode (no dropout), whatever mode the caller's model is in; its mode is not changed.
+
+Truncation, the same for ``embed`` and ``classify``: a text keeps at most ``max_length`` tokens, special tokens
+included (``[CLS]`` and ``[SEP]`` kept). ``max_length=None`` (the default) is the tokenizer's own truncation length
+when it has one (``load_tokenizer`` of a sentence-transformers folder sets sentence-transformers' ``max_seq_length``:
+256 for all-MiniLM-L6-v2), at most the model's positions; else the model's positions
+(``max_position_embeddings - position_offset``). See :func:`resolve_max_length`.
 """
 
 from __future__ import annotations
@@ -18,21 +24,57 @@ import tokenizers
 from flax import nnx
 
 from flaxzoo.models.bert import BertForSequenceClassification, BertModel
-from flaxzoo.models.generate import generate
+from flaxzoo.models.generate import eval_split, generate
 from flaxzoo.models.gpt import GPTForCausalLM, GPTModel
 
 __all__ = ["Classifier", "PAD_MULTIPLE", "TRUNCATION_STRATEGIES", "classify", "embed", "encode_for_classification",
-           "encode_texts", "generate_text", "pad_batch", "plain_tokenizer", "truncate_ids"]
+           "encode_texts", "generate_text", "pad_batch", "plain_tokenizer", "resolve_max_length", "truncate_ids",
+           "truncating_tokenizer"]
 
 PAD_MULTIPLE = 8  # batches are padded to a multiple of this many tokens
 TRUNCATION_STRATEGIES = ("head", "head_tail")
 
 
-def encode_texts(tokenizer: tokenizers.Tokenizer, texts: Sequence[str], *, add_special_tokens: bool = True
-                 ) -> list[list[int]]:
-    """Token ids of each text, whatever padding the tokenizer is set to (pad tokens are dropped)."""
+def encode_texts(tokenizer: tokenizers.Tokenizer, texts: Sequence[str], *, add_special_tokens: bool = True,
+                 max_length: int | None = None) -> list[list[int]]:
+    """Token ids of each text, whatever padding the tokenizer is set to (pad tokens are dropped).
+
+    ``max_length=None``: truncated as the tokenizer is set to; an int: at most that many tokens, special tokens
+    included and kept (the tokenizer's own truncation replaced by this length, on a copy: ``tokenizer`` is
+    unchanged)."""
+    if max_length is not None:
+        tokenizer = truncating_tokenizer(tokenizer, max_length)
     encodings = tokenizer.encode_batch(list(texts), add_special_tokens=add_special_tokens)
     return [[i for i, real in zip(e.ids, e.attention_mask) if real] for e in encodings]
+
+
+def truncating_tokenizer(tokenizer: tokenizers.Tokenizer, max_length: int) -> tokenizers.Tokenizer:
+    """``tokenizer`` itself when it truncates at ``max_length`` (right side, no stride) already, else a copy that
+    does (the caller's tokenizer is unchanged). Special tokens count against the length and are kept."""
+    wanted = {"max_length": max_length, "stride": 0, "direction": "right"}
+    if tokenizer.truncation is not None and all(tokenizer.truncation.get(k) == v for k, v in wanted.items()):
+        return tokenizer
+    copy = tokenizers.Tokenizer.from_str(tokenizer.to_str())
+    copy.enable_truncation(max_length=max_length)
+    return copy
+
+
+def resolve_max_length(config, tokenizer: tokenizers.Tokenizer, max_length: int | None, *, minimum: int = 1) -> int:
+    """The truncation length ``embed`` and ``classify`` use: ``max_length`` when given (ValueError unless an integer
+    ``>= minimum`` and, for a learned / sinusoidal position table, at most the model's positions); None: the
+    tokenizer's own truncation length when it has one, capped at the model's positions; else the positions
+    (``max_position_embeddings - position_offset``)."""
+    positions = config.max_position_embeddings - config.position_offset
+    if max_length is None:
+        own = None if tokenizer.truncation is None else tokenizer.truncation["max_length"]
+        return positions if own is None else min(own, positions)
+    if not isinstance(max_length, (int, np.integer)) or isinstance(max_length, bool) or max_length < minimum:
+        raise ValueError(f"max_length={max_length!r}: expected an integer >= {minimum}"
+                         + (" (two special tokens and a body)" if minimum == 3 else ""))
+    if config.position in ("learned", "sinusoidal") and max_length > positions:
+        raise ValueError(f"max_length={max_length}: expected at most the model's {positions} positions "
+                         "(max_position_embeddings - position_offset)")
+    return int(max_length)
 
 
 def plain_tokenizer(tokenizer: tokenizers.Tokenizer) -> tokenizers.Tokenizer:
@@ -89,12 +131,14 @@ def _mean_pooled(graphdef: nnx.GraphDef, state: nnx.State, ids: jax.Array, mask:
 
 
 def embed(model: nnx.Module, tokenizer: tokenizers.Tokenizer, texts: str | Sequence[str], *, batch_size: int = 32,
-          normalize: bool = True) -> np.ndarray:
+          normalize: bool = True, max_length: int | None = None) -> np.ndarray:
     """Sentence embeddings: hidden states mean-pooled over each text's real tokens, L2-normalised.
 
-    This is what sentence-transformers computes for all-MiniLM-L6-v2 (its ``1_Pooling`` mean + ``Normalize``).
-    Texts are encoded with the tokenizer's special tokens and truncation (``[CLS] … [SEP]``), batched by
-    ``batch_size``. Returns ``[len(texts), hidden]`` float32 (one row for a single string).
+    This is what sentence-transformers computes for all-MiniLM-L6-v2 (its ``1_Pooling`` mean + ``Normalize``, its
+    ``max_seq_length`` of 256 tokens when the tokenizer comes from ``load_tokenizer`` of the model's folder). Texts
+    are encoded with the tokenizer's special tokens (``[CLS] … [SEP]``), cut to ``max_length`` tokens (default: see
+    :func:`resolve_max_length`; the same rule as :func:`classify`), batched by ``batch_size``; the model runs in
+    eval mode. Returns ``[len(texts), hidden]`` float32 (one row for a single string).
     """
     single = isinstance(texts, str)
     texts = [texts] if single else list(texts)
@@ -103,16 +147,18 @@ def embed(model: nnx.Module, tokenizer: tokenizers.Tokenizer, texts: str | Seque
     if batch_size < 1:
         raise ValueError(f"batch_size={batch_size}: expected a positive integer")
     stack = _stack(model)
-    graphdef, state = nnx.split(model)
-    limit = model.config.max_position_embeddings if model.config.position in ("learned", "sinusoidal") else None
+    max_length = resolve_max_length(model.config, tokenizer, max_length)
+    tokenizer = truncating_tokenizer(tokenizer, max_length)
+    graphdef, state = eval_split(model)
     out = []
     for start in range(0, len(texts), batch_size):
         rows = encode_texts(tokenizer, texts[start:start + batch_size])
         if min(len(r) for r in rows) == 0:
             raise ValueError("a text encodes to no tokens at all; embed needs at least one token per text")
-        ids, mask = pad_batch(rows, pad_id=model.config.pad_token_id or 0, left=False, limit=limit)
+        ids, mask = pad_batch(rows, pad_id=model.config.pad_token_id or 0, left=False, limit=max_length)
         stack.check_inputs(ids, mask)  # ids in range, length within the positions: before compiling
-        out.append(np.asarray(_mean_pooled(graphdef, state, jnp.asarray(ids), jnp.asarray(mask))))
+        # numpy arguments: jnp.asarray would compile a small program per new shape
+        out.append(np.asarray(_mean_pooled(graphdef, state, ids, mask)))
     vectors = np.concatenate(out)
     if normalize:
         vectors = vectors / np.maximum(np.linalg.norm(vectors, axis=-1, keepdims=True), 1e-12)
@@ -227,13 +273,6 @@ def _class_probabilities(graphdef: nnx.GraphDef, state: nnx.State, ids: jax.Arra
     return jax.nn.softmax(nnx.merge(graphdef, state)(ids, mask).astype(jnp.float32), axis=-1)
 
 
-def _eval_split(model: nnx.Module) -> tuple[nnx.GraphDef, nnx.State]:
-    """``nnx.split`` of an eval-mode copy of ``model`` (same arrays; the caller's model keeps its mode)."""
-    copy = nnx.merge(*nnx.split(model))
-    copy.eval()
-    return nnx.split(copy)
-
-
 class Classifier:
     """A ``BertForSequenceClassification`` ready to serve: an eval-mode split of the model and a copy of the
     tokenizer without its own truncation or padding, made once; calling it is :func:`classify` (``classify`` builds
@@ -247,17 +286,13 @@ class Classifier:
         if not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size={batch_size!r}: expected a positive integer")
         config = model.config
-        positions = config.max_position_embeddings - config.position_offset
-        max_length = positions if max_length is None else max_length
+        max_length = resolve_max_length(config, tokenizer, max_length, minimum=3)
         _check_truncation(max_length, truncation, head_tokens)
-        if config.position in ("learned", "sinusoidal") and max_length > positions:
-            raise ValueError(f"max_length={max_length}: expected at most the model's {positions} positions "
-                             "(max_position_embeddings - position_offset)")
         self.config, self.batch_size, self.max_length = config, batch_size, max_length
         self.truncation, self.head_tokens = truncation, head_tokens
         self.tokenizer = plain_tokenizer(tokenizer)
         self.check_inputs = model.bert.encoder.check_inputs
-        self.graphdef, self.state = _eval_split(model)
+        self.graphdef, self.state = eval_split(model)
 
     def __call__(self, texts: str | Sequence[str]) -> tuple[list, np.ndarray]:
         config = self.config
@@ -274,8 +309,7 @@ class Classifier:
             ids, mask = pad_batch([rows[i] for i in chunk], pad_id=config.pad_token_id or 0, limit=self.max_length,
                                   num_rows=min(self.batch_size, 1 << (len(chunk) - 1).bit_length()))
             self.check_inputs(ids, mask)  # ids in range: before compiling
-            probs[chunk] = np.asarray(_class_probabilities(self.graphdef, self.state, jnp.asarray(ids),
-                                                           jnp.asarray(mask)))[:len(chunk)]
+            probs[chunk] = np.asarray(_class_probabilities(self.graphdef, self.state, ids, mask))[:len(chunk)]
         best = probs.argmax(axis=-1).tolist()
         labels = [config.label_names[i] for i in best] if config.label_names is not None else best
         return labels, probs
@@ -286,11 +320,13 @@ def classify(model: nnx.Module, tokenizer: tokenizers.Tokenizer, texts: str | Se
              ) -> tuple[list, np.ndarray]:
     """Labels and class probabilities of each text from a ``BertForSequenceClassification`` (eval mode: no dropout).
 
-    Texts are encoded by :func:`encode_for_classification` (``max_length`` default: the model's positions,
-    ``max_position_embeddings - position_offset``; ``truncation`` / ``head_tokens`` as :func:`truncate_ids`),
-    batched by ``batch_size`` in order of length, each batch padded on the right to its longest row rounded up to a
-    multiple of 8 and to a power-of-two number of rows (one compiled program per such shape). To classify many small batches, build a :class:`Classifier`
-    once and call it.
+    Texts are encoded by :func:`encode_for_classification` (``max_length`` default: :func:`resolve_max_length`, the
+    same rule as :func:`embed`: the tokenizer's truncation length, at most the model's positions, else the
+    positions; the tokenizer's own truncation mechanism is not used, so ``truncation="head_tail"`` can keep the
+    tail; ``truncation`` / ``head_tokens`` as :func:`truncate_ids`), batched by ``batch_size`` in order of length,
+    each batch padded on the right to its longest row rounded up to a multiple of 8 and to a power-of-two number of
+    rows (one compiled program per such shape). To classify many small batches, build a :class:`Classifier` once
+    and call it.
 
     Returns ``(labels, probabilities [len(texts), num_labels] float32)``: a label is ``config.label_names[i]`` of the
     most probable class ``i`` when the config has names, else ``i``. A single string gives one-element results.

@@ -31,7 +31,8 @@ from typing import Any, Mapping
 import tokenizers
 from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers, processors
 
-__all__ = ["load_tokenizer", "pad_token", "set_padding", "tokenizer_from_gguf", "wordpiece_from_vocab_txt"]
+__all__ = ["SENTENCE_CONFIG", "load_tokenizer", "pad_token", "sentence_max_length", "set_padding", "tokenizer_from_gguf",
+           "wordpiece_from_vocab_txt"]
 
 # Candidate names of special tokens, first present wins (BERT, RoBERTa, GPT-2, Llama / SmolLM vocabularies).
 ROLE_NAMES: dict[str, tuple[str, ...]] = {
@@ -46,6 +47,7 @@ ROLE_NAMES: dict[str, tuple[str, ...]] = {
 WORDPIECE_SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 BPE_SPECIALS = ("<|endoftext|>",)
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json")
+SENTENCE_CONFIG = "sentence_bert_config.json"  # sentence-transformers' settings of its Transformer module
 
 
 # ---------------------------------------------------------------------------------------------- building blocks
@@ -237,6 +239,24 @@ def _from_file(path: pathlib.Path, lowercase: bool) -> tuple[tokenizers.Tokenize
         raise ValueError(f"cannot read tokenizer file {str(path)!r}: {exc}") from exc
 
 
+def sentence_max_length(folder: str | os.PathLike) -> int | None:
+    """sentence-transformers' ``max_seq_length`` (the tokens it keeps per text, special tokens included) from the
+    ``sentence_bert_config.json`` in ``folder``; None when ``folder`` has no such file or the file sets none.
+    ValueError naming the file when it is not JSON or the value is not a positive integer."""
+    file = pathlib.Path(folder) / SENTENCE_CONFIG
+    if not file.is_file():
+        return None
+    try:
+        value = json.loads(file.read_text(encoding="utf-8")).get("max_seq_length")
+    except (json.JSONDecodeError, OSError, AttributeError) as exc:
+        raise ValueError(f"{str(file)!r}: expected a JSON object with max_seq_length ({exc})") from None
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{str(file)!r}: max_seq_length={value!r}: expected a positive integer")
+    return value
+
+
 def load_tokenizer(path: str | os.PathLike, *, padding: bool | int | None = False, lowercase: bool = True,
                    revision: str | None = None) -> tokenizers.Tokenizer:
     """A ``tokenizers.Tokenizer`` from a ``tokenizer.json``, a ``vocab.txt``, a ``vocab.json`` (+ ``merges.txt``), a
@@ -249,7 +269,11 @@ def load_tokenizer(path: str | os.PathLike, *, padding: bool | int | None = Fals
       lowercase: for ``vocab.txt`` only; a ``tokenizer_config.json`` ``do_lower_case`` beside it wins.
       revision: the Hub branch, tag or commit for a Hub id.
 
-    Truncation stays as the file sets it (``tok.no_truncation()`` removes it).
+    Truncation stays as the file sets it (``tok.no_truncation()`` removes it), except in a sentence-transformers
+    folder: a directory with a ``sentence_bert_config.json`` truncates at its ``max_seq_length``, as
+    sentence-transformers does (all-MiniLM-L6-v2: 256 tokens, where its ``tokenizer.json`` says 128; the file's
+    fixed-length padding, kept by ``padding=None``, follows: 256).
+    ``flaxzoo.models.embed`` and ``classify`` take this length as their default ``max_length``.
     """
     from flaxzoo.models.hub import is_hub_id, resolve_pretrained
 
@@ -266,6 +290,13 @@ def load_tokenizer(path: str | os.PathLike, *, padding: bool | int | None = Fals
             raise FileNotFoundError(
                 f"tokenizer directory {str(path)!r} holds none of tokenizer.json, vocab.txt, vocab.json "
                 f"(+ merges.txt), *.gguf; it holds {', '.join(listing) if listing else 'nothing'}")
+        sentence_length = sentence_max_length(path)
         path = candidates[0]
+    else:
+        sentence_length = None
     tok, default_pad = _from_file(path, lowercase)
+    if sentence_length is not None:
+        tok.enable_truncation(max_length=sentence_length)
+        if tok.padding is not None and tok.padding["length"] is not None:  # a fixed length: the new one
+            tok.enable_padding(**{**tok.padding, "length": sentence_length})
     return set_padding(tok, padding, default_pad)

@@ -9,6 +9,7 @@ import warnings
 import jax
 import numpy as np
 import pytest
+import tokenizers
 import torch
 import transformers
 from flax import nnx
@@ -98,6 +99,60 @@ def test_classify_without_names_gives_ids_and_runs_in_eval_mode(tokenizer):
     assert not fresh.dropout.deterministic  # the caller's model keeps its mode
 
 
+def test_embed_runs_in_eval_mode_whatever_mode_the_model_is_in(tokenizer):
+    """A BertModel as ``create_model`` leaves it (training mode, dropout 0.3) embeds as its eval-mode copy does,
+    against numpy's mean over the real tokens of the eval model's hidden states; the caller's model stays in
+    training mode."""
+    config = get_preset("bert-tiny", vocab_size=30522, dropout=0.3, attention_dropout=0.3)
+    fresh = models.create_model(config, models.BertModel)
+    reference = nnx.merge(*nnx.split(fresh))
+    reference.eval()
+    texts = TEXTS[:3]
+    got = models.embed(fresh, tokenizer, texts, normalize=False)
+    tokens, mask = padded([tokenizer.encode(t).ids for t in texts])
+    hidden = np.asarray(nnx.jit(lambda m, i, k: m(i, k))(reference, tokens, mask).last_hidden_state, np.float64)
+    want = (hidden * mask[..., None]).sum(1) / mask.sum(1, keepdims=True)
+    np.testing.assert_allclose(got, want, atol=1e-5)
+    np.testing.assert_allclose(models.embed(reference, tokenizer, texts, normalize=False), got, atol=1e-6)
+    assert any(getattr(m, "deterministic", True) is False for _, m in nnx.iter_modules(fresh))
+
+
+def test_embed_and_classify_truncate_alike(model, hf_dir, tokenizer):
+    """One rule for both: ``max_length=None`` is the tokenizer's truncation length (here 20, at most the model's 64
+    positions), an explicit ``max_length`` replaces it; a text keeps its first tokens and ``[CLS] … [SEP]``."""
+    long_text = " ".join(["word"] * 200) + " finale"
+    plain = tokenizers.Tokenizer.from_str(tokenizer.to_str())
+    plain.no_truncation()
+    at_20 = tokenizers.Tokenizer.from_str(plain.to_str())
+    at_20.enable_truncation(max_length=20)
+    full = plain.encode(long_text).ids
+    first_20 = full[:19] + full[-1:]  # the first 18 body tokens between [CLS] and [SEP]
+    assert encode_for_classification(at_20, [long_text], max_length=20) == [first_20]
+
+    _, by_tokenizer = models.classify(model, at_20, [long_text])
+    _, by_argument = models.classify(model, plain, [long_text], max_length=20)
+    np.testing.assert_allclose(by_tokenizer, by_argument, atol=1e-6)
+    with torch.no_grad():
+        hf = transformers.AutoModelForSequenceClassification.from_pretrained(hf_dir).eval()
+        want = torch.softmax(hf(input_ids=torch.tensor([first_20])).logits, -1).numpy()
+    np.testing.assert_allclose(by_tokenizer, want, atol=1e-5)
+
+    encoder = model.bert
+    vectors = [models.embed(encoder, at_20, [long_text]), models.embed(encoder, plain, [long_text], max_length=20),
+               models.embed(encoder, at_20, [long_text], max_length=20)]
+    hidden = np.asarray(encoder(np.array([first_20], np.int32)).last_hidden_state, np.float64).mean(1)
+    for got in vectors:
+        np.testing.assert_allclose(got, hidden / np.linalg.norm(hidden), atol=1e-5)
+    # The default for the MiniLM folder's tokenizer (256) is capped at the model's 64 positions; more is refused.
+    from flaxzoo.models.text import resolve_max_length
+
+    assert resolve_max_length(model.config, tokenizer, None) == 64
+    with pytest.raises(ValueError, match=r"max_length=65: expected at most the model's 64 positions"):
+        models.embed(encoder, plain, [long_text], max_length=65)
+    with pytest.raises(ValueError, match=r"max_length=0: expected an integer >= 1"):
+        models.embed(encoder, plain, [long_text], max_length=0)
+
+
 def test_classify_truncates_long_texts(model, tokenizer):
     long_text = " ".join(["word"] * 200)  # 200 body tokens, more than the 64 positions
     _, probs = models.classify(model, tokenizer, [long_text], truncation="head_tail")
@@ -185,8 +240,8 @@ def test_encode_for_classification_ignores_the_tokenizers_truncation(tokenizer):
     assert len(row) == 203 and row[0] == tokenizer.token_to_id("[CLS]") and row[-1] == tokenizer.token_to_id("[SEP]")
     (cut,) = encode_for_classification(tokenizer, [long_text], max_length=20, truncation="head_tail")
     assert cut == truncate_ids(row, 20, strategy="head_tail") and cut[-2] == tokenizer.token_to_id("finale")
-    assert tokenizer.truncation == {"max_length": 128, "stride": 0, "strategy": "longest_first",
-                                    "direction": "right"}  # the caller's tokenizer is unchanged
+    # the caller's tokenizer is unchanged (256: sentence_bert_config.json's max_seq_length, set by load_tokenizer)
+    assert tokenizer.truncation == {"max_length": 256, "stride": 0, "strategy": "longest_first", "direction": "right"}
     with pytest.raises(ValueError, match=r"index \[0, 2\]"):
         encode_for_classification(tokenizer, ["", "ok", " \n"], max_length=20)
 

@@ -109,6 +109,34 @@ def test_minilm_sentence_embeddings(minilm, minilm_torch, minilm_dir):
     np.testing.assert_allclose(embed(minilm, load_tokenizer(minilm_dir), SENTENCES[2]), vectors[2:], atol=1e-6)
 
 
+def test_minilm_embeds_a_long_text_as_sentence_transformers_truncates_it(minilm, minilm_torch, minilm_dir):
+    """A 300-token text: sentence-transformers keeps ``max_seq_length`` tokens (its sentence_bert_config.json: 256),
+    not the 128 its tokenizer.json says. Reference: transformers' tokenizer of the folder, truncation to that length,
+    BertModel in PyTorch, mean over the mask, L2 normalisation (sentence-transformers' modules for this model)."""
+    import json
+
+    limit = json.loads((minilm_dir / "sentence_bert_config.json").read_text())["max_seq_length"]
+    assert limit == 256
+    hf_tokenizer = transformers.AutoTokenizer.from_pretrained(minilm_dir)
+    text = " ".join(f"{s} {s.upper()} number {i}." for i, s in enumerate(SENTENCES * 6))
+    assert 290 <= len(hf_tokenizer(text)["input_ids"]) <= 320
+
+    def reference(max_length: int) -> np.ndarray:
+        batch = hf_tokenizer([text], truncation=True, max_length=max_length, return_tensors="pt")
+        with torch.no_grad():
+            hidden = minilm_torch(**batch).last_hidden_state
+        mask = batch["attention_mask"][..., None].float()
+        return torch.nn.functional.normalize((hidden * mask).sum(1) / mask.sum(1), dim=-1).numpy()
+
+    at_limit, at_128 = reference(limit), reference(128)
+    assert np.abs(at_limit - at_128).max() > 1e-2  # the tokens past 128 matter
+    got = embed(minilm, load_tokenizer(minilm_dir), text)
+    report(minilm_256_token_embedding_max_abs_diff=f"{np.abs(got - at_limit).max():.2e}")
+    np.testing.assert_allclose(got, at_limit, rtol=0, atol=1e-5)
+    np.testing.assert_allclose(embed(minilm, load_tokenizer(minilm_dir), text, max_length=128), at_128,
+                               rtol=0, atol=1e-5)
+
+
 @pytest.mark.parametrize("cls", [models.BertForSequenceClassification, models.BertForTokenClassification])
 def test_minilm_starts_a_classifier(minilm, minilm_dir, cls):
     """The real encoder as a classifier: the new head (and the pooler, where the file has none) are listed in one
@@ -148,9 +176,13 @@ def test_load_tokenizer_matches_the_tokenizers_library(minilm_dir):
     expected = [(e.ids, e.type_ids) for e in reference.encode_batch(TOKENIZER_TEXTS)]
     assert max(len(ids) for ids, _ in expected) == 128 and min(len(ids) for ids, _ in expected) < 20
 
-    for source in (minilm_dir, minilm_dir / "tokenizer.json"):
-        tok = load_tokenizer(source)  # padding=False: each text at its own length
-        assert [(e.ids, e.type_ids) for e in tok.encode_batch(TOKENIZER_TEXTS)] == expected, source
+    tok = load_tokenizer(minilm_dir / "tokenizer.json")  # padding=False: each text at its own length
+    assert [(e.ids, e.type_ids) for e in tok.encode_batch(TOKENIZER_TEXTS)] == expected
+    # The folder: sentence_bert_config.json's max_seq_length (256) replaces the file's 128, as sentence-transformers.
+    reference.enable_truncation(max_length=256)
+    at_256 = [(e.ids, e.type_ids) for e in reference.encode_batch(TOKENIZER_TEXTS)]
+    assert max(len(ids) for ids, _ in at_256) > 128
+    assert [(e.ids, e.type_ids) for e in load_tokenizer(minilm_dir).encode_batch(TOKENIZER_TEXTS)] == at_256
     # vocab.txt holds no truncation length: compare with the reference's untruncated ids.
     reference.no_truncation()
     untruncated = [(e.ids, e.type_ids) for e in reference.encode_batch(TOKENIZER_TEXTS)]
@@ -160,7 +192,14 @@ def test_load_tokenizer_matches_the_tokenizers_library(minilm_dir):
     assert load_tokenizer(minilm_dir / "vocab.txt").encode(*pairs[0]).type_ids == reference.encode(*pairs[0]).type_ids
 
     # Padding under the caller's control.
-    assert [e.ids for e in load_tokenizer(minilm_dir, padding=None).encode_batch(TOKENIZER_TEXTS)] == padded
+    assert [e.ids for e in load_tokenizer(minilm_dir / "tokenizer.json", padding=None).encode_batch(
+        TOKENIZER_TEXTS)] == padded
+    # The folder pads to its truncation length too: 256.
+    reference.enable_truncation(max_length=256)
+    reference.enable_padding(pad_id=0, pad_token="[PAD]", length=256)
+    assert [e.ids for e in load_tokenizer(minilm_dir, padding=None).encode_batch(TOKENIZER_TEXTS)] == \
+        [e.ids for e in reference.encode_batch(TOKENIZER_TEXTS)]
+    reference.no_padding()
     longest = load_tokenizer(minilm_dir, padding=True).encode_batch(SENTENCES)
     assert {len(e.ids) for e in longest} == {max(len(reference.encode(s).ids) for s in SENTENCES)}
     assert longest[0].ids[-1] == 0 and longest[0].attention_mask[-1] == 0  # [PAD] = 0 on the right
