@@ -34,7 +34,7 @@ def minilm_dir() -> pathlib.Path:
 # The longest files first: with `-n 2 --dist loadfile` each file runs whole on one worker, so a long file scheduled
 # last leaves the other worker idle (the notebooks, about 10 minutes in all, did on CI). pyproject's addopts turn off
 # xdist's own reordering (by test count) so that this order is the one the workers take files in.
-LONG_FILES_FIRST = ("test_notebooks.py", "test_multihost.py")
+LONG_FILES_FIRST = ("test_notebooks.py", "test_docs.py", "test_multihost.py")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -226,6 +226,7 @@ def run_page(page: pathlib.Path, tmp_path: pathlib.Path) -> None:
 
 
 @pytest.mark.docs
+@pytest.mark.timeout(PAGE_TIMEOUT_S + 60)
 @pytest.mark.parametrize("page", PAGES, ids=page_id)
 def test_code_blocks_run(page, tmp_path):
     run_page(page, tmp_path)
