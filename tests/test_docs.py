@@ -38,7 +38,7 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 RUN_LANGS = {"python", "bash"}
-MAX_SKIPS = 8
+MAX_SKIPS = 10
 PAGE_TIMEOUT_S = 900
 FENCE = re.compile(r"^```\s*([\w+-]*)\s*$")
 DIRECTIVE = re.compile(r"^<!--\s*docs-test:\s*(.*?)\s*-->\s*$")

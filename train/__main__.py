@@ -67,7 +67,7 @@ def _config_name(argv: list[str]) -> str:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv if argv is None else argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    logging.getLogger("train").setLevel(logging.INFO)
+    logging.getLogger("flaxzoo.train").setLevel(logging.INFO)
     if any(arg in ("-h", "--help", "-help", "--helpshort") for arg in argv[1:]):
         from flaxzoo.train import config as config_module
 

@@ -15,7 +15,7 @@ would start one per host: each gets ``JAX_COORDINATOR_ADDRESS`` (127.0.0.1 and a
 - The launcher exits with the first non-zero exit code (a process killed by signal S counts as 128 + S), after
   giving the others ``--grace-s`` seconds (default 120: longer than the runtime's heartbeat timeout, so the survivors
   report the lost process themselves) to end; then they are killed. 0 when every process exits 0.
-- ``--module`` runs another module than ``train`` the same way (``flaxzoo.train.data`` to prepare data, a test harness).
+- ``--module`` runs another module than ``flaxzoo.train`` the same way (``flaxzoo.train.data`` to prepare data, a test harness).
 """
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--processes", type=int, required=True, help="how many processes (N >= 1)")
     parser.add_argument("--devices-per-process", type=int, default=None, help="devices per process (K >= 1)")
     parser.add_argument("--platform", choices=("cpu", "gpu", "auto"), default="cpu")
-    parser.add_argument("--module", default="train", help="the module each process runs (default: train)")
+    parser.add_argument("--module", default="flaxzoo.train", help="the module each process runs (default: flaxzoo.train)")
     parser.add_argument("--port", type=int, default=None, help="the coordinator's port on 127.0.0.1 (default: free)")
     parser.add_argument("--grace-s", type=float, default=120.0,
                         help="seconds the others get to end after one process fails (default 120)")
