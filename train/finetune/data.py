@@ -36,7 +36,7 @@ from typing import Any, Sequence
 import numpy as np
 import tensorflow_datasets as tfds
 
-from flaxzoo.train.data.builders import cache_key, file_lock, prepare_builder, quiet_tfds
+from flaxzoo.train.data.builders import LocatedBuilder, cache_key, file_lock, prepare_builder, quiet_tfds
 from flaxzoo.train.data.corpus import decode_bytes
 
 log = logging.getLogger(__name__)
@@ -214,7 +214,7 @@ def build_split(cfg: Any, data_dir: pathlib.Path) -> tuple[dict[str, list[str]],
 
 
 # ----------------------------------------------------------------------------------------------- prepared data
-class FlaxzooLabelled(tfds.core.GeneratorBasedBuilder, skip_registration=True):
+class FlaxzooLabelled(LocatedBuilder, skip_registration=True):
     """Labelled texts, splits ``train`` and ``test``: ``{"text": str, "label": int}``; the metadata holds the
     label names, how the split was made and the empty texts dropped."""
 
