@@ -1,10 +1,10 @@
 """flaxzoo models: shared layers assembled into BERT-style encoders and GPT-style decoders."""
 
-from flaxzoo.models.bert import (BertForMaskedLM, BertForSequenceClassification, BertForTokenClassification, BertModel,
-                         EncoderOutput)
+from flaxzoo.models.families.bert import (BertForMaskedLM, BertForSequenceClassification, BertForTokenClassification,
+                                          BertModel, EncoderOutput)
 from flaxzoo.models.config import PRESETS, TransformerConfig, get_preset
 from flaxzoo.models.generate import generate
-from flaxzoo.models.gpt import GPTForCausalLM, GPTModel
+from flaxzoo.models.families.gpt2 import GPTForCausalLM, GPTModel
 from flaxzoo.models.layers.attention_core import attention_backend
 from flaxzoo.models.layers.decode_state import DecodeState
 from flaxzoo.models.layers.embeddings import check_token_ids

@@ -15,7 +15,6 @@ ROPE_LAYOUTS = ("half", "interleaved")
 NORMS = ("layernorm", "rmsnorm")
 NORM_PLACEMENTS = ("pre", "post")
 ACTIVATIONS = ("gelu", "gelu_tanh", "relu", "silu")
-MODEL_TYPES = ("bert", "roberta", "gpt2", "llama")
 DTYPES = ("float32", "bfloat16", "float16")
 REMAT_POLICIES = ("none", "full", "dots")
 ATTENTION_IMPLS = ("auto", "softmax", "fused", "splash", "gpu_flash")
@@ -137,10 +136,14 @@ class TransformerConfig:
             )
         choices = {
             "position": POSITION_SCHEMES, "rope_layout": ROPE_LAYOUTS, "norm": NORMS,
-            "norm_placement": NORM_PLACEMENTS, "activation": ACTIVATIONS, "model_type": MODEL_TYPES,
+            "norm_placement": NORM_PLACEMENTS, "activation": ACTIVATIONS,
             "dtype": DTYPES, "param_dtype": DTYPES, "remat": REMAT_POLICIES,
             "attention_impl": ATTENTION_IMPLS,
         }
+        # The families live above this module (``flaxzoo.models.families``); which ``model_type`` names a
+        # registered family is checked where one is needed (``families.family_of``, the training config).
+        if not isinstance(self.model_type, str) or not self.model_type.strip():
+            raise FieldError("model_type", f"model_type={self.model_type!r}: expected a family name such as 'gpt2'")
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise FieldError(name, f"{name}={getattr(self, name)!r}: expected one of {allowed}")

@@ -26,7 +26,11 @@ import time
 import warnings
 from typing import Sequence
 
-from flaxzoo.models.hub import checkpoint_kind, from_pretrained, resolve_pretrained, save_pretrained
+from flaxzoo.models.checkpoint import find_step_dir, save_checkpoint
+from flaxzoo.models.hub import save_pretrained
+from flaxzoo.models.hub.loading import load_source
+from flaxzoo.models.hub.peft import save_adapters
+from flaxzoo.models.hub.sources import LoraRunSource, open_source
 
 __all__ = ["convert", "main"]
 
@@ -39,8 +43,6 @@ def _tokenizer_folder(kind: str, source: pathlib.Path) -> pathlib.Path | None:
     from flaxzoo.models.tokenizer import TOKENIZER_FILES
 
     if kind == "flaxzoo":  # a work directory may hold tokenizer.json beside checkpoints/
-        from flaxzoo.models.checkpoint import find_step_dir
-
         step = find_step_dir(source)
         candidates = [source, step.parent.parent] if step is not None else [source]
     else:
@@ -83,7 +85,8 @@ def convert(src: str | pathlib.Path, dst: str | pathlib.Path, *, to: str | None 
     is float32). ``adapters_only``: ``src`` is a LoRA run; write its adapters in PEFT's layout (``to`` "hf")."""
     if to is not None and to not in FORMATS:
         raise ValueError(f"to={to!r}: expected one of {FORMATS}")
-    kind, source = checkpoint_kind(resolve_pretrained(src))
+    opened = open_source(src)
+    kind, source = opened.kind, opened.root
     to = to or ("hf" if kind == "flaxzoo" else "flaxzoo")
     dst = pathlib.Path(dst).expanduser()
     if dst.exists() and (not dst.is_dir() or any(dst.iterdir())):
@@ -92,21 +95,18 @@ def convert(src: str | pathlib.Path, dst: str | pathlib.Path, *, to: str | None 
         if kind != "flaxzoo" or to != "hf":
             raise ValueError(f"--adapters-only writes a LoRA run's adapters in PEFT's (Hugging Face) layout: expected "
                              f"a flaxzoo LoRA work directory and --to hf, got a {kind} source and --to {to}")
-        from flaxzoo.models.checkpoint import find_step_dir, load_adapted, read_meta
-        from flaxzoo.models.hub.peft import save_adapters
-
-        meta = read_meta(find_step_dir(source))
-        save_adapters(load_adapted(source), dst, base_model=meta.get("base", {}).get("path", ""),
+        if not isinstance(opened, LoraRunSource):
+            raise ValueError(f"--adapters-only: {source} is not a LoRA run's work directory (its meta has no 'lora')")
+        meta = opened.meta
+        save_adapters(opened.adapted(), dst, base_model=meta.get("base", {}).get("path", ""),
                       train_fully=meta["lora"].get("train_fully", ()))
         _copy_tokenizer(kind, source, dst)
         return dst
-    model = from_pretrained(source, dtype=dtype, progress=progress)
+    model = load_source(opened, param_dtype=dtype, progress=progress)
     dst.mkdir(parents=True, exist_ok=True)
     if to == "hf":
         save_pretrained(model, dst)
     else:
-        from flaxzoo.models.checkpoint import save_checkpoint
-
         save_checkpoint(model, dst)
     _copy_tokenizer(kind, source, dst)
     return dst

@@ -1,9 +1,11 @@
-"""GGUF files (llama.cpp): metadata, dequantised tensors, and the model config they describe.
+"""GGUF files (llama.cpp): metadata and dequantised tensors.
 
 A GGUF file holds key/value metadata (architecture, sizes, the tokenizer) and tensors under llama.cpp's names
 (``token_embd.weight``, ``blk.0.attn_q.weight`` ...), most of them quantised in blocks. This module reads both with
-the ``gguf`` package (``pip install gguf``); the name table and the weight layouts live in ``models/hub/llama.py``
-beside the Hugging Face Llama table, so a GGUF loads through the same table-driven path as a Hugging Face directory.
+the ``gguf`` package (``pip install gguf``); which family reads a file is its ``general.architecture``
+(``flaxzoo.models.families.gguf_family``), and that family's ``GGUFSpec`` gives the config it describes and its tensor
+names (Llama: ``models/families/llama/gguf.py``), so a GGUF loads through the same table-driven path as a Hugging
+Face directory.
 It stays outside ``models/hub/`` because ``load_tokenizer`` reads GGUF tokenizers with it too.
 
 Two facts about Llama GGUFs matter for the numbers:
@@ -18,13 +20,12 @@ Two facts about Llama GGUFs matter for the numbers:
 from __future__ import annotations
 
 import pathlib
-from typing import Any, Iterator, Mapping
+from typing import Any, Mapping
 
 import numpy as np
 
-__all__ = ["GGUFFile", "GGUFTensor", "SUPPORTED_GGUF_ARCHITECTURES", "is_gguf"]
+__all__ = ["GGUFFile", "GGUFTensor", "is_gguf"]
 
-SUPPORTED_GGUF_ARCHITECTURES = ("llama",)
 MAGIC = b"GGUF"
 
 
@@ -107,32 +108,11 @@ class GGUFFile:
             raise ValueError(f"{self.path}: unsupported GGUF tensor type(s): {listed}{more}; flaxzoo dequantises "
                              f"{', '.join(supported_tensor_types())}")
 
-    def tensors(self, *, progress: bool = False) -> Iterator[tuple[str, np.ndarray]]:
-        """``(name, array)`` for every tensor, dequantised to float32 in numpy (row-major) order.
-
-        A projection stored with GGUF shape ``[in, out]`` comes out as ``[out, in]``. Unsupported storage types are
-        reported (all of them, by name) before anything is dequantised.
-        """
-        self.check_tensor_types()
-        gguf = _gguf_module()
-        items = self._reader.tensors
-        if progress:
-            from tqdm.auto import tqdm
-
-            items = tqdm(items, desc=f"dequantising {self.path.name}", unit="tensor")
-        for t in items:
-            shape = tuple(int(d) for d in reversed(t.shape))
-            try:
-                values = _dequantize(gguf, t.data, t.tensor_type)
-            except NotImplementedError as exc:
-                raise ValueError(f"{self.path}: tensor {t.name} has the unsupported GGUF type {t.tensor_type.name}: "
-                                 f"{exc}") from exc
-            yield t.name, values.reshape(shape)
-
     def lazy_tensors(self, *, progress: bool = False) -> dict[str, "GGUFTensor"]:
-        """``{name: GGUFTensor}`` for every tensor: its shape now, its float32 values (``np.asarray(t)``, the array
-        ``tensors()`` yields) only when asked, so a loader can hold one dequantised tensor at a time. Unsupported
-        storage types are reported (all of them, by name) here, before anything is dequantised."""
+        """``{name: GGUFTensor}`` for every tensor: its shape now, its float32 values (``np.asarray(t)``, in numpy
+        row-major order: a GGUF ``[in, out]`` projection comes out ``[out, in]``) only when asked, so a loader can
+        hold one dequantised tensor at a time. Unsupported storage types are reported (all of them, by name) here,
+        before anything is dequantised."""
         self.check_tensor_types()
         bar = None
         if progress:
@@ -185,65 +165,6 @@ def _dequantize(gguf: Any, data: np.ndarray, kind: Any) -> np.ndarray:
     if kind.name in _FLOAT_VIEWS:
         return np.asarray(data.view(_FLOAT_VIEWS[kind.name]), dtype=np.float32)
     return np.asarray(gguf.dequantize(data, kind), dtype=np.float32)
-
-
-# ----------------------------------------------------------------------------------------------------------- config
-
-def _float(value: Any) -> float:
-    """A float32 metadata value as the decimal it was written from (``9.99999975e-06`` → ``1e-05``)."""
-    return float(str(np.float32(value)))
-
-
-def llama_hf_config(file: GGUFFile, tensor_names: set[str] | None = None) -> dict[str, Any]:
-    """The Hugging Face ``config.json`` a Llama-architecture GGUF describes (in rotate-half terms; the caller
-    switches the RoPE layout).
-
-    Raises ValueError for another architecture and for Llama features flaxzoo does not implement (RoPE scaling,
-    partial rotary dimensions, mixtures of experts).
-    """
-    if file.architecture not in SUPPORTED_GGUF_ARCHITECTURES:
-        raise ValueError(f"{file.path}: unsupported GGUF architecture {file.architecture!r} "
-                         f"(general.architecture); flaxzoo loads {list(SUPPORTED_GGUF_ARCHITECTURES)}")
-    names = set(file.tensor_names) if tensor_names is None else tensor_names
-    required = ("block_count", "embedding_length", "feed_forward_length", "attention.head_count")
-    missing = [f"llama.{k}" for k in required if file.arch(k) is None]
-    if missing:
-        raise ValueError(f"{file.path}: GGUF metadata lacks {', '.join(missing)}")
-    hidden, heads = int(file.arch("embedding_length")), int(file.arch("attention.head_count"))
-    head_dim = int(file.arch("attention.key_length", hidden // heads))
-    problems = []
-    if file.arch("expert_count", 0):
-        problems.append(f"llama.expert_count={file.arch('expert_count')} (mixture of experts)")
-    scaling = file.arch("rope.scaling.type", "none")
-    if scaling not in ("none", None) or "rope_freqs.weight" in names:
-        problems.append(f"llama.rope.scaling.type={scaling!r}" if scaling not in ("none", None) else
-                        "rope_freqs.weight (RoPE frequency factors)")
-    rotary = file.arch("rope.dimension_count", head_dim)
-    if int(rotary) != head_dim:
-        problems.append(f"llama.rope.dimension_count={rotary} (partial rotary; head_dim is {head_dim})")
-    if problems:
-        raise ValueError(f"{file.path}: GGUF features flaxzoo does not implement: " + "; ".join(problems))
-    vocab = file.arch("vocab_size")
-    if vocab is None:
-        tokens = file.get("tokenizer.ggml.tokens")
-        vocab = len(tokens) if tokens is not None else None
-    if vocab is None:
-        raise ValueError(f"{file.path}: GGUF metadata has neither llama.vocab_size nor tokenizer.ggml.tokens")
-    token_id = lambda key: (None if file.get(f"tokenizer.ggml.{key}") is None  # noqa: E731
-                            else int(file.get(f"tokenizer.ggml.{key}")))
-    return {
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": int(vocab),
-        "hidden_size": hidden, "num_hidden_layers": int(file.arch("block_count")), "num_attention_heads": heads,
-        "num_key_value_heads": int(file.arch("attention.head_count_kv", heads)), "head_dim": head_dim,
-        "intermediate_size": int(file.arch("feed_forward_length")),
-        "max_position_embeddings": int(file.arch("context_length", 2048)),
-        "rope_theta": _float(file.arch("rope.freq_base", 10_000.0)),
-        "rms_norm_eps": _float(file.arch("attention.layer_norm_rms_epsilon", 1e-5)),
-        "hidden_act": "silu", "attention_bias": "blk.0.attn_q.bias" in names,
-        "mlp_bias": "blk.0.ffn_up.bias" in names, "tie_word_embeddings": "output.weight" not in names,
-        "bos_token_id": token_id("bos_token_id"), "eos_token_id": token_id("eos_token_id"),
-        "pad_token_id": token_id("padding_token_id"),
-    }
 
 
 def tokenizer_metadata(file: GGUFFile) -> Mapping[str, Any]:

@@ -22,32 +22,18 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from flaxzoo.models.families import lora_targets, plain_factory
 from flaxzoo.models.layers.linear import Dense
 from flaxzoo.models.layers.stack import LAYER_AXIS
 from flaxzoo.models.modeling import dotted, format_names
 
-# Target names a config can use, each a regular expression over a Dense's dotted module path.
-TARGET_PATTERNS = {
-    "attention": r"(^|\.)attention\.(query|key|value|out)$",
-    "mlp": r"(^|\.)mlp\.(up|gate|down)$",
-    "query": r"(^|\.)attention\.query$",
-    "key": r"(^|\.)attention\.key$",
-    "value": r"(^|\.)attention\.value$",
-    "out": r"(^|\.)attention\.out$",
-    "up": r"(^|\.)mlp\.up$",
-    "gate": r"(^|\.)mlp\.gate$",
-    "down": r"(^|\.)mlp\.down$",
-    # Modules outside the shared stack (its embeddings, layers and final norm): a BERT pooler, an MLM head (transform,
-    # norm, vocabulary bias), a classifier, an untied LM head.
-    "head": r"^(?!.*(^|\.)(embeddings|layers|final_norm)(\.|$)).+$",
-}
 BASE_DTYPES = ("float32", "bfloat16", "int8")
 LORA_A, LORA_B = "kernel_lora_a", "kernel_lora_b"
 
@@ -64,8 +50,8 @@ class LoraError(ValueError):
 @dataclasses.dataclass(frozen=True)
 class LoraConfig:
     """What to adapt and how: ``rank`` r > 0, ``alpha`` (the update is scaled by ``alpha / rank``), ``targets``
-    (names of :data:`TARGET_PATTERNS` or regular expressions over dotted module paths such as
-    ``transformer.decoder.layers.3.attention.query``), ``base_dtype`` of the adapted projections' frozen weights
+    (target names of the model's family, ``Family.lora_targets``: ``attention``, ``mlp``, ``query`` ... ``head``,
+    or regular expressions over dotted module paths such as ``backbone.layers.3.attention.query``), ``base_dtype`` of the adapted projections' frozen weights
     (``"int8"``: QLoRA-style, qwix weight-only int8 with per-channel scales; other parameters keep their dtype)."""
 
     rank: int
@@ -81,7 +67,7 @@ class LoraConfig:
             raise LoraError("alpha", f"alpha={self.alpha!r}: expected a finite number > 0")
         if isinstance(self.targets, str) or not self.targets:
             raise LoraError("targets", f"targets={self.targets!r}: expected a non-empty tuple of names "
-                                       f"({', '.join(TARGET_PATTERNS)}) or module-path regular expressions")
+                                       f"({', '.join(lora_targets())}) or module-path regular expressions")
         for target in self.targets:
             _pattern(target)
         if self.base_dtype not in BASE_DTYPES:
@@ -101,14 +87,17 @@ class LoraConfig:
                    base_dtype=values.get("base_dtype", "float32"))
 
 
-def _pattern(target: str) -> re.Pattern:
+def _pattern(target: str, targets: Mapping[str, str] | None = None) -> re.Pattern:
+    """The regular expression of a target: a name of ``targets`` (a model's ``families.lora_targets(model)``; by
+    default every family's names), or the target itself."""
+    targets = lora_targets() if targets is None else targets
     if not isinstance(target, str) or not target.strip():
-        raise LoraError("targets", f"target {target!r}: expected a name ({', '.join(TARGET_PATTERNS)}) or a "
+        raise LoraError("targets", f"target {target!r}: expected a name ({', '.join(targets)}) or a "
                                    "module-path regular expression")
     try:
-        return re.compile(TARGET_PATTERNS.get(target, target))
+        return re.compile(targets.get(target, target))
     except re.error as exc:
-        raise LoraError("targets", f"target {target!r} is neither a known name ({', '.join(TARGET_PATTERNS)}) nor "
+        raise LoraError("targets", f"target {target!r} is neither a known name ({', '.join(targets)}) nor "
                                    f"a valid regular expression: {exc}") from None
 
 
@@ -124,7 +113,7 @@ def target_paths(model: nnx.Module, targets: Sequence[str]) -> list[str]:
     paths = dense_modules(model)
     chosen: set[str] = set()
     for target in targets:
-        pattern = _pattern(target)
+        pattern = _pattern(target, lora_targets(model))
         hits = {p for p in paths if pattern.search(p)}
         if not hits:
             raise LoraError("targets", f"LoRA target {target!r} matches no projection of this "
@@ -294,7 +283,7 @@ def merge_lora(model: nnx.Module, scale: float | None = None) -> nnx.Module:
     """A plain model (no qwix, no adapters, float kernels) whose kernels are ``W + A·B·alpha/rank``: what the
     adapted ``model`` computes, as an ordinary model to save or convert. ``scale``: ``alpha / rank`` (default: the
     model's ``lora_config``). Kernels quantised to int8 (QLoRA) are dequantised first."""
-    from flaxzoo.models.modeling import assemble_model, plain_factory
+    from flaxzoo.models.modeling import assemble_model
 
     config = model.config
     if scale is None:
@@ -325,7 +314,7 @@ def check_train_fully(model: nnx.Module, train_fully: Iterable[str]) -> None:
     modules = sorted({dotted(p[:-1]) for p, v in nnx.to_flat_state(nnx.state(model, nnx.Param))
                       if not isinstance(v, nnx.LoRAParam)})
     for name in train_fully:
-        pattern = _pattern(name)
+        pattern = _pattern(name, lora_targets(model))
         if not any(pattern.search(m) for m in modules):
             raise LoraError("train_fully", f"{name!r} matches no module with parameters; the module paths: "
                                            f"{format_names(modules, limit=40)}")
@@ -347,6 +336,6 @@ def frozen_and_trainable(train_fully: Iterable[str] = ()) -> nnx.filterlib.Filte
     return nnx.Any(nnx.LoRAParam, fully) if train_fully else nnx.LoRAParam
 
 
-__all__ = ["BASE_DTYPES", "LoraConfig", "LoraError", "TARGET_PATTERNS", "adapter_tensors", "apply_lora",
+__all__ = ["BASE_DTYPES", "LoraConfig", "LoraError", "adapter_tensors", "apply_lora",
            "check_train_fully", "dense_modules", "frozen_and_trainable", "in_train_fully", "has_lora", "lora_config_of", "lora_delta", "lora_param_count",
            "lora_shapes", "merge_lora", "target_paths", "LAYER_AXIS"]

@@ -6,30 +6,28 @@ from __future__ import annotations
 import os
 import sys
 import warnings
-from typing import Any, Callable, Collection, Mapping, Type, Union
+from typing import Any, Callable, Collection, Mapping, NamedTuple, Type
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from flaxzoo.models.bert import BertForMaskedLM, BertForSequenceClassification, BertForTokenClassification, BertModel
 from flaxzoo.models.config import TransformerConfig
-from flaxzoo.models.gpt import GPTForCausalLM, GPTModel
+from flaxzoo.models.families import default_model_class
+from flaxzoo.models.families.base import ParamPath, dotted, format_names
 from flaxzoo.models.layers.stack import is_stacked_path, stack_layer_values, unstack_layer_values
-
-MODEL_CLASSES = {cls.__name__: cls for cls in (BertModel, BertForMaskedLM, BertForSequenceClassification,
-                                               BertForTokenClassification, GPTModel, GPTForCausalLM)}
-DECODER_CLASSES = (GPTModel, GPTForCausalLM)  # causal configs; the other classes are encoders
-
-ParamPath = tuple[Union[str, int], ...]
-# A model's graph, its abstract parameters and their shapes: what ``abstract_params`` returns.
-AbstractParams = tuple[nnx.GraphDef, nnx.State, dict[ParamPath, jax.ShapeDtypeStruct]]
+from flaxzoo.models.quantize import check_quantize, quantize_model, quantize_value
 
 
-def default_model_class(config: TransformerConfig) -> Type[nnx.Module]:
-    """The language-model class of a config: ``BertForMaskedLM`` for encoders, ``GPTForCausalLM`` for decoders."""
-    return GPTForCausalLM if config.causal else BertForMaskedLM
+class AbstractParams(NamedTuple):
+    """What ``abstract_params`` returns: a model's graph, its abstract parameters, their ``{path: ShapeDtypeStruct}``
+    and the abstract model itself (``jax.ShapeDtypeStruct`` leaves; quantised projections when asked for)."""
+
+    graphdef: nnx.GraphDef
+    params: nnx.State
+    shapes: dict[ParamPath, jax.ShapeDtypeStruct]
+    model: nnx.Module
 
 
 def abstract_model(config: TransformerConfig, cls: Type[nnx.Module] | None = None) -> nnx.Module:
@@ -54,38 +52,22 @@ def param_count(config: TransformerConfig, cls: Type[nnx.Module] | None = None) 
 
 # ------------------------------------------------------------------------------------- models from given values
 
-def bert_without_pooler(config: TransformerConfig, rngs: nnx.Rngs) -> BertModel:
-    """A ``BertModel`` factory without the pooler (checkpoints such as all-MiniLM-L6-v2 have none)."""
-    return BertModel(config, rngs=rngs, add_pooler=False)
-
-
-def plain_factory(model: nnx.Module) -> Callable[..., nnx.Module]:
-    """The factory that builds another ``model`` of the same structure: its class (a BERT without a pooler: that)."""
-    return bert_without_pooler if isinstance(model, BertModel) and model.pooler is None else type(model)
-
-
-def format_names(names: Collection[str], limit: int = 20) -> str:
-    """``names`` sorted and comma-separated, the first ``limit`` of them (then how many more)."""
-    names = sorted(names)
-    shown = ", ".join(names[:limit])
-    return shown + (f", ... ({len(names) - limit} more)" if len(names) > limit else "")
-
-
-def dotted(path: ParamPath) -> str:
-    """``("decoder", "layers", 0, "mlp")`` → ``"decoder.layers.0.mlp"``."""
-    return ".".join(map(str, path))
-
-
-def override_config(config: TransformerConfig, *, dtype: Any = None, scan_layers: bool | None = None,
-                    num_labels: int | None = None, pad_vocab_to: int | None = None) -> TransformerConfig:
+def override_config(config: TransformerConfig, *, dtype: Any = None, param_dtype: Any = None,
+                    scan_layers: bool | None = None, num_labels: int | None = None, pad_vocab_to: int | None = None
+                    ) -> TransformerConfig:
     """``config`` with what a loader's caller asks for instead of what the checkpoint says (None keeps it):
-    parameter and compute ``dtype``, the layer layout ``scan_layers``, the number of labels of a classifier head,
-    the vocabulary padding ``pad_vocab_to`` (the loader pads or trims the tables' padding rows to match)."""
+    the compute ``dtype`` (``config.dtype``) and the parameter dtype ``param_dtype`` (``config.param_dtype``; None
+    with a ``dtype``: the same as ``dtype``), the layer layout ``scan_layers``, the number of labels of a classifier
+    head, the vocabulary padding ``pad_vocab_to`` (the loader pads or trims the tables' padding rows to match)."""
     changes: dict[str, Any] = {}
     if pad_vocab_to is not None:
         changes["pad_vocab_to"] = pad_vocab_to  # validated by the config
-    if dtype is not None:
-        changes["dtype"] = changes["param_dtype"] = jnp.dtype(dtype).name
+    for field, value in (("dtype", dtype), ("param_dtype", dtype if param_dtype is None else param_dtype)):
+        if value is not None:
+            try:
+                changes[field] = jnp.dtype(value).name
+            except TypeError:
+                raise ValueError(f"{field}={value!r}: expected a dtype such as 'float32' or 'bfloat16'") from None
     if scan_layers is not None:
         if not isinstance(scan_layers, bool):
             raise ValueError(f"scan_layers={scan_layers!r}: expected True, False or None (None: the checkpoint's "
@@ -133,12 +115,18 @@ def vocab_shapes(shapes: Mapping[ParamPath, tuple[int, ...]], axes: Mapping[Para
     return {p: tuple(rows if p in axes and a == axes[p] else d for a, d in enumerate(s)) for p, s in shapes.items()}
 
 
-def abstract_params(config: TransformerConfig, factory: Callable[..., nnx.Module]) -> AbstractParams:
-    """The model's graph, its abstract parameters and their shapes (``eval_shape``: nothing is allocated)."""
-    abstract = abstract_model(config, factory)
+def abstract_params(config: TransformerConfig, factory: Callable[..., nnx.Module], quantize: str | None = None
+                    ) -> AbstractParams:
+    """The model's graph, its abstract parameters, their shapes and the abstract model (``eval_shape``: nothing is
+    allocated). ``quantize`` (``flaxzoo.models.quantize``): the model with quantised projections, whose kernels are
+    ``(..., "kernel", "array", "qvalue")`` int8 and ``(..., "kernel", "array", "scale")`` float leaves."""
+    if check_quantize(quantize) is None:
+        abstract = abstract_model(config, factory)
+    else:
+        abstract = nnx.eval_shape(lambda: quantize_model(factory(config, rngs=nnx.Rngs(0)), quantize))
     graphdef, params, _ = nnx.split(abstract, nnx.Param, ...)
     shapes = {path: var.get_value() for path, var in nnx.to_flat_state(params)}
-    return graphdef, params, shapes
+    return AbstractParams(graphdef, params, shapes, abstract)
 
 
 def per_layer_shapes(shapes: Mapping[ParamPath, Any], num_layers: int) -> dict[ParamPath, tuple[int, ...]]:
@@ -187,17 +175,27 @@ def check_values(values: Mapping[ParamPath, Any], shapes: Mapping[ParamPath, Any
 
 def assemble_model(config: TransformerConfig, factory: Callable[..., nnx.Module], values: Mapping[ParamPath, Any],
                    *, abstract: AbstractParams | None = None, fresh: Collection[ParamPath] = (),
-                   seed: int = 0) -> nnx.Module:
+                   seed: int = 0, quantize: str | None = None) -> nnx.Module:
     """A model (in eval mode) whose parameters are ``values`` (flaxzoo path → array), built without random init.
 
     ``values`` may hold the blocks per layer or stacked (``config.scan_layers``' layout): they are converted to the
     layout of ``factory(config)``'s parameters. Every parameter must be in ``values`` with its shape, except those in
     ``fresh`` (paths in the model's layout), which get the model's own initialisers at ``seed`` (the values
-    ``create_model(config, factory, seed=seed)`` would hold). Values are cast to ``config.param_dtype``.
-    ``abstract``: ``abstract_params(config, factory)`` when the caller already has it (tracing a 30-layer model's
-    construction takes about a second).
+    ``create_model(config, factory, seed=seed)`` would hold). Values are cast to the dtype the model builds each
+    parameter in (``config.param_dtype``; a quantised kernel's int8 values and float scales: qwix's).
+
+    ``quantize`` (``flaxzoo.models.quantize``; e.g. ``"int8"``): the attention / MLP projections hold quantised
+    kernels. A projection's kernel may be given as its float value (quantised here) or already as its quantised
+    leaves (``flaxzoo.models.quantize.quantize_value``: what a loader quantising tensor by tensor passes).
+    ``abstract``: ``abstract_params(config, factory, quantize)`` when the caller already has it (tracing a 30-layer
+    model's construction takes about a second).
     """
-    graphdef, params, shapes = abstract or abstract_params(config, factory)
+    quantize = check_quantize(quantize)
+    graphdef, params, shapes, model = abstract or abstract_params(config, factory, quantize)
+    values = unstack_layer_values(dict(values), config.num_layers)
+    if quantize is not None:
+        values = {k: v for path, value in values.items()
+                  for k, v in quantize_value(model, path, value, stacked=config.scan_layers).items()}
     values = to_layer_layout(values, shapes, config.num_layers)
     fresh = set(fresh)
     check_values(values, shapes, fresh)
@@ -208,11 +206,10 @@ def assemble_model(config: TransformerConfig, factory: Callable[..., nnx.Module]
         return rest, {dotted(p): v.get_value() for p, v in nnx.to_flat_state(new_params) if p in fresh}
 
     rest, initialised = jax.jit(initial)()
-    param_dtype = jnp.dtype(config.param_dtype)
-    flat = [(path, var.replace(jnp.asarray(initialised[dotted(path)] if path in fresh else values[path],
-                                           dtype=param_dtype)))
-            for path, var in nnx.to_flat_state(params)]
+    flat = []
+    for path, var in nnx.to_flat_state(params):
+        value = initialised[dotted(path)] if path in fresh else values.pop(path)  # each released once placed
+        flat.append((path, var.replace(jnp.asarray(value, dtype=var.get_value().dtype))))
     model = nnx.merge(graphdef, nnx.from_flat_state(flat), rest)
     model.eval()
     return model
-

@@ -17,33 +17,33 @@ layers and every method (``__call__``, ``decode``) see the quantised projections
 Stacked layers (``config.scan_layers``): each layer's slice is quantised as its own ``Dense`` and the slices are
 stacked again (``qvalue [num_layers, ...]``, ``scale [num_layers, 1, ..., *out]``, logical axis ``"layers"`` first).
 
-Loading (``from_pretrained(..., quantize="int8")``) never holds the float projections of the whole model:
-``QuantizedAssembly`` quantises each projection as it is read and builds the model from those int8 leaves and the
-float rest.
+Loading (``from_pretrained(..., quantize="int8")``) never holds the float projections of the whole model: the loader
+quantises each projection as it is read (``quantize_value``, against the abstract quantised model
+``flaxzoo.models.modeling.abstract_params(..., quantize=)``), and ``flaxzoo.models.modeling.assemble_model(...,
+quantize=)`` builds the model from those int8 leaves and the float rest, as it builds a float model.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Collection, Mapping
+from typing import Any, Mapping
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from flaxzoo.models.families import FAMILIES, family_of_class
+from flaxzoo.models.families.base import INT8_TARGETS
 from flaxzoo.models.layers.linear import Dense
 from flaxzoo.models.layers.stack import LAYER_AXIS, stack_modules
 
-__all__ = ["QUANTIZE_TYPES", "PROJECTIONS", "check_quantize", "quantize_model", "quantize_dense", "is_quantized",
-           "module_at", "param_bytes", "projection_paths", "QuantizedAssembly"]
+__all__ = ["QUANTIZE_TYPES", "check_quantize", "quantize_model", "quantize_dense", "is_quantized",
+           "module_at", "param_bytes", "projection_paths", "projections_of", "quantize_value"]
 
 # The accepted ``quantize`` values and the qwix weight type each means.
 QUANTIZE_TYPES = ("int8",)
 _QTYPES = {"int8": jnp.int8}
 
-# The quantised projections: (parent attribute, child attribute) in the block.
-PROJECTIONS: Mapping[str, tuple[str, ...]] = {"attention": ("query", "key", "value", "out"),
-                                              "mlp": ("gate", "up", "down")}
 # Where a quantised kernel's arrays sit below the Dense's ``kernel``.
 QVALUE, SCALE = ("array", "qvalue"), ("array", "scale")
 
@@ -77,15 +77,26 @@ def _provider(quantize: str):
     return qwix.PtqProvider([rule])
 
 
-def is_projection_path(path: tuple) -> bool:
-    """Whether a module path (``(..., "attention", "query")``, layer index or not) names a quantised projection."""
-    return len(path) >= 2 and str(path[-2]) in PROJECTIONS and str(path[-1]) in PROJECTIONS[str(path[-2])]
+def projections_of(model: Any) -> Mapping[str, tuple[str, ...]]:
+    """The projections ``quantize_model`` quantises in ``model`` (a model or its class): its family's
+    ``projections`` ((parent attribute, child attributes) in a block); the default for a class no family has."""
+    cls = model if isinstance(model, type) else type(model)
+    if not any(cls in family.classes for family in FAMILIES.values()):
+        return INT8_TARGETS
+    return family_of_class(cls).projections
+
+
+def is_projection_path(path: tuple, projections: Mapping[str, tuple[str, ...]] = INT8_TARGETS) -> bool:
+    """Whether a module path (``(..., "attention", "query")``, layer index or not) names a quantised projection
+    (``projections``: ``projections_of(model)``)."""
+    return len(path) >= 2 and str(path[-2]) in projections and str(path[-1]) in projections[str(path[-2])]
 
 
 def projection_paths(model: nnx.Module) -> list[tuple]:
     """The module paths of the model's projections (the ``Dense`` modules ``quantize_model`` quantises)."""
+    projections = projections_of(model)
     return [tuple(path) for path, module in nnx.iter_modules(model)
-            if isinstance(module, Dense) and is_projection_path(tuple(path))]
+            if isinstance(module, Dense) and is_projection_path(tuple(path), projections)]
 
 
 def is_quantized(dense: nnx.Module) -> bool:
@@ -160,10 +171,11 @@ def param_bytes(model: nnx.Module) -> dict[str, int]:
     """Bytes of the model's parameters: ``{"projections": ..., "other": ..., "total": ...}`` (int8 arrays count one
     byte an entry; a quantised kernel's scales count with the projections)."""
     projections = other = 0
+    targets = projections_of(model)
     for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
         size = int(np.prod(var.get_value().shape)) * jnp.dtype(var.get_value().dtype).itemsize
         module_path = tuple(path[:path.index("kernel")] if "kernel" in path else path[:-1])
-        if is_projection_path(module_path):
+        if is_projection_path(module_path, targets):
             projections += size
         else:
             other += size
@@ -171,66 +183,22 @@ def param_bytes(model: nnx.Module) -> dict[str, int]:
 
 
 # ------------------------------------------------------------------------------------------------------------ loading
-class QuantizedAssembly:
-    """Builds a quantised model from a checkpoint read tensor by tensor, never holding all its float projections.
-
-    The structure comes from quantising an abstract model (``nnx.eval_shape``: nothing allocated), which also gives
-    each projection's qwix ``HowToQuantize`` (the one its PTQ ``Dense`` applies: per output channel, absmax).
-    ``quantize_value`` turns one translated parameter into the leaves the quantised model holds; ``assemble`` is the
-    counterpart of ``flaxzoo.models.modeling.assemble_model``.
-    """
-
-    def __init__(self, config: Any, factory: Callable[..., nnx.Module], quantize: str = "int8", *, seed: int = 0):
-        self.config, self.factory, self.seed = config, factory, seed
-        self.quantize = _required(quantize)
-        self.abstract = nnx.eval_shape(lambda: quantize_model(factory(config, rngs=nnx.Rngs(seed)), self.quantize))
-
-    def _dense(self, module_path: tuple) -> Dense:
-        if self.config.scan_layers and LAYER_AXIS in module_path:  # per-layer path, stacked model: drop the index
-            at = module_path.index(LAYER_AXIS)
-            module_path = module_path[:at + 1] + module_path[at + 2:]
-        return module_at(self.abstract, module_path)
-
-    def quantize_value(self, path: tuple, value: Any) -> dict[tuple, Any]:
-        """``{path: value}`` for a float parameter (per-layer flaxzoo path); for a projection kernel
-        ``[*in_shape, *out_shape]``: ``{path + ("array", "qvalue"): int8 [*in_shape, *out_shape],
-        path + ("array", "scale"): float [1, ..., 1, *out_shape]}`` (numpy)."""
-        if not (path and path[-1] == "kernel" and is_projection_path(tuple(path[:-1]))):
-            return {path: value}
-        how = self._dense(tuple(path[:-1])).kernel.how
-        scale_dtype = self._dense(tuple(path[:-1])).kernel.array.scale.get_value().dtype
-        qarray = _quantize_array(jnp.asarray(value, scale_dtype), how)
-        return {path + QVALUE: np.asarray(qarray.qvalue), path + SCALE: np.asarray(qarray.scale)}
-
-    def assemble(self, values: dict[tuple, Any], *, fresh: Collection[tuple] = ()) -> nnx.Module:
-        """The model (eval mode) holding ``values`` (per layer or stacked; the dict is emptied, each array released
-        once it is placed); ``fresh`` parameters (float heads a checkpoint lacks) get the model's initialisers at the
-        seed."""
-        from flaxzoo.models.modeling import check_values, dotted, to_layer_layout
-
-        config, factory, seed = self.config, self.factory, self.seed
-        graphdef, params, _ = nnx.split(self.abstract, nnx.Param, ...)
-        flat_params = [(tuple(path), var) for path, var in nnx.to_flat_state(params)]
-        shapes = {path: var.get_value() for path, var in flat_params}
-        converted = to_layer_layout(values, shapes, config.num_layers)
-        values.clear()  # each array is released once it is placed, not when the caller returns
-        values = converted
-        fresh = set(fresh)
-        check_values(values, shapes, fresh)
-
-        def initial():
-            # Under jit the random initialisation of every parameter not asked for is compiled away.
-            _, new_params, rest = nnx.split(factory(config, rngs=nnx.Rngs(seed)), nnx.Param, ...)
-            return rest, {dotted(p): v.get_value() for p, v in nnx.to_flat_state(new_params) if tuple(p) in fresh}
-
-        rest, initialised = jax.jit(initial)()
-        flat = []
-        for path, var in flat_params:
-            value = initialised[dotted(path)] if path in fresh else values.pop(path)
-            flat.append((path, var.replace(jnp.asarray(value, dtype=var.get_value().dtype))))
-        model = nnx.merge(graphdef, nnx.from_flat_state(flat), rest)
-        model.eval()
-        return model
+def quantize_value(abstract: nnx.Module, path: tuple, value: Any, *, stacked: bool) -> dict[tuple, Any]:
+    """The leaves a quantised model holds for one parameter value (per-layer flaxzoo ``path``): ``{path: value}``
+    for anything but a projection kernel; for a projection kernel ``[*in_shape, *out_shape]`` (float)
+    ``{path + ("array", "qvalue"): int8 [*in_shape, *out_shape], path + ("array", "scale"): float [1, ..., 1,
+    *out_shape]}`` (numpy), quantised as the projection of ``abstract`` (the abstract quantised model: its qwix
+    ``HowToQuantize``, per output channel, absmax) says. ``stacked``: ``abstract``'s blocks are stacked
+    (``config.scan_layers``), so the layer index of ``path`` is dropped to find the projection."""
+    if not (path and path[-1] == "kernel" and is_projection_path(tuple(path[:-1]), projections_of(abstract))):
+        return {path: value}
+    module_path = tuple(path[:-1])
+    if stacked and LAYER_AXIS in module_path:
+        at = module_path.index(LAYER_AXIS)
+        module_path = module_path[:at + 1] + module_path[at + 2:]
+    kernel = module_at(abstract, module_path).kernel
+    qarray = _quantize_array(jnp.asarray(value, kernel.array.scale.get_value().dtype), kernel.how)
+    return {path + QVALUE: np.asarray(qarray.qvalue), path + SCALE: np.asarray(qarray.scale)}
 
 
 def _quantize_array(value: jax.Array, how: Any) -> Any:

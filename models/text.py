@@ -23,9 +23,10 @@ import numpy as np
 import tokenizers
 from flax import nnx
 
-from flaxzoo.models.bert import BertForSequenceClassification, BertModel
+from flaxzoo.models.families.bert import BertForSequenceClassification
+from flaxzoo.models.families.gpt2 import GPTForCausalLM
 from flaxzoo.models.generate import eval_split, generate
-from flaxzoo.models.gpt import GPTForCausalLM, GPTModel
+from flaxzoo.models.layers.stack import TransformerStack
 
 __all__ = ["Classifier", "PAD_MULTIPLE", "TRUNCATION_STRATEGIES", "classify", "embed", "encode_for_classification",
            "encode_texts", "generate_text", "pad_batch", "plain_tokenizer", "resolve_max_length", "truncate_ids",
@@ -111,14 +112,8 @@ def pad_batch(rows: Sequence[Sequence[int]], pad_id: int, *, left: bool = False,
 # -------------------------------------------------------------------------------------------------------- embed
 def _stack(model: nnx.Module) -> nnx.Module:
     """The ``TransformerStack`` of a flaxzoo model."""
-    if isinstance(model, BertModel):
-        return model.encoder
-    if hasattr(model, "bert"):  # BertForMaskedLM, BertForSequenceClassification
-        return model.bert.encoder
-    if isinstance(model, GPTModel):
-        return model.decoder
-    if isinstance(model, GPTForCausalLM):
-        return model.transformer.decoder
+    if isinstance(getattr(model, "backbone", None), TransformerStack):  # every flaxzoo class keeps it there
+        return model.backbone
     raise ValueError(f"embed needs a flaxzoo encoder or decoder; got {type(model).__name__}")
 
 
@@ -291,7 +286,7 @@ class Classifier:
         self.config, self.batch_size, self.max_length = config, batch_size, max_length
         self.truncation, self.head_tokens = truncation, head_tokens
         self.tokenizer = plain_tokenizer(tokenizer)
-        self.check_inputs = model.bert.encoder.check_inputs
+        self.check_inputs = model.backbone.check_inputs
         self.graphdef, self.state = eval_split(model)
 
     def __call__(self, texts: str | Sequence[str]) -> tuple[list, np.ndarray]:

@@ -26,12 +26,12 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import tokenizers
 from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers, processors
 
-__all__ = ["SENTENCE_CONFIG", "load_tokenizer", "pad_token", "sentence_max_length", "set_padding", "tokenizer_from_gguf",
+__all__ = ["GGUF_TOKENIZERS", "SENTENCE_CONFIG", "byte_level_bpe_from_gguf", "gguf_tokenizer_kinds", "load_tokenizer", "pad_token", "sentence_max_length", "set_padding", "tokenizer_from_gguf",
            "wordpiece_from_vocab_txt"]
 
 # Candidate names of special tokens, first present wins (BERT, RoBERTa, GPT-2, Llama / SmolLM vocabularies).
@@ -179,12 +179,44 @@ def _gguf_pre_tokenizer(pre: str | None, where: Any) -> pre_tokenizers.PreTokeni
     return steps[0] if len(steps) == 1 else pre_tokenizers.Sequence(steps)
 
 
-def tokenizer_from_gguf(path: str | os.PathLike) -> tuple[tokenizers.Tokenizer, tuple[int, str] | None]:
-    """The byte-level BPE tokenizer stored in a GGUF file, and its pad token ``(id, token)`` if the file names one.
+def byte_level_bpe_from_gguf(meta: Mapping[str, Any], where: Any) -> tokenizers.Tokenizer:
+    """A GGUF's ``tokenizer.ggml.model = "gpt2"`` vocabulary: byte-level BPE from its tokens and merges, split first
+    as llama.cpp's ``tokenizer.ggml.pre`` says."""
+    tokens: list[str] = list(meta["tokens"])
+    merges = [tuple(m.split(" ", 1)) for m in meta.get("merges") or []]
+    tok = tokenizers.Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges))
+    tok.pre_tokenizer = _gguf_pre_tokenizer(meta.get("pre"), where)
+    tok.decoder = decoders.ByteLevel()
+    return tok
 
-    Control tokens (``<|im_start|>`` ...) become special added tokens, user-defined ones plain added tokens, as
-    llama.cpp matches both whole. BOS / EOS are added around each text only when ``tokenizer.ggml.add_bos_token`` /
-    ``add_eos_token`` are true.
+
+# What each GGUF tokenizer kind (``tokenizer.ggml.model``) is rebuilt with; a family's ``GGUFSpec.tokenizers`` says
+# which kinds its files carry.
+GGUF_TOKENIZERS: dict[str, Callable[[Mapping[str, Any], Any], tokenizers.Tokenizer]] = {
+    "gpt2": byte_level_bpe_from_gguf,
+}
+
+
+def gguf_tokenizer_kinds(architecture: str) -> tuple[str, ...]:
+    """The tokenizer kinds flaxzoo rebuilds for GGUF files of ``general.architecture``: those its family carries
+    (``GGUFSpec.tokenizers``) that :data:`GGUF_TOKENIZERS` builds; every buildable kind for an architecture no family
+    registers (a tokenizer can be read from a file whose weights flaxzoo does not load)."""
+    from flaxzoo.models.families import gguf_family
+
+    try:
+        carried = gguf_family(architecture).gguf.tokenizers
+    except ValueError:
+        carried = tuple(GGUF_TOKENIZERS)
+    return tuple(kind for kind in carried if kind in GGUF_TOKENIZERS)
+
+
+def tokenizer_from_gguf(path: str | os.PathLike) -> tuple[tokenizers.Tokenizer, tuple[int, str] | None]:
+    """The tokenizer stored in a GGUF file, and its pad token ``(id, token)`` if the file names one.
+
+    The kind (``tokenizer.ggml.model``) must be one the file's family carries and flaxzoo builds
+    (:func:`gguf_tokenizer_kinds`; today byte-level BPE, ``"gpt2"``). Control tokens (``<|im_start|>`` ...) become
+    special added tokens, user-defined ones plain added tokens, as llama.cpp matches both whole. BOS / EOS are added
+    around each text only when ``tokenizer.ggml.add_bos_token`` / ``add_eos_token`` are true.
     """
     from flaxzoo.models.gguf import GGUFFile, tokenizer_metadata
 
@@ -193,14 +225,12 @@ def tokenizer_from_gguf(path: str | os.PathLike) -> tuple[tokenizers.Tokenizer, 
     if meta.get("tokens") is None:
         raise FileNotFoundError(f"{file.path} holds no tokenizer (no tokenizer.ggml.tokens in its metadata)")
     kind = meta.get("model")
-    if kind != "gpt2":
-        raise ValueError(f"{file.path}: GGUF tokenizer tokenizer.ggml.model={kind!r} is not supported; flaxzoo "
-                         "builds byte-level BPE ('gpt2') tokenizers")
+    kinds = gguf_tokenizer_kinds(file.architecture)
+    if kind not in kinds:
+        raise ValueError(f"{file.path}: GGUF tokenizer tokenizer.ggml.model={kind!r} is not supported for "
+                         f"general.architecture={file.architecture!r}; expected one of {list(kinds)}")
     tokens: list[str] = list(meta["tokens"])
-    merges = [tuple(m.split(" ", 1)) for m in meta.get("merges") or []]
-    tok = tokenizers.Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges))
-    tok.pre_tokenizer = _gguf_pre_tokenizer(meta.get("pre"), file.path)
-    tok.decoder = decoders.ByteLevel()
+    tok = GGUF_TOKENIZERS[kind](meta, file.path)
     types = list(meta.get("token_type") or [])
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
                             for t, kind in zip(tokens, types) if kind == _CONTROL])

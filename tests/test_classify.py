@@ -137,10 +137,10 @@ def test_embed_and_classify_truncate_alike(model, hf_dir, tokenizer):
         want = torch.softmax(hf(input_ids=torch.tensor([first_20])).logits, -1).numpy()
     np.testing.assert_allclose(by_tokenizer, want, atol=1e-5)
 
-    encoder = model.bert
+    encoder = model  # embed reads any model's backbone
     vectors = [models.embed(encoder, at_20, [long_text]), models.embed(encoder, plain, [long_text], max_length=20),
                models.embed(encoder, at_20, [long_text], max_length=20)]
-    hidden = np.asarray(encoder(np.array([first_20], np.int32)).last_hidden_state, np.float64).mean(1)
+    hidden = np.asarray(encoder.backbone(np.array([first_20], np.int32)).hidden, np.float64).mean(1)
     for got in vectors:
         np.testing.assert_allclose(got, hidden / np.linalg.norm(hidden), atol=1e-5)
     # The default for the MiniLM folder's tokenizer (256) is capped at the model's 64 positions; more is refused.
@@ -162,7 +162,7 @@ def test_classify_truncates_long_texts(model, tokenizer):
 
 def test_classify_rejects_other_models_and_blank_texts(model, tokenizer):
     with pytest.raises(ValueError, match="BertModel"):
-        models.classify(model.bert, tokenizer, TEXTS)
+        models.classify(models.abstract_model(model.config, models.BertModel), tokenizer, TEXTS)
     with pytest.raises(ValueError, match=r"\[1\]"):
         models.classify(model, tokenizer, ["fine", "   "])
     with pytest.raises(ValueError, match="max_length=100"):

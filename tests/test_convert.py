@@ -6,6 +6,7 @@ permutation, several storage types), compared with transformers' own GGUF loader
 dequantisation.
 """
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -168,7 +169,7 @@ def test_gguf_with_a_padded_vocabulary(tiny_gguf, tmp_path, tied):
     path, reference = tiny_gguf(tied)
     model = from_pretrained(path, pad_vocab_to=96)
     assert model.config.vocab_size == 256 and model.config.padded_vocab_size == 288
-    assert model.transformer.decoder.embeddings.tokens.embedding[...].shape == (288, 64)
+    assert model.backbone.embeddings.tokens.embedding[...].shape == (288, 64)
     logits = np.asarray(model(IDS))
     ref = torch_logits(reference, IDS)
     assert logits.shape == (*IDS.shape, 288)
@@ -196,14 +197,14 @@ def test_gguf_converts_to_hf_and_flaxzoo(tiny_gguf, tmp_path):
     np.testing.assert_allclose(np.asarray(from_pretrained(workdir)(IDS)), ref, rtol=0, atol=1e-4)
 
 
-def write_tokenizer_gguf(path: pathlib.Path, *, model: str = "gpt2", pre: str = "smollm", add_bos: bool = True
-                         ) -> list[str]:
+def write_tokenizer_gguf(path: pathlib.Path, *, model: str = "gpt2", pre: str = "smollm", add_bos: bool = True,
+                         arch: str = "llama") -> list[str]:
     """A GGUF holding only a byte-level BPE tokenizer: control tokens <s> </s> <pad>, the 256 byte symbols, and the
     merges that spell "hello"."""
     from tokenizers import pre_tokenizers
 
     tokens = ["<s>", "</s>", "<pad>", *sorted(pre_tokenizers.ByteLevel.alphabet()), "he", "hel", "hell", "hello"]
-    writer = gguf.GGUFWriter(str(path), "llama")
+    writer = gguf.GGUFWriter(str(path), arch)
     writer.add_tokenizer_model(model)
     writer.add_tokenizer_pre(pre)
     writer.add_token_list(tokens)
@@ -238,6 +239,22 @@ def test_gguf_tokenizer_follows_the_file(tmp_path):
     write_tokenizer_gguf(tmp_path / "spm.gguf", model="llama")
     with pytest.raises(ValueError, match=r"tokenizer\.ggml\.model='llama' is not supported"):
         load_tokenizer(tmp_path / "spm.gguf")
+
+
+def test_gguf_tokenizer_kinds_come_from_the_family(tmp_path, monkeypatch):
+    """The kinds a family's GGUF files carry (``GGUFSpec.tokenizers``) decide what is rebuilt; a file of an
+    architecture no family registers still gives its byte-level BPE tokenizer."""
+    from flaxzoo.models.families import FAMILIES
+
+    tokens = write_tokenizer_gguf(tmp_path / "other.gguf", arch="falcon")
+    assert load_tokenizer(tmp_path / "other.gguf").encode("hello").ids == [0, tokens.index("hello")]
+    llama = FAMILIES["llama"]
+    monkeypatch.setitem(FAMILIES, "llama", dataclasses.replace(llama, gguf=dataclasses.replace(llama.gguf,
+                                                                                                tokenizers=())))
+    write_tokenizer_gguf(tmp_path / "llama.gguf")
+    with pytest.raises(ValueError, match=r"tokenizer\.ggml\.model='gpt2' is not supported for "
+                                         r"general\.architecture='llama'; expected one of \[\]"):
+        load_tokenizer(tmp_path / "llama.gguf")
 
 
 # ---------------------------------------------------------------------------------------------------- bad input
@@ -324,7 +341,7 @@ def test_training_checkpoint_loads_latest_step_params_only(tmp_path):
     np.testing.assert_array_equal(np.asarray(from_pretrained(tmp_path / "checkpoints" / "10")(IDS)),
                                   np.asarray(early(IDS)))
     half = from_pretrained(tmp_path, dtype="bfloat16")
-    assert half.transformer.decoder.embeddings.tokens.embedding[...].dtype == jnp.bfloat16
+    assert half.backbone.embeddings.tokens.embedding[...].dtype == jnp.bfloat16
 
 
 def test_flaxzoo_checkpoint_errors(tmp_path):
@@ -337,8 +354,8 @@ def test_flaxzoo_checkpoint_errors(tmp_path):
     meta = json.loads((step / "meta" / "metadata").read_text())
     (step / "meta" / "metadata").write_text(json.dumps({**meta, "config": {**meta["config"], "hidden_size": 32,
                                                                            "head_dim": 8}}))
-    with pytest.raises(ValueError, match=r"does not match its GPTForCausalLM config.*"
-                                         r"transformer\.decoder\.embeddings\.tokens\.embedding: expected shape "
+    with pytest.raises(ValueError, match=r"\(flaxzoo GPTForCausalLM\): tensors of the wrong shape.*"
+                                         r"backbone\.embeddings\.tokens\.embedding: expected shape "
                                          r"\(1000, 32\), found \(1000, 64\)"):
         from_pretrained(tmp_path / "a")
     (step / "meta" / "metadata").write_text(json.dumps({**meta, "format": "something-else"}))
@@ -374,16 +391,15 @@ def test_training_checkpoint_starts_another_head(tmp_path):
     save_checkpoint(mlm, tmp_path / "mlm")
     with pytest.warns(UserWarning, match=r"\(BertForMaskedLM loaded as BertForSequenceClassification\): the "
                                          r"checkpoint lacks 4 tensor\(s\), initialised with the model's initialisers "
-                                         r"\(seed=2\): bert\.pooler\.bias, bert\.pooler\.kernel, classifier\.bias, "
-                                         r"classifier\.kernel;"):
+                                         r"\(seed=2\): classifier\.bias, classifier\.kernel, pooler\.bias, "
+                                         r"pooler\.kernel;"):
         classifier = from_pretrained(tmp_path / "mlm", cls=models.BertForSequenceClassification, num_labels=4,
                                      seed=2)
     assert classifier.config.num_labels == 4 and classifier.config.replace(num_labels=2) == config
-    np.testing.assert_array_equal(np.asarray(classifier.bert(IDS).last_hidden_state),
-                                  np.asarray(mlm.bert(IDS).last_hidden_state))
+    np.testing.assert_array_equal(np.asarray(classifier.backbone(IDS).hidden), np.asarray(mlm.backbone(IDS).hidden))
     fresh = models.create_model(classifier.config, models.BertForSequenceClassification, seed=2)
     np.testing.assert_array_equal(np.asarray(classifier(IDS)), np.asarray(fresh.classifier(
-        jnp.tanh(fresh.bert.pooler(classifier.bert(IDS).last_hidden_state[:, 0])))))
+        jnp.tanh(fresh.pooler(classifier.backbone(IDS).hidden[:, 0])))))
 
     save_checkpoint(classifier, tmp_path / "cls")
     with warnings.catch_warnings():
@@ -391,7 +407,7 @@ def test_training_checkpoint_starts_another_head(tmp_path):
         encoder = from_pretrained(tmp_path / "cls", cls="BertModel")
     assert encoder.pooler is not None
     np.testing.assert_array_equal(np.asarray(encoder(IDS).pooler_output),
-                                  np.asarray(classifier.bert(IDS).pooler_output))
+                                  np.asarray(jnp.tanh(classifier.pooler(classifier.backbone(IDS).hidden[:, 0]))))
     with pytest.warns(UserWarning, match=r"lacks 2 tensor\(s\).*: classifier\.bias, classifier\.kernel;"):
         tagger = from_pretrained(tmp_path / "mlm", cls=models.BertForTokenClassification)
     assert tagger(IDS).shape == (2, 8, 2)

@@ -20,7 +20,7 @@ from flax import nnx
 from PIL import Image
 
 from flaxzoo import models
-from flaxzoo.models.bert import BertForSequenceClassification
+from flaxzoo.models.families.bert import BertForSequenceClassification
 from flaxzoo.models.config import get_preset
 from flaxzoo.train.config import ConfigError, OptimConfig
 from flaxzoo.train.finetune import vocab as vocablib
@@ -216,7 +216,7 @@ def test_the_head_only_step_moves_the_head_as_the_full_step_does_and_nothing_els
     tx = optax.sgd(1.0)
     state = lambda: {"params": params, "opt_state": tx.init(params), "step": jnp.zeros((), jnp.int32),  # noqa
                      "rng": jax.random.key_data(jax.random.key(0))}
-    head = lambda keys: "encoder" not in keys  # noqa: E731
+    head = lambda keys: "backbone" not in keys  # noqa: E731
     full, _ = make_train_step(graphdef, tx, optax.constant_schedule(1.0), objective="classify")(state(), rest, batch)
     part, _ = make_train_step(graphdef, tx, optax.constant_schedule(1.0), objective="classify",
                               trainable=head)(state(), rest, batch)
@@ -242,7 +242,7 @@ def tiny_classifier_params(num_layers: int = 2):
 def first_updates(optim: OptimConfig, params, grads, *, freeze_steps=0, updates=1, steps=10):
     """The first ``updates`` updates of the fine-tuning optimizer; ``grads`` is one gradient tree or a list."""
     tx, _ = make_finetune_optimizer(optim, steps, params, 2, freeze_steps=freeze_steps,
-                                    is_head=lambda keys: "encoder" not in keys)
+                                    is_head=lambda keys: "backbone" not in keys)
     state = tx.init(params)
     out = []
     for k in range(updates):
@@ -294,7 +294,7 @@ def test_freezing_keeps_the_encoder_still_then_starts_its_adam_afresh():
     optim = OptimConfig(lr=1e-3, warmup_steps=0, schedule="constant", weight_decay=0.01, grad_clip=0.0)
     frozen = first_updates(optim, params, grads, freeze_steps=3, updates=4)
     fresh = first_updates(optim, params, grads[3])[0]  # an optimizer that sees the 4th gradient first
-    is_encoder = lambda path: "encoder" in [getattr(p, "key", p) for p in path]  # noqa: E731
+    is_encoder = lambda path: "backbone" in [getattr(p, "key", p) for p in path]  # noqa: E731
     for k in range(3):
         for path, leaf in jax.tree_util.tree_flatten_with_path(frozen[k])[0]:
             if is_encoder(path):
@@ -331,13 +331,13 @@ def test_vocabulary_extension_adds_whole_words_with_the_mean_of_their_pieces(min
     pieces = tokenizer.encode(word, add_special_tokens=False).ids
     assert len(pieces) >= 2
     table = np.random.default_rng(0).normal(size=(tokenizer.get_vocab_size(), 8)).astype(np.float32)
-    params = {"bert": {"encoder": {"embeddings": {"tokens": {"embedding": table}}}}}
+    params = {"backbone": {"embeddings": {"tokens": {"embedding": table}}}}
     extended, params, size, added = vocablib.extend_vocabulary(tokenizer, params, table.shape[0], [word, "the"])
     assert added == [word] and size == table.shape[0] + 1  # "the" is one token already
     new_id = extended.token_to_id(word)
     assert extended.encode("Morientes bid", add_special_tokens=False).ids[0] == new_id
     assert tokenizer.encode("Morientes bid", add_special_tokens=False).ids[:len(pieces)] == pieces  # copy only
-    rows = params["bert"]["encoder"]["embeddings"]["tokens"]["embedding"]
+    rows = params["backbone"]["embeddings"]["tokens"]["embedding"]
     np.testing.assert_allclose(rows[new_id], table[pieces].mean(axis=0), rtol=1e-6)
     np.testing.assert_array_equal(rows[:table.shape[0]], table)
     # "frequent" picks words seen min_count times that cut into min_pieces or more, most frequent first
@@ -459,8 +459,8 @@ def test_a_flaxzoo_mlm_workdir_starts_a_classifier(tmp_path, data_dir, csv_files
     finetuner = Finetuner(cfg, tmp_path / "work")
     stored = models.from_pretrained(mlm)
     np.testing.assert_array_equal(
-        np.asarray(finetuner.params["bert"]["encoder"]["embeddings"]["tokens"]["embedding"]),
-        np.asarray(stored.bert.encoder.embeddings.tokens.embedding.get_value()))
+        np.asarray(finetuner.params["backbone"]["embeddings"]["tokens"]["embedding"]),
+        np.asarray(stored.backbone.embeddings.tokens.embedding.get_value()))
     summary = finetuner.run()
     assert summary.steps == 6 and 0.0 <= summary.metrics["macro_f1"] <= 1.0
     assert len(models.load_tokenizer(tmp_path / "work").get_vocab()) == len(models.load_tokenizer(mlm).get_vocab())
@@ -482,10 +482,10 @@ def test_a_lora_finetune_trains_only_the_adapters_and_the_head(tmp_path, data_di
     summary = finetuner.run()
     trained = {".".join(map(str, k)): v for k, v in flat_leaves(finetuner.state["params"]).items()}
     adapted = {k.rsplit(".", 1)[0] for k in trained if k.endswith((LORA_A, LORA_B))}
-    assert adapted == {f"bert.encoder.layers.{i}.{m}" for i in range(2) for m in
+    assert adapted == {f"backbone.layers.{i}.{m}" for i in range(2) for m in
                        ("attention.query", "attention.key", "attention.value", "attention.out", "mlp.up", "mlp.down")}
     head = {k for k in trained if not k.endswith((LORA_A, LORA_B))}
-    assert head == {"bert.pooler.kernel", "bert.pooler.bias", "classifier.kernel", "classifier.bias"}
+    assert head == {"pooler.kernel", "pooler.bias", "classifier.kernel", "classifier.bias"}
     # No optimizer state for the base: Adam's moments are the trained tensors' shapes, nothing else.
     moments = sorted(x.shape for x in jax.tree.leaves(finetuner.state["opt_state"]) if x.ndim)
     assert moments == sorted([v.shape for v in trained.values()] * 2)
@@ -496,7 +496,7 @@ def test_a_lora_finetune_trains_only_the_adapters_and_the_head(tmp_path, data_di
     merged = models.from_pretrained(tmp_path / "work")
     assert isinstance(merged, BertForSequenceClassification) and not has_lora(merged)
     hf = transformers.BertModel.from_pretrained(tiny_encoder).state_dict()
-    encoder = merged.bert.encoder
+    encoder = merged.backbone
     np.testing.assert_array_equal(encoder.embeddings.tokens.embedding.get_value(),
                                   hf["embeddings.word_embeddings.weight"].numpy())  # frozen, bit for bit
     np.testing.assert_array_equal(np.asarray(encoder.layers[1].mlp_norm.scale.get_value()),
@@ -507,7 +507,7 @@ def test_a_lora_finetune_trains_only_the_adapters_and_the_head(tmp_path, data_di
     for name, hf_name in [("attention.query", "attention.self.query"), ("mlp.down", "output.dense")]:
         kernel = np.asarray(getattr(getattr(encoder.layers[0], name.split(".")[0]), name.split(".")[1])
                             .kernel.get_value())
-        a, b = trained[f"bert.encoder.layers.0.{name}.{LORA_A}"], trained[f"bert.encoder.layers.0.{name}.{LORA_B}"]
+        a, b = trained[f"backbone.layers.0.{name}.{LORA_A}"], trained[f"backbone.layers.0.{name}.{LORA_B}"]
         base = hf[f"encoder.layer.0.{hf_name}.weight"].numpy().T  # torch keeps [out, in]
         np.testing.assert_allclose(kernel.reshape(base.shape), base + (a @ b) * scale, rtol=1e-6, atol=1e-6)
     np.testing.assert_array_equal(merged.classifier.kernel.get_value(), trained["classifier.kernel"])

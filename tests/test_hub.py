@@ -523,11 +523,11 @@ def test_bfloat16_checkpoint(tmp_path):
         for p in rounded.parameters():
             p.copy_(p.to(torch.bfloat16).float())
     model = from_pretrained(tmp_path)
-    assert model.transformer.decoder.embeddings.tokens.embedding[...].dtype == jnp.float32
+    assert model.backbone.embeddings.tokens.embedding[...].dtype == jnp.float32
     ids, mask, _ = inputs(True)
     assert_logits_close(run_flax(model, ids, mask, None), run_hf(rounded, ids, mask, None).logits, mask)
     half = from_pretrained(tmp_path, dtype="bfloat16")
-    assert half.transformer.decoder.embeddings.tokens.embedding[...].dtype == jnp.bfloat16
+    assert half.backbone.embeddings.tokens.embedding[...].dtype == jnp.bfloat16
 
 
 def test_pickle_checkpoint_needs_opt_in(hf_checkpoint, tmp_path):
@@ -599,7 +599,7 @@ def test_missing_and_unexpected_tensors_are_listed(hf_checkpoint, tmp_path):
 def new_head(model, cls, seed):
     """The head parameters ``create_model`` gives ``cls`` at ``seed`` (what a missing head must be initialised to)."""
     fresh = models.create_model(model.config, cls, seed=seed)
-    return {name: np.asarray(getattr(fresh.bert.pooler if name == "pooler" else fresh.classifier, "kernel")[...])
+    return {name: np.asarray(getattr(fresh.pooler if name == "pooler" else fresh.classifier, "kernel")[...])
             for name in ("pooler", "classifier")}
 
 
@@ -617,10 +617,10 @@ def test_encoder_checkpoint_loads_as_classifier(hf_checkpoint, tmp_path):
     assert isinstance(model, BertForSequenceClassification) and model.config.num_labels == 5
     expected = new_head(model, BertForSequenceClassification, seed=3)
     np.testing.assert_array_equal(np.asarray(model.classifier.kernel[...]), expected["classifier"])
-    np.testing.assert_array_equal(np.asarray(model.bert.pooler.kernel[...]), expected["pooler"])
+    np.testing.assert_array_equal(np.asarray(model.pooler.kernel[...]), expected["pooler"])
     assert model.classifier.kernel[...].shape == (64, 5)
     ids, mask, _ = inputs(True)
-    assert_logits_close(run_flax(model.bert, ids, mask, None).last_hidden_state,
+    assert_logits_close(run_flax(model.backbone, ids, mask, None).hidden,
                         run_hf(hf.bert, ids, mask, None).last_hidden_state, mask)
 
     # A bare BertModel checkpoint has the pooler: only the classifier is new, and the pooler is the checkpoint's.
@@ -628,7 +628,7 @@ def test_encoder_checkpoint_loads_as_classifier(hf_checkpoint, tmp_path):
     bare.save_pretrained(tmp_path / "bare")
     with pytest.warns(UserWarning, match=r"lacks 2 tensor\(s\).*: classifier\.bias, classifier\.weight;"):
         model = from_pretrained(tmp_path / "bare", cls="BertForSequenceClassification")
-    assert_logits_close(run_flax(model.bert, ids, mask, None).pooler_output,
+    assert_logits_close(np.tanh(np.asarray(model.pooler(run_flax(model.backbone, ids, mask, None).hidden[:, 0]))),
                         run_hf(bare, ids, mask, None).pooler_output, None)
 
     # Everything else stays strict: an unknown tensor, a mis-shaped one, a class of another family.

@@ -64,7 +64,7 @@ def test_only_the_named_targets_get_adapters_and_counts():
     # A regular expression over module paths: layer 1's value projection only.
     one = adapted(targets=(r"layers\.1\.attention\.value$",))
     assert [p for p, d in dense_modules(one).items() if hasattr(d, "kernel_lora_a")] == \
-        ["transformer.decoder.layers.1.attention.value"]
+        ["backbone.layers.1.attention.value"]
 
 
 def test_a_fresh_adapter_leaves_the_output_unchanged_and_training_moves_only_the_adapters():
@@ -134,7 +134,7 @@ def test_merged_model_is_plain_and_equals_the_adapted_one(scan):
 def test_lora_on_a_classifier_with_the_head_as_a_target():
     model = randomise_adapters(adapted("bert-tiny", cls=BertForSequenceClassification, targets=("attention", "head")))
     adapted_paths = sorted(p for p, d in dense_modules(model).items() if hasattr(d, "kernel_lora_a"))
-    assert "classifier" in adapted_paths and "bert.pooler" in adapted_paths
+    assert "classifier" in adapted_paths and "pooler" in adapted_paths
     merged = merge_lora(model)
     np.testing.assert_allclose(np.asarray(merged(IDS)), np.asarray(model(IDS)), atol=1e-5)
 
@@ -160,7 +160,7 @@ def test_a_target_matching_nothing_lists_the_module_paths():
     model = create_model(get_preset("gpt2-tiny"))
     with pytest.raises(LoraError, match="'gate' matches no projection") as info:
         apply_lora(model, LoraConfig(rank=2, alpha=4.0, targets=("attention", "gate")))
-    assert "transformer.decoder.layers.0.mlp.up" in str(info.value)  # what it could have matched
+    assert "backbone.layers.0.mlp.up" in str(info.value)  # what it could have matched
     assert not has_lora(model)  # nothing was changed
     with pytest.raises(LoraError, match="already has LoRA adapters"):
         apply_lora(adapted(), LoraConfig(rank=2, alpha=4.0))
@@ -230,15 +230,15 @@ def test_train_fully_names_select_the_head_or_the_embeddings():
     mlm = create_model(get_preset("bert-tiny"), BertForMaskedLM)
     assert modules(mlm, ("head",)) == ["decoder", "transform", "transform_norm"]
     clf = create_model(get_preset("bert-tiny"), BertForSequenceClassification)
-    assert modules(clf, ("head",)) == ["bert.pooler", "classifier"]
+    assert modules(clf, ("head",)) == ["classifier", "pooler"]
     gpt = create_model(get_preset("gpt2-tiny"))
-    assert modules(gpt, ("embeddings",)) == ["transformer.decoder.embeddings.positions",
-                                             "transformer.decoder.embeddings.tokens"]
+    assert modules(gpt, ("embeddings",)) == ["backbone.embeddings.positions",
+                                             "backbone.embeddings.tokens"]
     adapted_clf = apply_lora(clf, LoraConfig(rank=2, alpha=2.0))
     trained = nnx.state(adapted_clf, frozen_and_trainable(("head",)))
     names = {".".join(map(str, p)) for p, _ in nnx.to_flat_state(trained)}
-    assert {"classifier.kernel", "classifier.bias", "bert.pooler.kernel"} <= names
-    assert all("lora" in n or n.startswith(("classifier", "bert.pooler")) for n in names)
+    assert {"classifier.kernel", "classifier.bias", "pooler.kernel"} <= names
+    assert all("lora" in n or n.startswith(("classifier", "pooler")) for n in names)
 
 
 @pytest.mark.parametrize("scan", [False, True])
@@ -258,7 +258,7 @@ def test_bfloat16_base_casts_only_the_adapted_projections(scan):
     for path, dtype in dtypes.items():
         expected = "float32" if "lora" in path or path not in adapted_weights else "bfloat16"
         assert dtype == expected, (path, dtype)
-    for path in ("classifier.kernel", "classifier.bias", "bert.pooler.kernel", "bert.pooler.bias"):
+    for path in ("classifier.kernel", "classifier.bias", "pooler.kernel", "pooler.bias"):
         assert dtypes[path] == "float32", path
     trained = nnx.state(model, frozen_and_trainable(("head",)))
     moments = optax.adam(1e-3).init(trained)

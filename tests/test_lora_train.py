@@ -10,7 +10,7 @@ import pytest
 from flax import nnx
 
 from flaxzoo import models
-from flaxzoo.models.checkpoint import load_adapted
+from flaxzoo.models.hub import load_adapted
 from flaxzoo.models.lora import has_lora
 from flaxzoo.models.modeling import create_model
 from flaxzoo.train.checkpoint import CheckpointError, read_meta
@@ -61,7 +61,7 @@ def losses(workdir):
     return {r["step"]: r["loss"] for r in rows if "loss" in r}
 
 
-TABLE = ("transformer", "decoder", "embeddings", "tokens", "embedding")
+TABLE = ("backbone", "embeddings", "tokens", "embedding")
 
 
 def test_lora_run_trains_adapters_only_resumes_exactly_refuses_another_base_and_exports(base_dir, tmp_path):
@@ -169,4 +169,4 @@ def test_a_target_matching_nothing_names_the_modules(base_dir, tmp_path):
     config = lora_config(base_dir, tmp_path / "data", **{"lora.train_fully": "classifier"})
     with pytest.raises(ConfigError, match="lora.train_fully: 'classifier' matches no module") as info:
         Trainer(config, tmp_path / "w2")
-    assert "transformer.decoder.embeddings.tokens" in str(info.value)
+    assert "backbone.embeddings.tokens" in str(info.value)

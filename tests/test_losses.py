@@ -10,9 +10,9 @@ import pytest
 
 
 def tiny_lm(kind: str, seed: int = 0, vocab: int = 97):
-    from flaxzoo.models.bert import BertForMaskedLM
+    from flaxzoo.models.families.bert import BertForMaskedLM
     from flaxzoo.models.config import get_preset
-    from flaxzoo.models.gpt import GPTForCausalLM
+    from flaxzoo.models.families.gpt2 import GPTForCausalLM
     from flaxzoo.models.modeling import create_model
 
     sizes = dict(vocab_size=vocab, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64,

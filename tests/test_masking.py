@@ -146,7 +146,7 @@ def test_attention_dropout_drops_at_its_rate_in_training_mode_only():
     model.eval()
     evaluated = np.asarray(model(ids))
     model.train()
-    attention = model.transformer.decoder.layers[0].attention
+    attention = model.backbone.layers[0].attention
     multiplier = np.asarray(attention._dropout_multiplier(64, 32, 32))
     assert abs((multiplier == 0).mean() - 0.25) < 0.01
     np.testing.assert_allclose(np.unique(multiplier), [0.0, 1 / 0.75], rtol=1e-6)
@@ -199,13 +199,13 @@ def test_attention_backend_of_a_config():
 def test_stacked_layers_hold_the_per_layer_values_in_one_array():
     per_layer = models.create_model(get_preset("llama-tiny"), seed=5)
     stacked = models.create_model(get_preset("llama-tiny", scan_layers=True), seed=5)
-    layers = stacked.transformer.decoder.layers
+    layers = stacked.backbone.layers
     kernel = layers.attention.query.kernel
     assert kernel.shape == (2, 64, 4, 16) and kernel.get_metadata()["out_sharding"] == (
         "layers", "embed", "heads", "head_dim")
     for i in range(2):
         np.testing.assert_array_equal(np.asarray(kernel[...][i]),
-                                      np.asarray(per_layer.transformer.decoder.layers[i].attention.query.kernel[...]))
+                                      np.asarray(per_layer.backbone.layers[i].attention.query.kernel[...]))
     ids = np.random.default_rng(2).integers(3, 1000, (2, 9)).astype(np.int32)
     np.testing.assert_allclose(np.asarray(stacked(ids)), np.asarray(per_layer(ids)), atol=1e-6)
 

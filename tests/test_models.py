@@ -37,7 +37,7 @@ def decoder_config(kind: str, **overrides) -> TransformerConfig:
 def cached_model(config: TransformerConfig, cls=None, seed: int = 0) -> nnx.Module:
     """One initialised model per (config, class, seed) for the whole module (tests only read them): compiling an
     initialiser costs seconds on a CPU, so the tests share a handful of models and take sub-modules from them
-    (``BertForSequenceClassification.bert`` is a ``BertModel``, ``GPTForCausalLM.transformer`` a ``GPTModel``)."""
+    (every class keeps its ``TransformerStack`` at ``backbone``)."""
     return models.create_model(config, cls, seed=seed)
 
 
@@ -74,8 +74,8 @@ def np_(x) -> np.ndarray:
 
 def causal_lm_logits(model: GPTForCausalLM, embeds: jax.Array, attention_mask=None) -> jax.Array:
     """Logits from input embeddings fed in place of the token lookup (``TransformerStack``'s ``inputs_embeds``)."""
-    hidden = model.transformer(None, attention_mask, inputs_embeds=embeds).hidden
-    return model.lm_head(hidden, model.transformer.decoder.embeddings.tokens)
+    hidden = model.backbone(None, attention_mask, inputs_embeds=embeds).hidden
+    return model.lm_head(hidden, model.backbone.embeddings.tokens)
 
 
 def position_jacobian_norms(model, seq: int, attention_mask=None, *, encoder: bool = False) -> np.ndarray:
@@ -88,7 +88,7 @@ def position_jacobian_norms(model, seq: int, attention_mask=None, *, encoder: bo
     def readout(state, embeds):
         m = nnx.merge(graphdef, state)
         if encoder:
-            out = m.encoder(None, attention_mask, inputs_embeds=embeds).hidden
+            out = m.backbone(None, attention_mask, inputs_embeds=embeds).hidden
         else:
             out = causal_lm_logits(m, embeds, attention_mask)
         r = jax.random.normal(jax.random.key(2), (out.shape[-1],))
@@ -114,7 +114,7 @@ def test_decoder_is_causal(kind, with_mask):
 
 def test_encoder_is_bidirectional():
     """The same probe on BERT sees the future: the causality test above is able to fail."""
-    model = cached_model(get_preset("bert-tiny"), BertForSequenceClassification).bert
+    model = cached_model(get_preset("bert-tiny"), BertForSequenceClassification)
     norms = position_jacobian_norms(model, 5, encoder=True)
     assert (norms > 1e-6).all(), norms
 
@@ -123,11 +123,11 @@ def test_inputs_embeds_equals_token_lookup():
     config = decoder_config("gpt2")
     model = cached_model(config)
     ids = jnp.asarray([[5, 17, 900, 3]])
-    table = model.transformer.decoder.embeddings.tokens.embedding[...]
+    table = model.backbone.embeddings.tokens.embedding[...]
     from_embeds = jitted(model, lambda m, embeds: causal_lm_logits(m, embeds))(table[ids])
     np.testing.assert_allclose(np_(from_embeds), np_(cached_forward(config)(ids)), atol=1e-6)
     with pytest.raises(ValueError, match="exactly one of input_ids"):
-        model.transformer(ids, inputs_embeds=table[ids])
+        model.backbone(ids, inputs_embeds=table[ids])
 
 
 # -------------------------------------------------------------------------------------------------------- padding
@@ -163,10 +163,7 @@ def test_decoder_padding_leaves_real_positions_unchanged(kind):
 @pytest.mark.parametrize("cls", [BertForMaskedLM, BertForSequenceClassification, BertModel])
 def test_bert_right_padding_leaves_real_positions_unchanged(cls):
     config = get_preset("bert-tiny")
-    if cls is BertModel:  # with its pooler
-        forward = jitted(cached_model(config, BertForSequenceClassification).bert)
-    else:
-        forward = cached_forward(config, cls)
+    forward = cached_forward(config, cls)  # BertModel: with its pooler
     rng = np.random.default_rng(0)
     ids_a, ids_b = rng.integers(0, config.vocab_size, (1, 8)), rng.integers(0, config.vocab_size, (1, 5))
     types_a = np.array([[0, 0, 0, 0, 1, 1, 1, 1]])
@@ -202,7 +199,7 @@ def test_padding_mask_is_not_ignored():
 
 def test_sinusoidal_model_adds_the_vaswani_table():
     config = decoder_config("sinusoidal")
-    embeddings = cached_model(config).transformer.decoder.embeddings
+    embeddings = cached_model(config).backbone.embeddings
     ids, positions = jnp.asarray([[4, 8, 15, 16, 23]]), jnp.asarray([[0, 1, 2, 40, 41]])
     got = np_(jitted(embeddings)(ids, positions))
     d = config.hidden_size
@@ -219,10 +216,10 @@ def test_sinusoidal_model_adds_the_vaswani_table():
 def test_attention_weights_path_matches_fused_path(kind):
     if kind == "bert":
         config, cls = get_preset("bert-tiny"), BertModel
-        model = cached_model(config, BertForSequenceClassification).bert
+        model = cached_model(config, BertModel)
     else:
         config, cls = decoder_config(kind), GPTModel
-        model = cached_model(config).transformer
+        model = cached_model(config, GPTModel)
     assert isinstance(model, cls)
     hidden_of = (lambda out: out.last_hidden_state) if cls is BertModel else (lambda out: out.hidden)
     weights_of = lambda out: out.attention_weights  # noqa: E731
@@ -307,7 +304,7 @@ def test_grouped_query_attention_matches_numpy(kind, kv_heads):
     assert config.num_kv_heads == kv_heads
     # Wider weights so that attention is far from uniform and a wrong head grouping or rotation shows.
     model = scaled(cached_model(config), 15.0)
-    attention = model.transformer.decoder.layers[1].attention
+    attention = model.backbone.layers[1].attention
     assert attention.key.kernel.shape == (config.hidden_size, kv_heads, config.head_dim)
     x = np.random.default_rng(0).standard_normal((2, 6, config.hidden_size)).astype(np.float32)
     run = jitted(attention, lambda m, x, positions: m(x, AttentionLayout(positions, positions))[0])
@@ -328,7 +325,7 @@ def test_gpt2_matches_numpy_forward():
     ids = np.array([[3, 141, 59, 26, 535, 89, 79]])
     got = np_(jitted(model)(jnp.asarray(ids)))
 
-    d = model.transformer.decoder
+    d = model.backbone
     p = lambda v: np_(v[...])  # noqa: E731
 
     def layer_norm(x, norm):
@@ -475,4 +472,4 @@ def test_replace_derives_heads_again():
     config = get_preset("gpt2-tiny", head_dim=32).replace(hidden_size=128)
     assert config.head_dim == 32
     model = models.abstract_model(get_preset("gpt2-tiny", num_heads=8))
-    assert model.transformer.decoder.layers[0].attention.key.kernel.shape == (64, 8, 8)
+    assert model.backbone.layers[0].attention.key.kernel.shape == (64, 8, 8)

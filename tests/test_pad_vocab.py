@@ -84,7 +84,7 @@ def test_token_id_checks_reject_padding_ids():
     with pytest.raises(ValueError, match=r"contains 1000"):
         models.generate(model, [[1, 1000]], 2)
     # Inside jit, an id in the padding reads NaNs (as any id outside the vocabulary), never a zero row.
-    hidden = jax.jit(lambda ids: model.transformer.decoder.embeddings.tokens(ids))(jnp.array([[5, 1000, 1023]]))
+    hidden = jax.jit(lambda ids: model.backbone.embeddings.tokens(ids))(jnp.array([[5, 1000, 1023]]))
     assert np.isfinite(np.asarray(hidden[0, 0])).all() and np.isnan(np.asarray(hidden[0, 1:])).all()
 
 
@@ -92,7 +92,7 @@ def test_decoding_never_emits_a_padding_id():
     """Padding rows made huge: unmasked, every logit of a padding id would win; masked, none is ever picked."""
     config = get_preset("gpt2-tiny", pad_vocab_to=128)
     model = models.create_model(config)
-    table = model.transformer.decoder.embeddings.tokens.embedding
+    table = model.backbone.embeddings.tokens.embedding
     table[...] = table[...].at[VOCAB:].set(50.0)
     prompt = IDS[:, :4]
     for kwargs in (dict(), dict(temperature=1.0, seed=0), dict(temperature=100.0, seed=1),
@@ -165,7 +165,7 @@ def test_flaxzoo_checkpoint_stores_the_padded_tables(tmp_path):
     assert read_meta(step)["config"]["pad_vocab_to"] == 128
     loaded = from_pretrained(tmp_path)
     assert loaded.config == config
-    assert loaded.transformer.decoder.embeddings.tokens.embedding[...].shape == (PADDED, 64)
+    assert loaded.backbone.embeddings.tokens.embedding[...].shape == (PADDED, 64)
     assert loaded.lm_head.kernel[...].shape == (64, PADDED)
     expected = np.asarray(model(IDS))
     np.testing.assert_array_equal(np.asarray(loaded(IDS)), expected)
@@ -198,8 +198,8 @@ SHARDING_SCRIPT = textwrap.dedent("""
         logical = nnx.to_pure_dict(nnx.get_partition_spec(params))
         unsplit = []
         shardings = sharding.param_shardings(logical, nnx.to_pure_dict(params), mesh, unsplit)
-        table = shardings["transformer"]["decoder"]["embeddings"]["tokens"]["embedding"]
-        shape = params["transformer"]["decoder"]["embeddings"]["tokens"]["embedding"].get_value().shape
+        table = shardings["backbone"]["embeddings"]["tokens"]["embedding"]
+        shape = params["backbone"]["embeddings"]["tokens"]["embedding"].get_value().shape
         report[multiple] = dict(spec=str(table.spec), shape=list(shape),
                                 shard=list(table.shard_shape(shape)), unsplit=unsplit)
     json.dump(report, sys.stdout)
@@ -215,7 +215,7 @@ def test_padded_gpt2_vocabulary_splits_over_eight_fsdp_devices():
     report = json.loads(proc.stdout)
     plain, padded = report["1"], report["128"]
     assert plain["shape"] == [50257, 16] and plain["shard"] == [50257, 16] and "fsdp" not in plain["spec"]
-    assert any(line.startswith("transformer.decoder.embeddings.tokens.embedding (50257, 16)") and "fsdp=8" in line
+    assert any(line.startswith("backbone.embeddings.tokens.embedding (50257, 16)") and "fsdp=8" in line
                for line in plain["unsplit"]), plain["unsplit"]
     assert padded["shape"] == [50304, 16] and padded["shard"] == [50304 // 8, 16] and "fsdp" in padded["spec"]
     assert not any("tokens.embedding" in line for line in padded["unsplit"]), padded["unsplit"]

@@ -151,11 +151,11 @@ def test_minilm_starts_a_classifier(minilm, minilm_dir, cls):
     with pytest.warns(UserWarning, match=rf"lacks {len(new)} tensor\(s\).*: {re.escape(', '.join(new))};"):
         model = from_pretrained(minilm_dir, cls=cls, num_labels=3)
     ids, mask, types = batch(load_tokenizer(minilm_dir, padding=True), SENTENCES)
-    hidden = model.bert(jnp.asarray(ids), jnp.asarray(mask), jnp.asarray(types)).last_hidden_state
+    hidden = model.backbone(jnp.asarray(ids), jnp.asarray(mask), jnp.asarray(types)).hidden
     reference = minilm(jnp.asarray(ids), jnp.asarray(mask), jnp.asarray(types))
     np.testing.assert_array_equal(np.asarray(hidden), np.asarray(reference.last_hidden_state))
     if has_pooler and cls is models.BertForSequenceClassification:
-        np.testing.assert_array_equal(np.asarray(model.bert.pooler.kernel[...]), np.asarray(minilm.pooler.kernel[...]))
+        np.testing.assert_array_equal(np.asarray(model.pooler.kernel[...]), np.asarray(minilm.pooler.kernel[...]))
     logits = np.asarray(model(jnp.asarray(ids), jnp.asarray(mask), jnp.asarray(types)))
     assert logits.shape == ((3, 3) if cls is models.BertForSequenceClassification else (*ids.shape, 3))
     assert np.isfinite(logits).all()

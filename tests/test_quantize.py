@@ -124,17 +124,17 @@ def test_smollm2_int8_holds_int8_projections(smol_pair):
     assert len(paths) == 30 * 7 and all(is_quantized(module_at(int8, p)) for p in paths)
     assert not any(is_quantized(module_at(fp32, p)) for p in projection_paths(fp32))
     state = nnx.state(int8, nnx.Param)
-    query = state["transformer"]["decoder"]["layers"][0]["attention"]["query"]["kernel"]["array"]
+    query = state["backbone"]["layers"][0]["attention"]["query"]["kernel"]["array"]
     assert query["qvalue"].get_value().dtype == jnp.int8 and query["qvalue"].get_value().shape == (576, 9, 64)
     assert query["scale"].get_value().dtype == jnp.float32 and query["scale"].get_value().shape == (1, 9, 64)
     dtypes = {}
     for path, var in nnx.to_flat_state(state):
         dtypes.setdefault(var.get_value().dtype.name, []).append(".".join(map(str, path)))
     assert len(dtypes["int8"]) == 210 and all(p.endswith("kernel.array.qvalue") for p in dtypes["int8"])
-    embedding = state["transformer"]["decoder"]["embeddings"]["tokens"]["embedding"].get_value()
+    embedding = state["backbone"]["embeddings"]["tokens"]["embedding"].get_value()
     assert embedding.dtype == jnp.float32  # tied LM head: the float table
     np.testing.assert_array_equal(np.asarray(embedding), np.asarray(
-        nnx.state(fp32, nnx.Param)["transformer"]["decoder"]["embeddings"]["tokens"]["embedding"].get_value()))
+        nnx.state(fp32, nnx.Param)["backbone"]["embeddings"]["tokens"]["embedding"].get_value()))
     q_bytes, f_bytes = param_bytes(int8), param_bytes(fp32)
     ratio = q_bytes["projections"] / f_bytes["projections"]
     report(projection_bytes_int8=q_bytes["projections"], projection_bytes_float32=f_bytes["projections"],
@@ -149,9 +149,9 @@ def test_smollm2_int8_holds_int8_projections(smol_pair):
 def test_smollm2_streamed_quantisation_is_qwix_ptq_of_the_float_model(smol_pair):
     """The GGUF quantised as it is read holds exactly what qwix's PTQ makes of the float model's Dense modules."""
     int8, fp32, *_ = smol_pair
-    for path in [("transformer", "decoder", "layers", 0, "attention", "query"),
-                 ("transformer", "decoder", "layers", 17, "attention", "out"),
-                 ("transformer", "decoder", "layers", 29, "mlp", "down")]:
+    for path in [("backbone", "layers", 0, "attention", "query"),
+                 ("backbone", "layers", 17, "attention", "out"),
+                 ("backbone", "layers", 29, "mlp", "down")]:
         reference = quantize_dense(module_at(fp32, path))  # a new module: the float model is left as it is
         streamed = module_at(int8, path)
         for name in ("qvalue", "scale"):
@@ -222,10 +222,10 @@ def test_minilm_int8_embeddings_match_float32(minilm_dir):
     assert similarity[0, 1] > 0.6 and similarity[0, 2] < 0.2
     # Stacked layers, quantised as the safetensors are read: the same int8 weights, the same embeddings.
     stacked = from_pretrained(minilm_dir, quantize="int8", scan_layers=True)
-    qvalue = nnx.state(stacked, nnx.Param)["encoder"]["layers"]["attention"]["out"]["kernel"]["array"]["qvalue"]
+    qvalue = nnx.state(stacked, nnx.Param)["backbone"]["layers"]["attention"]["out"]["kernel"]["array"]["qvalue"]
     assert qvalue.get_value().shape == (6, 12, 32, 384) and qvalue.get_value().dtype == jnp.int8
     np.testing.assert_array_equal(np.asarray(qvalue.get_value()[5]),
-                                  np.asarray(int8.encoder.layers[5].attention.out.kernel.array.qvalue[...]))
+                                  np.asarray(int8.backbone.layers[5].attention.out.kernel.array.qvalue[...]))
     np.testing.assert_allclose(embed(stacked, tokenizer, SENTENCES), vectors_q, atol=1e-5)
 
 
@@ -239,12 +239,12 @@ def test_minilm_int8_classifier_from_a_flaxzoo_checkpoint_both_layouts(minilm_di
     stacked = from_pretrained(tmp_path, quantize="int8", scan_layers=True)
     assert stacked.config.scan_layers and not per_layer.config.scan_layers
     assert isinstance(per_layer, models.BertForSequenceClassification)
-    assert not is_quantized(per_layer.classifier) and not is_quantized(per_layer.bert.pooler)
-    layers = nnx.state(stacked, nnx.Param)["bert"]["encoder"]["layers"]
+    assert not is_quantized(per_layer.classifier) and not is_quantized(per_layer.pooler)
+    layers = nnx.state(stacked, nnx.Param)["backbone"]["layers"]
     qvalue = layers["mlp"]["up"]["kernel"]["array"]["qvalue"].get_value()
     assert qvalue.dtype == jnp.int8 and qvalue.shape == (6, 384, 1536)
     np.testing.assert_array_equal(
-        np.asarray(qvalue[4]), np.asarray(per_layer.bert.encoder.layers[4].mlp.up.kernel.array.qvalue[...]))
+        np.asarray(qvalue[4]), np.asarray(per_layer.backbone.layers[4].mlp.up.kernel.array.qvalue[...]))
 
     tokenizer = load_tokenizer(minilm_dir)
     labels_f, probs_f = classify(classifier, tokenizer, SENTENCES)
@@ -262,12 +262,12 @@ def test_minilm_int8_classifier_from_a_flaxzoo_checkpoint_both_layouts(minilm_di
         direct = from_pretrained(minilm_dir, cls=models.BertForSequenceClassification, num_labels=3, quantize="int8")
     np.testing.assert_array_equal(np.asarray(direct.classifier.kernel[...]),
                                   np.asarray(classifier.classifier.kernel[...]))
-    np.testing.assert_array_equal(np.asarray(direct.bert.encoder.layers[1].mlp.down.kernel.array.qvalue[...]),
-                                  np.asarray(per_layer.bert.encoder.layers[1].mlp.down.kernel.array.qvalue[...]))
+    np.testing.assert_array_equal(np.asarray(direct.backbone.layers[1].mlp.down.kernel.array.qvalue[...]),
+                                  np.asarray(per_layer.backbone.layers[1].mlp.down.kernel.array.qvalue[...]))
     # quantize_model on the float classifier (in place) gives what the checkpoint loaded quantised holds.
     quantize_model(classifier)
-    np.testing.assert_array_equal(np.asarray(classifier.bert.encoder.layers[2].attention.key.kernel.array.qvalue[...]),
-                                  np.asarray(per_layer.bert.encoder.layers[2].attention.key.kernel.array.qvalue[...]))
+    np.testing.assert_array_equal(np.asarray(classifier.backbone.layers[2].attention.key.kernel.array.qvalue[...]),
+                                  np.asarray(per_layer.backbone.layers[2].attention.key.kernel.array.qvalue[...]))
 
 
 # ===================================================================================================== bad input

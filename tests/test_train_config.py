@@ -364,19 +364,19 @@ def gpt_params(scan_layers: bool = False):
 def test_weight_decay_mask_skips_biases_norms_and_embeddings():
     params = gpt_params()
     mask = optim.decay_mask(params, decay_embeddings=False)
-    layer = mask["transformer"]["decoder"]["layers"][0]
+    layer = mask["backbone"]["layers"][0]
     assert layer["attention"]["query"]["kernel"] and layer["mlp"]["up"]["kernel"]
     assert not layer["attention"]["query"]["bias"] and not layer["attention_norm"]["scale"]
-    embeddings = mask["transformer"]["decoder"]["embeddings"]
+    embeddings = mask["backbone"]["embeddings"]
     assert not embeddings["tokens"]["embedding"] and not embeddings["positions"]["embedding"]
-    with_embeddings = optim.decay_mask(params, decay_embeddings=True)["transformer"]["decoder"]["embeddings"]
+    with_embeddings = optim.decay_mask(params, decay_embeddings=True)["backbone"]["embeddings"]
     assert with_embeddings["tokens"]["embedding"]
 
 
 def test_layer_wise_lr_scales():
     params = gpt_params()
     scales = optim.layer_scales(params, num_layers=2, layer_decay=0.5)
-    decoder = scales["transformer"]["decoder"]
+    decoder = scales["backbone"]
     assert float(decoder["embeddings"]["tokens"]["embedding"]) == 0.125  # 0.5 ** 3
     assert float(decoder["layers"][0]["mlp"]["up"]["kernel"]) == 0.25
     assert float(decoder["layers"][1]["mlp"]["up"]["kernel"]) == 0.5
@@ -386,13 +386,13 @@ def test_layer_wise_lr_scales():
 def test_stacked_layers_get_the_per_layer_decay_mask_and_lr_scales():
     """With scan_layers the blocks' parameters are [num_layers, ...]: a stacked bias (2-D) is still a bias, and each
     layer's slice gets that layer's learning-rate scale."""
-    layers = optim.decay_mask(gpt_params(scan_layers=True), decay_embeddings=False)["transformer"]["decoder"]["layers"]
+    layers = optim.decay_mask(gpt_params(scan_layers=True), decay_embeddings=False)["backbone"]["layers"]
     assert layers["attention"]["query"]["kernel"] and not layers["attention"]["query"]["bias"]
     assert not layers["mlp"]["up"]["bias"] and not layers["attention_norm"]["scale"]
     scales = optim.layer_scales(gpt_params(scan_layers=True), num_layers=2, layer_decay=0.5)
-    up = np.asarray(scales["transformer"]["decoder"]["layers"]["mlp"]["up"]["kernel"])
+    up = np.asarray(scales["backbone"]["layers"]["mlp"]["up"]["kernel"])
     assert up.shape == (2, 1, 1) and up.ravel().tolist() == [0.25, 0.5]
-    assert float(scales["transformer"]["decoder"]["embeddings"]["tokens"]["embedding"]) == 0.125
+    assert float(scales["backbone"]["embeddings"]["tokens"]["embedding"]) == 0.125
 
 
 @pytest.mark.parametrize("schedule", ["cosine", "linear", "constant"])

@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from flaxzoo.train.checkpoint import CheckpointError
     from flaxzoo.train.config import ConfigError, TrainConfig
-    from flaxzoo.train.loop import NonFiniteLossError, Trainer, _say
+    from flaxzoo.train.loop import NonFiniteLossError, Trainer, say as _say
 
     try:
         cfg = TrainConfig.from_config_dict(config)  # checked once, before any data work or compilation

@@ -90,10 +90,10 @@ import numpy as np
 import optax
 from flax import nnx
 
-from flaxzoo.models.bert import BertForMaskedLM
+from flaxzoo.models.families.bert import BertForMaskedLM
 from flaxzoo.models.config import get_preset
 from flaxzoo.models.generate import generate
-from flaxzoo.models.gpt import GPTForCausalLM
+from flaxzoo.models.families.gpt2 import GPTForCausalLM
 from flaxzoo.models.layers.attention_core import attention_backend
 from flaxzoo.models.hub.packaged import SMOLLM2_FILE, smollm2_gguf
 from flaxzoo.models.modeling import create_model, param_count

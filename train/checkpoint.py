@@ -25,8 +25,8 @@ Layout (a contract: ``from_pretrained`` reads training checkpoints with it)::
 
 To read the parameters elsewhere: build the abstract model from ``meta["config"]`` and ``meta["model_class"]``,
 take ``nnx.state(abstract, nnx.Param).to_pure_dict()`` as the restore target of ``state.params`` (or restore without a
-target and turn the string layer keys back into ints), then ``nnx.merge``: ``flaxzoo.models.checkpoint.load_checkpoint``
-(behind ``from_pretrained`` and :func:`load_params`) does this.
+target and turn the string layer keys back into ints), then ``nnx.merge``: ``from_pretrained`` (``flaxzoo.models.hub.sources.WorkdirSource``,
+behind :func:`load_params` too) does this.
 
 The data position is a plain number: global batch ``g`` of the input pipeline is a pure function of ``g`` and the
 data settings (``flaxzoo.train.data.loader``), so resuming reads ``data_position`` and starts the iterator there; nothing of
@@ -352,9 +352,9 @@ def read_meta(workdir: str | os.PathLike, step: int | None = None) -> tuple[int,
 def load_params(workdir: str | os.PathLike, step: int | None = None):
     """``(model, step)``: the model of a training checkpoint (default: the latest), on the default device.
 
-    The reading itself is ``flaxzoo.models.checkpoint.load_checkpoint`` (what ``from_pretrained`` uses), pointed at one step.
+    The reading itself is ``from_pretrained``'s (``flaxzoo.models.hub.sources.WorkdirSource``), pointed at one step.
     """
-    from flaxzoo.models.checkpoint import load_checkpoint
+    from flaxzoo.models.hub import from_pretrained
 
     step, _ = read_meta(workdir, step)
-    return load_checkpoint(resolve_workdir(workdir) / "checkpoints" / str(step)), step
+    return from_pretrained(resolve_workdir(workdir) / "checkpoints" / str(step)), step

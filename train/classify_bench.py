@@ -35,7 +35,7 @@ FALLBACK_HEADLINES = [
 
 def load_classifier(path: str | None):
     from flaxzoo import models
-    from flaxzoo.models.bert import BertForSequenceClassification
+    from flaxzoo.models.families.bert import BertForSequenceClassification
     from flaxzoo.train.finetune.trainer import packaged_minilm
 
     source = path or packaged_minilm()

@@ -59,7 +59,7 @@ from ml_collections.config_dict import placeholder
 from flaxzoo.models import PRESETS, TransformerConfig, get_preset
 from flaxzoo.models.lora import BASE_DTYPES as LORA_BASE_DTYPES, LoraConfig, LoraError
 from flaxzoo.models.config import DTYPES, REMAT_POLICIES
-from flaxzoo.models.modeling import MODEL_CLASSES, default_model_class
+from flaxzoo.models.families import FAMILIES, default_model_class, model_classes
 from flaxzoo.train.data import DataConfig
 
 # TransformerConfig fields set by precision.* (how to run), not model.* (what the model is).
@@ -586,7 +586,7 @@ def _build_model(build: typing.Callable[..., TransformerConfig], fields: dict[st
 def pretrained_model(source: str, values: Mapping[str, Any]) -> tuple[TransformerConfig, type]:
     """The ``TransformerConfig`` and class of ``init_from``'s model (its config only is read). The ``model``
     section may set ``cls`` only: the architecture is the checkpoint's."""
-    from flaxzoo.models.hub.source import describe_pretrained
+    from flaxzoo.models.hub.sources import open_source
 
     _no_unknown("model", values, ["preset", "cls", *(f.name for f in dataclasses.fields(TransformerConfig))])
     set_fields = [k for k, v in values.items() if k != "cls" and v not in (None, "")]
@@ -595,13 +595,13 @@ def pretrained_model(source: str, values: Mapping[str, Any]) -> tuple[Transforme
                                                     f"checkpoint's ({source}); leave the model section unset "
                                                     "(model_fields() with no arguments)")
     try:
-        config, stored_cls = describe_pretrained(source)
+        config, stored_cls = open_source(source).describe()
     except (OSError, ValueError) as exc:
         raise ConfigError("init_from", f"{source!r}: {exc}") from None
-    cls_name = values.get("cls") or stored_cls
-    if cls_name not in MODEL_CLASSES:
-        raise ConfigError("model.cls", f"{cls_name!r}: expected one of {sorted(MODEL_CLASSES)} or ''")
-    return config, MODEL_CLASSES[cls_name]
+    cls_name = values.get("cls") or stored_cls.__name__
+    if cls_name not in model_classes():
+        raise ConfigError("model.cls", f"{cls_name!r}: expected one of {sorted(model_classes())} or ''")
+    return config, model_classes()[cls_name]
 
 
 def model_from_values(values: Mapping[str, Any]) -> tuple[TransformerConfig, type]:
@@ -621,10 +621,13 @@ def model_from_values(values: Mapping[str, Any]) -> tuple[TransformerConfig, typ
             raise ConfigError(f"model.{required[0]}", f"missing (fields {required} are unset); set model.preset "
                                                       "or every required field")
     model = _build_model(get_preset(preset).replace if preset else TransformerConfig, fields)
+    if model.model_type not in FAMILIES:
+        raise ConfigError("model.model_type", f"{model.model_type!r}: expected one of {sorted(FAMILIES)} (the "
+                                              "registered families, flaxzoo.models.families)")
     cls_name = values.get("cls") or ""
-    if cls_name and cls_name not in MODEL_CLASSES:
-        raise ConfigError("model.cls", f"{cls_name!r}: expected one of {sorted(MODEL_CLASSES)} or ''")
-    return model, (MODEL_CLASSES[cls_name] if cls_name else default_model_class(model))
+    if cls_name and cls_name not in model_classes():
+        raise ConfigError("model.cls", f"{cls_name!r}: expected one of {sorted(model_classes())} or ''")
+    return model, (model_classes()[cls_name] if cls_name else default_model_class(model))
 
 
 def data_from_values(values: Mapping[str, Any], *, objective: str, seq_len: int, batch_size: int,

@@ -47,7 +47,7 @@ import numpy as np
 from flax import nnx
 
 from flaxzoo.models.config import TransformerConfig
-from flaxzoo.models.modeling import abstract_model
+from flaxzoo.models.modeling import abstract_model, default_model_class
 
 # Dense bf16 peak FLOP/s per device (chip), by a lower-case substring of jax's ``device.device_kind``; first match
 # wins, so the more specific names come first.
@@ -89,12 +89,13 @@ def matmul_params(config: TransformerConfig, cls: type | None = None) -> int:
 
 def mlm_head_params(config: TransformerConfig, cls: type | None = None) -> int:
     """The part of ``N`` in a masked-LM head (``BertForMaskedLM``): every matmul parameter outside the encoder
-    (``model.bert``: the transform dense and norm, the decoder's bias or untied kernel) plus the tied token table (the
-    vocabulary projection). ValueError for a model without such a head."""
+    (``model.backbone``: the transform dense and norm, the decoder's bias or untied kernel) plus the tied token table
+    (the vocabulary projection). ValueError for a model without such a head."""
+    cls = cls or default_model_class(config)
     leaves = _matmul_leaves(config, cls)
-    if not any(keys[0] == "bert" for keys, _ in leaves) or all(keys[0] == "bert" for keys, _ in leaves):
-        raise ValueError(f"{getattr(cls, '__name__', cls)} has no masked-LM head beside a 'bert' encoder")
-    return sum(size for keys, size in leaves if keys[0] != "bert" or "tokens" in keys)
+    if getattr(cls, "task", None) != "masked_lm":
+        raise ValueError(f"{getattr(cls, '__name__', cls)} has no masked-LM head beside its encoder")
+    return sum(size for keys, size in leaves if keys[0] != "backbone" or "tokens" in keys)
 
 
 def flops_per_token(config: TransformerConfig, seq_len: int, cls: type | None = None, *,

@@ -96,6 +96,9 @@ def _say(message: str) -> None:
         sys.stdout.flush()
 
 
+say = _say  # the public name, for the command line (train/__main__.py)
+
+
 def _say_everywhere(message: str) -> None:
     """A line on stdout from every process (prefixed ``process i:`` when there are several)."""
     if multihost.is_multi_process():
@@ -366,11 +369,11 @@ class Trainer:
             if multihost.is_multi_process():
                 raise ConfigError("init_from", f"{cfg.init_from!r}: training from pretrained weights runs in "
                                                f"one process; this launch has {jax.process_count()}")
-            from flaxzoo.models.hub.source import fingerprint
+            from flaxzoo.models.hub.sources import open_source
 
             start = time.perf_counter()
             self.base = {"path": os.path.abspath(cfg.init_from) if os.path.exists(cfg.init_from) else cfg.init_from,
-                         "fingerprint": fingerprint(cfg.init_from)}
+                         "fingerprint": open_source(cfg.init_from).fingerprint()}
             _say(f"base: {self.base['path']} ({self.base['fingerprint'][:19]}..., {time.perf_counter() - start:.1f} s)")
         self.compiled_step, self.remat_search_s = None, None
         # This process's own device: every process sees the same kind, and only addressable devices report memory.

@@ -4,7 +4,7 @@ A notebook calls :func:`setup` once, after its install cell::
 
     from flaxzoo.train.notebook import figure, setup
     nb = setup("02_train_gpt")          # prints the JAX backend and devices; nb.small, nb.workdir
-    figure("val_perplexity", 68.4)      # a line '[figure] val_perplexity = 68.4' the README's table is checked against
+    figure("val_perplexity", 68.4)      # a line '[figure] val_perplexity = 68.4' docs/notebooks.md's table is checked against
 
 ``SMALL=1`` in the environment (CI sets it) asks each notebook to keep its CPU run to minutes; unset or ``0`` is the
 normal run. ``FLAXZOO_NOTEBOOK_RUNS`` moves the work directories (default ``notebook_runs/`` in the current
@@ -109,8 +109,8 @@ def format_figure(value: object) -> str:
 def figure(name: str, value: object) -> None:
     """Print one reported figure as ``[figure] NAME = VALUE``.
 
-    The README's notebook table lists these; ``tests/test_notebooks.py`` checks that a SMALL-mode run prints the
-    same values (within the digits the README gives)."""
+    docs/notebooks.md's table lists these; ``tests/test_notebooks.py`` checks that a SMALL-mode run prints the
+    same values (within the digits the table gives)."""
     if not name or any(c.isspace() for c in name) or "=" in name:
         raise ValueError(f"figure name {name!r}: expected one word without '='")
     print(f"{FIGURE_PREFIX} {name} = {format_figure(value)}")

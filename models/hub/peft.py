@@ -19,18 +19,16 @@ from typing import Sequence
 import numpy as np
 from flax import nnx
 
-from flaxzoo.models.bert import BertForSequenceClassification, BertForTokenClassification
 from flaxzoo.models.config import TransformerConfig
-from flaxzoo.models.gpt import GPTForCausalLM
+from flaxzoo.models.families import family_of
 from flaxzoo.models.hub.files import PathLike
 from flaxzoo.models.hub.pretrained import check_saveable, interleaved_to_half
-from flaxzoo.models.hub.registry import family_of
 from flaxzoo.models.layers.stack import unstack_layer_values
 from flaxzoo.models.lora import adapter_tensors, in_train_fully, lora_config_of
 
 ADAPTER_WEIGHTS, ADAPTER_CONFIG = "adapter_model.safetensors", "adapter_config.json"
-TASK_TYPES = {GPTForCausalLM: "CAUSAL_LM", BertForSequenceClassification: "SEQ_CLS",
-              BertForTokenClassification: "TOKEN_CLS"}
+# PEFT's task type of each flaxzoo ``task`` (a model class's ``task`` attribute).
+PEFT_TASKS = {"causal_lm": "CAUSAL_LM", "sequence_classification": "SEQ_CLS", "token_classification": "TOKEN_CLS"}
 
 
 def _keys(path: str) -> tuple:
@@ -99,7 +97,7 @@ def save_adapters(model: nnx.Module, path: PathLike, *, base_model: str = "",
     directory.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(directory / ADAPTER_WEIGHTS), metadata={"format": "pt"})
     adapter_config = {
-        "peft_type": "LORA", "task_type": TASK_TYPES.get(cls, "FEATURE_EXTRACTION"), "r": int(lora.rank),
+        "peft_type": "LORA", "task_type": PEFT_TASKS.get(cls.task, "FEATURE_EXTRACTION"), "r": int(lora.rank),
         "lora_alpha": float(lora.alpha), "lora_dropout": 0.0, "bias": "none", "fan_in_fan_out": False,
         "target_modules": modules, "modules_to_save": sorted(set(saved)) or None, "base_model_name_or_path": base_model,
         "inference_mode": True, "init_lora_weights": True, "use_rslora": False, "use_dora": False,

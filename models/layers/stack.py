@@ -98,10 +98,12 @@ def stack_modules(modules: list[nnx.Module]) -> nnx.Module:
 class TransformerStack(nnx.Module):
     """Embeddings → ``num_layers`` blocks → final norm (pre-LN models). Causal or bidirectional per the config."""
 
-    def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
+    def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs, block: type = TransformerBlock):
+        """``block``: the layer class (``block(config, rngs=...)``, called as ``TransformerBlock`` is); a family with
+        other layers passes its own."""
         self.config = config
         self.embeddings = InputEmbeddings(config, rngs=rngs)
-        blocks = [TransformerBlock(config, rngs=rngs) for _ in range(config.num_layers)]
+        blocks = [block(config, rngs=rngs) for _ in range(config.num_layers)]
         self.layers = stack_modules(blocks) if config.scan_layers else nnx.List(blocks)
         self.final_norm = make_norm(config, rngs) if config.final_norm else None
 

@@ -19,7 +19,7 @@ from flax import nnx
 from ml_collections import ConfigDict
 
 from flaxzoo.models import BertForSequenceClassification
-from flaxzoo.models.hub.source import describe_pretrained
+from flaxzoo.models.hub.sources import open_source
 from flaxzoo.models.layers.attention_core import attention_backend
 from flaxzoo.models.lora import apply_lora, frozen_and_trainable
 from flaxzoo.train import flops as flopslib
@@ -45,7 +45,7 @@ def compile_finetune(config: ConfigDict, target: Target, devices: list[jax.Devic
     if cfg.init_from == SCRATCH:
         model_config = cfg.model
     else:
-        model_config, _ = describe_pretrained(source)
+        model_config, _ = open_source(source).describe()
     labels = cfg.num_labels or len(cfg.data.class_names) or 2
     if not cfg.num_labels:
         notes.append(f"num_labels follows the data: compiled with {labels}")

@@ -68,8 +68,8 @@ def packaged_minilm() -> pathlib.Path:
 
 
 def is_head(keys: Sequence[Any]) -> bool:
-    """The classifier head: every parameter outside the encoder stack (the pooler and the classifier)."""
-    return "encoder" not in keys
+    """The classifier head: every parameter outside the backbone (the pooler and the classifier)."""
+    return "backbone" not in keys
 
 
 # ---------------------------------------------------------------------------------------------------- batches

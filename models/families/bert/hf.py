@@ -2,35 +2,29 @@
 ``BertForSequenceClassification`` / ``BertForTokenClassification``.
 
 The encoder part of the table, the MLM decoder and the config translation are shared with RoBERTa
-(``models/hub/roberta.py``), whose layers carry the same names under another prefix.
+(``models/families/roberta/hf.py``), whose layers carry the same names under another prefix.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Any, Callable, Collection, Mapping
+from typing import Any, Mapping
 
-from flax import nnx
-
-from flaxzoo.models.bert import BertForMaskedLM, BertForSequenceClassification, BertForTokenClassification, BertModel
 from flaxzoo.models.config import TransformerConfig
-from flaxzoo.models.hub.fields import ACTIVATIONS_TO_HF, activation, common_from_hf, full_width_heads, refuse
-from flaxzoo.models.hub.mapping import Entry, Family, WeightMap, entry, layout, linear, norm, outside
-from flaxzoo.models.modeling import bert_without_pooler
+from flaxzoo.models.families.base import BACKBONE, Entry, Family, WeightMap, entry, layout, linear, norm, outside
+from flaxzoo.models.families.bert.model import (BertForMaskedLM, BertForSequenceClassification,
+                                                BertForTokenClassification, BertModel, encoder_factory)
+from flaxzoo.models.families.fields import ACTIVATIONS_TO_HF, activation, common_from_hf, full_width_heads, refuse
 
 ENCODER_LAYOUT = dict(causal=False, position="learned", norm="layernorm", norm_placement="post", embedding_norm=True,
                       final_norm=False, mlp_gated=False, attention_bias=True, mlp_bias=True)
 CLASSIFIERS = (BertForSequenceClassification, BertForTokenClassification)
 
 
-def flax_root(cls: type) -> str:
-    """The flaxzoo prefix of the encoder: ``""`` in a ``BertModel``, ``"bert."`` in the head classes."""
-    return "" if cls is BertModel else "bert."
-
-
-def encoder_entries(config: TransformerConfig, base: str, enc: str) -> list[Entry]:
-    """Embeddings and layers: Hugging Face ``{base}embeddings`` / ``{base}encoder.layer.{i}`` ↔ flaxzoo ``{enc}``."""
-    h = config.num_heads
+def encoder_entries(config: TransformerConfig, base: str) -> list[Entry]:
+    """Embeddings and layers: Hugging Face ``{base}embeddings`` / ``{base}encoder.layer.{i}`` ↔ flaxzoo
+    ``backbone``."""
+    h, enc = config.num_heads, BACKBONE
     entries = [
         entry(f"{base}embeddings.word_embeddings.weight", f"{enc}.embeddings.tokens.embedding"),
         entry(f"{base}embeddings.position_embeddings.weight", f"{enc}.embeddings.positions.embedding"),
@@ -65,24 +59,22 @@ def mlm_head(config: TransformerConfig, base: str, *, dense: str, layer_norm: st
     return entries + linear(decoder, "decoder", True), {}, {bias: f"{decoder}.bias"}
 
 
-def weight_map(entries: list[Entry], enc: str, ignored: list[str], tied: dict[str, str] | None = None,
+def weight_map(entries: list[Entry], ignored: list[str], tied: dict[str, str] | None = None,
                unused: dict[str, str] | None = None) -> WeightMap:
-    """A ``WeightMap`` whose optional tensors are those outside the encoder ``enc`` (the pooler and the heads)."""
-    return WeightMap(entries, tied or {}, unused or {}, tuple(ignored), outside(entries, enc))
+    """A ``WeightMap`` whose optional tensors are those outside the backbone (the pooler and the heads)."""
+    return WeightMap(entries, tied or {}, unused or {}, tuple(ignored), outside(entries))
 
 
 def bert_weights(config: TransformerConfig, cls: type, base: str) -> WeightMap:
     """The table for ``cls``. ``base`` is the Hugging Face prefix of the encoder (``"bert."``, or ``""`` for a bare
     ``BertModel`` checkpoint). Tensors of the other BERT heads (and of pre-training's next-sentence head) are
     skipped on load, as transformers skips them."""
-    root = flax_root(cls)
-    enc = f"{root}encoder"
-    entries = encoder_entries(config, base, enc)
+    entries = encoder_entries(config, base)
     ignored = [rf"{re.escape(base)}embeddings\.position_ids", r"cls\.seq_relationship\.(weight|bias)"]
     tied: dict[str, str] = {}
     unused: dict[str, str] = {}
     if cls in (BertModel, BertForSequenceClassification):
-        entries += linear(f"{base}pooler.dense", f"{root}pooler", True)
+        entries += linear(f"{base}pooler.dense", "pooler", True)
     else:
         ignored.append(rf"{re.escape(base)}pooler\.dense\.(weight|bias)")
     if cls in CLASSIFIERS:
@@ -96,7 +88,7 @@ def bert_weights(config: TransformerConfig, cls: type, base: str) -> WeightMap:
         entries += head
     else:
         ignored.append(r"cls\.predictions\..*")
-    return weight_map(entries, enc, ignored, tied, unused)
+    return weight_map(entries, ignored, tied, unused)
 
 
 def encoder_config_from_hf(hf: Mapping[str, Any], model_type: str, **fields: Any) -> TransformerConfig:
@@ -137,13 +129,6 @@ def encoder_save_problems(config: TransformerConfig, model_type: str) -> list[st
     return problems
 
 
-def encoder_factory(cls: type, names: Collection[str], base: str) -> Callable[..., nnx.Module]:
-    """A ``BertModel`` gets a pooler only if the checkpoint has one; the other classes are built as they are."""
-    if cls is BertModel and f"{base}pooler.dense.weight" not in names:
-        return bert_without_pooler
-    return cls
-
-
 def tf_layernorm_names(name: str) -> str:
     """TF-era ``LayerNorm.gamma`` / ``LayerNorm.beta`` → ``LayerNorm.weight`` / ``LayerNorm.bias``."""
     return re.sub(r"LayerNorm\.beta$", "LayerNorm.bias", re.sub(r"LayerNorm\.gamma$", "LayerNorm.weight", name))
@@ -156,5 +141,5 @@ FAMILY = Family(
                    "BertForTokenClassification": BertForTokenClassification},
     config_from_hf=lambda hf: encoder_config_from_hf({"pad_token_id": 0} | dict(hf), "bert"),
     config_to_hf=encoder_config_to_hf, weights=bert_weights, layout=ENCODER_LAYOUT | {"position_offset": 0},
-    base_class=BertModel, save_problems=lambda config: encoder_save_problems(config, "bert"),
+    save_problems=lambda config: encoder_save_problems(config, "bert"),
     factory=encoder_factory, rename=tf_layernorm_names)

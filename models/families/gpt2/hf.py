@@ -9,9 +9,10 @@ import re
 from typing import Any, Mapping
 
 from flaxzoo.models.config import TransformerConfig
-from flaxzoo.models.gpt import GPTForCausalLM, GPTModel
-from flaxzoo.models.hub.fields import ACTIVATIONS_TO_HF, activation, common_from_hf, full_width_heads, refuse
-from flaxzoo.models.hub.mapping import IDENTITY, Family, WeightMap, causal_lm_head, entry, layout, linear, norm, outside
+from flaxzoo.models.families.base import (BACKBONE, IDENTITY, Family, WeightMap, causal_lm_head, entry, layout, linear,
+                                          norm, outside)
+from flaxzoo.models.families.fields import ACTIVATIONS_TO_HF, activation, common_from_hf, full_width_heads, refuse
+from flaxzoo.models.families.gpt2.model import GPTForCausalLM, GPTModel
 
 GPT2_LAYOUT = dict(causal=True, position="learned", norm="layernorm", norm_placement="pre", embedding_norm=False,
                    final_norm=True, mlp_gated=False, attention_bias=True, mlp_bias=True, type_vocab_size=0,
@@ -20,8 +21,7 @@ GPT2_LAYOUT = dict(causal=True, position="learned", norm="layernorm", norm_place
 
 def gpt2_weights(config: TransformerConfig, cls: type, base: str) -> WeightMap:
     """The table for ``cls`` (``base``: ``"transformer."``, or ``""`` for a bare ``GPT2Model`` checkpoint)."""
-    h = config.num_heads
-    stack = "decoder" if cls is GPTModel else "transformer.decoder"
+    h, stack = config.num_heads, BACKBONE
     entries = [
         entry(f"{base}wte.weight", f"{stack}.embeddings.tokens.embedding"),
         entry(f"{base}wpe.weight", f"{stack}.embeddings.positions.embedding"),
@@ -45,7 +45,7 @@ def gpt2_weights(config: TransformerConfig, cls: type, base: str) -> WeightMap:
     entries += head
     # Old checkpoints store the causal-mask buffers.
     return WeightMap(entries, tied, ignored=(rf"{re.escape(base)}h\.\d+\.attn\.(bias|masked_bias)",),
-                     optional=outside(entries, stack))
+                     optional=outside(entries))
 
 
 def gpt2_config_from_hf(hf: Mapping[str, Any]) -> TransformerConfig:
@@ -79,4 +79,4 @@ FAMILY = Family(
     model_type="gpt2", base_prefix="transformer",
     architectures={"GPT2Model": GPTModel, "GPT2LMHeadModel": GPTForCausalLM},
     config_from_hf=gpt2_config_from_hf, config_to_hf=gpt2_config_to_hf, weights=gpt2_weights, layout=GPT2_LAYOUT,
-    base_class=GPTModel, save_problems=lambda config: full_width_heads(config, "gpt2"))
+    save_problems=lambda config: full_width_heads(config, "gpt2"))

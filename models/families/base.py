@@ -1,5 +1,6 @@
-"""The table machinery every family uses: transforms between the two tensor layouts, table entries, weight maps, the
-family record, and the checks that match a checkpoint's tensors against a table.
+"""What every family is made of: the family record (``Family``, with ``GGUFSpec``), the table machinery
+(transforms between the two tensor layouts, table entries, weight maps) and the checks that match a checkpoint's
+tensors against a table. Nothing here names a family; ``flaxzoo.models.families`` registers them.
 
 A family's table lists, per Hugging Face tensor, the flaxzoo parameter path(s) it fills and a ``Transform`` whose two
 directions are written once as a pair of einops patterns: loading (``to_flax``) and saving (``to_hf``) walk the same
@@ -21,11 +22,45 @@ from einops import rearrange
 from flax import nnx
 
 from flaxzoo.models.config import TransformerConfig
-from flaxzoo.models.gpt import GPTForCausalLM
-from flaxzoo.models.modeling import dotted, format_names
 
 ParamPath = tuple[Union[str, int], ...]
 Array = Any  # np.ndarray, or a jax array / tracer while shapes are being worked out
+
+# The module every model class keeps its ``TransformerStack`` under (``model.backbone.layers.3.mlp.up``); its
+# pooler and heads sit beside it at the top level.
+BACKBONE = "backbone"
+
+# The defaults every family gets unless it says otherwise. LoRA target names, each a regular expression over a
+# ``Dense``'s dotted module path:
+LORA_TARGETS: Mapping[str, str] = {
+    "attention": r"(^|\.)attention\.(query|key|value|out)$",
+    "mlp": r"(^|\.)mlp\.(up|gate|down)$",
+    "query": r"(^|\.)attention\.query$",
+    "key": r"(^|\.)attention\.key$",
+    "value": r"(^|\.)attention\.value$",
+    "out": r"(^|\.)attention\.out$",
+    "up": r"(^|\.)mlp\.up$",
+    "gate": r"(^|\.)mlp\.gate$",
+    "down": r"(^|\.)mlp\.down$",
+    # Every module outside the backbone: a BERT pooler, an MLM head (transform, norm, vocabulary bias), a
+    # classifier, an untied LM head.
+    "head": rf"^(?!{BACKBONE}(\.|$)).+$",
+}
+# The projections int8 quantises: (parent attribute, child attributes) in a block.
+INT8_TARGETS: Mapping[str, tuple[str, ...]] = {"attention": ("query", "key", "value", "out"),
+                                               "mlp": ("gate", "up", "down")}
+
+
+def format_names(names: Collection[str], limit: int = 20) -> str:
+    """``names`` sorted and comma-separated, the first ``limit`` of them (then how many more)."""
+    names = sorted(names)
+    shown = ", ".join(names[:limit])
+    return shown + (f", ... ({len(names) - limit} more)" if len(names) > limit else "")
+
+
+def dotted(path: ParamPath) -> str:
+    """``("backbone", "layers", 0, "mlp")`` → ``"backbone.layers.0.mlp"``."""
+    return ".".join(map(str, path))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,7 +103,7 @@ class Entry:
 
 
 def param_path(name: str) -> ParamPath:
-    """``"decoder.layers.3.mlp.up.kernel"`` → ``("decoder", "layers", 3, "mlp", "up", "kernel")``."""
+    """``"backbone.layers.3.mlp.up.kernel"`` → ``("backbone", "layers", 3, "mlp", "up", "kernel")``."""
     return tuple(int(part) if part.isdigit() else part for part in name.split("."))
 
 
@@ -96,17 +131,17 @@ def norm(hf: str, flax: str, bias: bool = True) -> list[Entry]:
 
 
 def causal_lm_head(config: TransformerConfig, cls: type, embedding: str) -> tuple[list[Entry], dict[str, str]]:
-    """``GPTForCausalLM``'s head: tied to the Hugging Face tensor ``embedding``, or its own ``lm_head.weight``.
-
-    Returns (entries to add, tied names ``{hf duplicate: hf source}``)."""
-    if cls is not GPTForCausalLM:
+    """The LM head of a causal-LM class (``cls.task == "causal_lm"``; other classes get nothing): tied to the Hugging
+    Face tensor ``embedding``, or its own ``lm_head.weight``. Returns (entries to add, tied names ``{hf duplicate:
+    hf source}``)."""
+    if getattr(cls, "task", None) != "causal_lm":
         return [], {}
     if config.tie_word_embeddings:
         return [], {"lm_head.weight": embedding}
     return [entry("lm_head.weight", "lm_head.kernel", LINEAR)], {}
 
 
-def outside(entries: Sequence[Entry], stack: str) -> frozenset[str]:
+def outside(entries: Sequence[Entry], stack: str = BACKBONE) -> frozenset[str]:
     """The Hugging Face names of ``entries`` whose parameters all lie outside the flaxzoo module ``stack`` (the
     pooler and the heads): what a checkpoint of another class may lack (``WeightMap.optional``)."""
     prefix = param_path(stack)
@@ -138,28 +173,98 @@ class WeightMap:
         kept = [e for e in self.entries if e.hf not in self.optional or any(p in params for p in e.paths)]
         return dataclasses.replace(self, entries=kept)
 
+    def params_of(self, names: Collection[str]) -> set[ParamPath]:
+        """The flaxzoo parameters the Hugging Face tensors ``names`` fill (for ``Family.factory``)."""
+        names = set(names)
+        return {p for e in self.entries if e.hf in names for p in e.paths}
+
+    def renamed(self, rename: Callable[[str], str], ignored: tuple[str, ...] = ()) -> "WeightMap":
+        """The same table under other tensor names (``rename`` of every Hugging Face name: a GGUF's), ignoring the
+        regular expressions ``ignored`` instead."""
+        return WeightMap([dataclasses.replace(e, hf=rename(e.hf)) for e in self.entries],
+                         {rename(dup): rename(source) for dup, source in self.tied.items()},
+                         {rename(name): rename(source) for name, source in self.unused.items()}, ignored,
+                         frozenset(rename(name) for name in self.optional))
+
+
+@dataclasses.dataclass(frozen=True)
+class GGUFSpec:
+    """A family's llama.cpp GGUF files: the ``general.architecture`` values it reads, the ``config.json`` a file
+    describes (``config(file, tensor names)``, in rotate-half terms: the loader switches to ``rope_layout``), the
+    GGUF name of each Hugging Face tensor (``names``: (regular expression, replacement) pairs, as llama.cpp's
+    ``convert_hf_to_gguf.py`` writes them) and the tokenizer kinds it carries (``tokenizer.ggml.model``; ``"gpt2"``
+    is byte-level BPE)."""
+
+    architectures: tuple[str, ...]
+    config: Callable[[Any, Collection[str]], dict[str, Any]]
+    names: tuple[tuple[str, str], ...]
+    tokenizers: tuple[str, ...] = ("gpt2",)
+    rope_layout: str = "interleaved"  # llama.cpp stores Q and K rows with RoPE pairs interleaved
+
+    def name(self, hf_name: str) -> str:
+        """``"model.layers.3.self_attn.q_proj.weight"`` → ``"blk.3.attn_q.weight"``."""
+        for pattern, replacement in self.names:
+            if re.fullmatch(pattern, hf_name):
+                return re.sub(pattern, replacement, hf_name)
+        raise KeyError(f"no GGUF name for the Hugging Face tensor {hf_name}")
+
+
+def plain(cls: type, params: Collection[ParamPath]) -> Callable[..., nnx.Module]:
+    """The default ``Family.factory``: the class itself, whatever the checkpoint holds."""
+    return cls
+
 
 @dataclasses.dataclass(frozen=True)
 class Family:
-    """One Hugging Face ``model_type``: its architectures, config translation and weight map.
+    """Everything flaxzoo knows about one Hugging Face ``model_type``; registering it is one line in
+    ``flaxzoo.models.families``.
 
-    ``weights(config, flaxzoo class, HF base prefix)`` builds the table. ``layout``: the ``TransformerConfig`` fields
-    the family fixes; ``save_problems(config)`` names anything else Hugging Face's class cannot express (checked with
-    ``layout`` before saving). ``factory(cls, tensor names, base)``: what builds the model for a checkpoint holding
-    those tensors (a ``BertModel`` without pooler ...); ``rename``: old tensor names → current ones, on load.
+    ``architectures``: Hugging Face class name → flaxzoo class, the base model first (the heads are declared here
+    and nowhere else; each class says its ``task``). ``weights(config, flaxzoo class, HF base prefix)`` builds the
+    table; ``base_prefix``: the attribute holding the base model in Hugging Face's head classes. ``layout``: the
+    ``TransformerConfig`` fields the family fixes (``causal`` among them); ``save_problems(config)`` names anything
+    else Hugging Face's class cannot express. ``factory(cls, flaxzoo parameter paths a checkpoint fills)``: what
+    builds the model for it (a ``BertModel`` without pooler ...); ``rename``: old tensor names → current ones, on
+    load. ``gguf``: its llama.cpp files, if any. ``lora_targets`` / ``projections``: the LoRA target names and the
+    projections int8 quantises. The block the layers are made of is the model classes' ``block`` attribute.
     """
 
     model_type: str
-    base_prefix: str  # the attribute holding the base model in HF's head classes ("bert", "transformer", "model")
-    architectures: dict[str, type]  # HF class name -> flaxzoo class
+    base_prefix: str
+    architectures: dict[str, type]
     config_from_hf: Callable[[Mapping[str, Any]], TransformerConfig]
     config_to_hf: Callable[[TransformerConfig], dict[str, Any]]
     weights: Callable[[TransformerConfig, type, str], WeightMap]
     layout: dict[str, Any]
-    base_class: type
     save_problems: Callable[[TransformerConfig], list[str]] = lambda config: []
-    factory: Callable[[type, Collection[str], str], Callable[..., nnx.Module]] = lambda cls, names, base: cls
+    factory: Callable[[type, Collection[ParamPath]], Callable[..., nnx.Module]] = plain
     rename: Callable[[str], str] | None = None
+    gguf: GGUFSpec | None = None
+    lora_targets: Mapping[str, str] = dataclasses.field(default_factory=lambda: dict(LORA_TARGETS))
+    projections: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=lambda: dict(INT8_TARGETS))
+
+    @property
+    def base_class(self) -> type:
+        """The flaxzoo class of the Hugging Face base model (the first architecture)."""
+        return next(iter(self.architectures.values()))
+
+    @property
+    def classes(self) -> tuple[type, ...]:
+        """The flaxzoo classes, each once, in the order of ``architectures``."""
+        return tuple(dict.fromkeys(self.architectures.values()))
+
+    @property
+    def causal(self) -> bool:
+        return bool(self.layout["causal"])
+
+    @property
+    def block(self) -> type:
+        """The block class the family's layers are made of (``TransformerBlock`` unless its classes say otherwise)."""
+        return self.base_class.block
+
+    def class_for(self, task: str) -> type | None:
+        """The flaxzoo class whose ``task`` is ``task`` (``"causal_lm"``, ``"masked_lm"`` ...), or None."""
+        return next((c for c in self.classes if getattr(c, "task", None) == task), None)
 
     def hf_architecture(self, cls: type) -> str:
         """The Hugging Face class name for the flaxzoo class ``cls``."""
@@ -168,6 +273,18 @@ class Family:
                 return name
         raise ValueError(f"flaxzoo {cls.__name__} has no Hugging Face {self.model_type} counterpart; supported: "
                          f"{sorted(c.__name__ for c in self.architectures.values())}")
+
+    def gguf_weights(self, config: TransformerConfig, cls: type) -> WeightMap:
+        """The table for ``cls`` under the family's GGUF names. A GGUF has no base-model prefix; the tensors of
+        heads ``cls`` lacks (the output projection, for the base model) are skipped."""
+        if self.gguf is None:
+            raise ValueError(f"Hugging Face {self.model_type} has no GGUF layout in flaxzoo")
+        hf = self.weights(config, cls, f"{self.base_prefix}.")
+        full = set()
+        for other in self.classes:
+            full |= {e.hf for e in self.weights(config, other, f"{self.base_prefix}.").entries}
+        heads = sorted(full - {e.hf for e in hf.entries})
+        return hf.renamed(self.gguf.name, tuple(re.escape(self.gguf.name(n)) for n in heads))
 
 
 # ------------------------------------------------------------------------------------------- matching a checkpoint

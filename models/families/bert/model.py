@@ -1,8 +1,13 @@
-"""Encoder-only models (Devlin et al., 2019), assembled from ``flaxzoo.models.layers``."""
+"""Encoder-only models (Devlin et al., 2019), assembled from ``flaxzoo.models.layers``; RoBERTa reuses them.
+
+Every class keeps its ``TransformerStack`` at ``backbone`` and its pooler / head modules beside it, so a parameter
+path means the same in every class (``backbone.layers.3.mlp.up.kernel``, ``pooler.kernel``).
+"""
 
 from __future__ import annotations
 
-from typing import NamedTuple
+import functools
+from typing import Callable, Collection, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -13,6 +18,7 @@ from flaxzoo.models.layers.embeddings import LMHead
 from flaxzoo.models.layers.feedforward import ACTIVATION_FUNCTIONS
 from flaxzoo.models.layers.linear import Dense
 from flaxzoo.models.layers.norms import make_norm
+from flaxzoo.models.layers.block import TransformerBlock
 from flaxzoo.models.layers.stack import TransformerStack
 
 
@@ -31,31 +37,57 @@ def _dense(config: TransformerConfig, out_features: int, axes, rngs: nnx.Rngs) -
                  param_dtype=jnp.dtype(config.param_dtype))
 
 
+def encoder(cls: type, config: TransformerConfig, rngs: nnx.Rngs) -> TransformerStack:
+    """The bidirectional stack of ``cls`` (made of ``cls.block``); ValueError for a causal config."""
+    if config.causal:
+        raise ValueError(f"{cls.__name__} needs an encoder config (causal=False); got causal=True")
+    return TransformerStack(config, rngs=rngs, block=cls.block)
+
+
+def pool(pooler: Dense, hidden: jax.Array) -> jax.Array:
+    """BERT's pooler: ``tanh(dense(hidden[:, 0]))``, the [CLS] summary; ``[batch, seq, hidden]`` → ``[batch,
+    hidden]``."""
+    return jnp.tanh(pooler(hidden[:, 0]))
+
+
 class BertModel(nnx.Module):
-    """The bidirectional encoder; the pooler is ``tanh(dense(hidden[:, 0]))``, the [CLS] summary."""
+    """The bidirectional encoder and, with ``add_pooler``, the pooler (:func:`pool`)."""
+
+    task = "base"
+    block = TransformerBlock
 
     def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs, add_pooler: bool = True):
-        if config.causal:
-            raise ValueError("BertModel needs an encoder config (causal=False); got causal=True")
         self.config = config
-        self.encoder = TransformerStack(config, rngs=rngs)
+        self.backbone = encoder(type(self), config, rngs)
         self.pooler = _dense(config, config.hidden_size, ("embed", None), rngs) if add_pooler else None
 
     def __call__(self, input_ids: jax.Array, attention_mask: jax.Array | None = None,
                  token_type_ids: jax.Array | None = None, position_ids: jax.Array | None = None, *,
                  segment_ids: jax.Array | None = None, return_attention_weights: bool = False) -> EncoderOutput:
-        out = self.encoder(input_ids, attention_mask, token_type_ids, position_ids, segment_ids=segment_ids,
-                           return_attention_weights=return_attention_weights)
-        pooled = jnp.tanh(self.pooler(out.hidden[:, 0])) if self.pooler is not None else None
+        out = self.backbone(input_ids, attention_mask, token_type_ids, position_ids, segment_ids=segment_ids,
+                            return_attention_weights=return_attention_weights)
+        pooled = pool(self.pooler, out.hidden) if self.pooler is not None else None
         return EncoderOutput(out.hidden, pooled, out.attention_weights)
+
+
+def encoder_factory(cls: type, params: Collection[tuple]) -> Callable[..., nnx.Module]:
+    """What builds ``cls`` for a checkpoint filling the flaxzoo parameters ``params``: a ``BertModel`` gets a pooler
+    only if the checkpoint has one (all-MiniLM-L6-v2 has none); the other classes are built as they are. The one
+    place that knows a BERT may lack its pooler."""
+    if cls is BertModel and ("pooler", "kernel") not in set(params):
+        return functools.partial(BertModel, add_pooler=False)
+    return cls
 
 
 class BertForMaskedLM(nnx.Module):
     """Encoder + transform (dense, activation, norm) + decoder tied to the token table, with a vocabulary bias."""
 
+    task = "masked_lm"
+    block = TransformerBlock
+
     def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
         self.config = config
-        self.bert = BertModel(config, rngs=rngs, add_pooler=False)
+        self.backbone = encoder(type(self), config, rngs)
         self.transform = _dense(config, config.hidden_size, ("embed", None), rngs)
         self.transform_norm = make_norm(config, rngs)
         self.decoder = LMHead(config, use_bias=True, rngs=rngs)
@@ -71,23 +103,25 @@ class BertForMaskedLM(nnx.Module):
                       token_type_ids: jax.Array | None = None, position_ids: jax.Array | None = None, *,
                       segment_ids: jax.Array | None = None) -> jax.Array:
         """The encoder's final states ``[batch, seq, hidden]``, before the MLM head."""
-        return self.bert(input_ids, attention_mask, token_type_ids, position_ids,
-                         segment_ids=segment_ids).last_hidden_state
+        return self.backbone(input_ids, attention_mask, token_type_ids, position_ids, segment_ids=segment_ids).hidden
 
     def logits(self, hidden: jax.Array) -> jax.Array:
         """The MLM head alone: ``[batch, n, hidden]`` encoder states → ``[batch, n, vocab]`` logits (float32), e.g. for
         the scored positions only (BERT's pre-training gathers them first)."""
         hidden = self.transform_norm(ACTIVATION_FUNCTIONS[self.config.activation](self.transform(hidden)))
-        return self.decoder(hidden, self.bert.encoder.embeddings.tokens)
-
+        return self.decoder(hidden, self.backbone.embeddings.tokens)
 
 
 class BertForSequenceClassification(nnx.Module):
     """Encoder + pooler + dropout + a linear classifier over ``num_labels``."""
 
+    task = "sequence_classification"
+    block = TransformerBlock
+
     def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
         self.config = config
-        self.bert = BertModel(config, rngs=rngs, add_pooler=True)
+        self.backbone = encoder(type(self), config, rngs)
+        self.pooler = _dense(config, config.hidden_size, ("embed", None), rngs)
         self.dropout = nnx.Dropout(config.dropout, rngs=rngs)
         self.classifier = _dense(config, config.num_labels, ("embed", None), rngs)
 
@@ -95,17 +129,20 @@ class BertForSequenceClassification(nnx.Module):
                  token_type_ids: jax.Array | None = None, position_ids: jax.Array | None = None, *,
                  segment_ids: jax.Array | None = None) -> jax.Array:
         """``[batch, seq]`` → logits ``[batch, num_labels]`` (float32)."""
-        pooled = self.bert(input_ids, attention_mask, token_type_ids, position_ids,
-                           segment_ids=segment_ids).pooler_output
+        hidden = self.backbone(input_ids, attention_mask, token_type_ids, position_ids, segment_ids=segment_ids).hidden
+        pooled = pool(self.pooler, hidden)
         return self.classifier(self.dropout(pooled)).astype(jnp.float32)
 
 
 class BertForTokenClassification(nnx.Module):
     """Encoder (no pooler) + dropout + a linear classifier over ``num_labels`` applied to every token (tagging, NER)."""
 
+    task = "token_classification"
+    block = TransformerBlock
+
     def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
         self.config = config
-        self.bert = BertModel(config, rngs=rngs, add_pooler=False)
+        self.backbone = encoder(type(self), config, rngs)
         self.dropout = nnx.Dropout(config.dropout, rngs=rngs)
         self.classifier = _dense(config, config.num_labels, ("embed", None), rngs)
 
@@ -113,6 +150,5 @@ class BertForTokenClassification(nnx.Module):
                  token_type_ids: jax.Array | None = None, position_ids: jax.Array | None = None, *,
                  segment_ids: jax.Array | None = None) -> jax.Array:
         """``[batch, seq]`` → per-token logits ``[batch, seq, num_labels]`` (float32)."""
-        hidden = self.bert(input_ids, attention_mask, token_type_ids, position_ids,
-                           segment_ids=segment_ids).last_hidden_state
+        hidden = self.backbone(input_ids, attention_mask, token_type_ids, position_ids, segment_ids=segment_ids).hidden
         return self.classifier(self.dropout(hidden)).astype(jnp.float32)

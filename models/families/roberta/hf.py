@@ -15,20 +15,19 @@ from __future__ import annotations
 import re
 from typing import Any, Mapping
 
-from flaxzoo.models.bert import BertForMaskedLM, BertForSequenceClassification, BertForTokenClassification, BertModel
 from flaxzoo.models.config import TransformerConfig
-from flaxzoo.models.hub.bert import (ENCODER_LAYOUT, encoder_config_from_hf, encoder_config_to_hf, encoder_entries,
-                             encoder_factory, encoder_save_problems, flax_root, mlm_head, tf_layernorm_names,
-                             weight_map)
-from flaxzoo.models.hub.mapping import Family, WeightMap, linear
+from flaxzoo.models.families.base import Family, WeightMap, linear
+from flaxzoo.models.families.bert.hf import (ENCODER_LAYOUT, encoder_config_from_hf, encoder_config_to_hf,
+                                             encoder_entries, encoder_save_problems, mlm_head, tf_layernorm_names,
+                                             weight_map)
+from flaxzoo.models.families.bert.model import (BertForMaskedLM, BertForSequenceClassification,
+                                                BertForTokenClassification, BertModel, encoder_factory)
 
 
 def roberta_weights(config: TransformerConfig, cls: type, base: str) -> WeightMap:
     """The table for ``cls`` (``base``: ``"roberta."``, or ``""`` for a bare ``RobertaModel`` checkpoint); the other
     RoBERTa heads' tensors are skipped on load."""
-    root = flax_root(cls)
-    enc = f"{root}encoder"
-    entries = encoder_entries(config, base, enc)
+    entries = encoder_entries(config, base)
     ignored = [rf"{re.escape(base)}embeddings\.position_ids"]
     tied: dict[str, str] = {}
     unused: dict[str, str] = {}
@@ -37,7 +36,7 @@ def roberta_weights(config: TransformerConfig, cls: type, base: str) -> WeightMa
     else:  # pre-training checkpoints (roberta-base) hold a pooler no head class reads
         ignored.append(rf"{re.escape(base)}pooler\.dense\.(weight|bias)")
     if cls is BertForSequenceClassification:
-        entries += [*linear("classifier.dense", "bert.pooler", True),
+        entries += [*linear("classifier.dense", "pooler", True),
                     *linear("classifier.out_proj", "classifier", True)]
     elif cls is BertForTokenClassification:
         entries += linear("classifier", "classifier", True)
@@ -52,7 +51,7 @@ def roberta_weights(config: TransformerConfig, cls: type, base: str) -> WeightMa
         entries += head
     else:
         ignored.append(r"lm_head\..*")
-    return weight_map(entries, enc, ignored, tied, unused)
+    return weight_map(entries, ignored, tied, unused)
 
 
 def roberta_config_from_hf(hf: Mapping[str, Any]) -> TransformerConfig:
@@ -80,5 +79,5 @@ FAMILY = Family(
                    "RobertaForSequenceClassification": BertForSequenceClassification,
                    "RobertaForTokenClassification": BertForTokenClassification},
     config_from_hf=roberta_config_from_hf, config_to_hf=encoder_config_to_hf, weights=roberta_weights,
-    layout=ENCODER_LAYOUT, base_class=BertModel, save_problems=roberta_save_problems, factory=encoder_factory,
+    layout=ENCODER_LAYOUT, save_problems=roberta_save_problems, factory=encoder_factory,
     rename=tf_layernorm_names)

@@ -1,21 +1,19 @@
 """Llama: Hugging Face ``llama`` names and config ↔ flaxzoo ``GPTModel`` / ``GPTForCausalLM`` (RMSNorm, SwiGLU, RoPE,
-grouped-query attention), and the same table under llama.cpp's GGUF names.
-
-Dequantised GGUF projections are ``[out, in]`` like torch's, so the Llama table's transforms apply unchanged; only
-the names differ (and Q/K rows are in the interleaved RoPE layout, which the config records: see ``models/gguf.py``).
+grouped-query attention). Its GGUF names and config: ``gguf.py`` beside this file.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import re
 import warnings
 from typing import Any, Mapping
 
 from flaxzoo.models.config import TransformerConfig
-from flaxzoo.models.gpt import GPTForCausalLM, GPTModel
-from flaxzoo.models.hub.fields import ACTIVATIONS_TO_HF, activation, common_from_hf
-from flaxzoo.models.hub.mapping import Family, WeightMap, causal_lm_head, entry, layout, linear, norm, outside
+from flaxzoo.models.families.base import (BACKBONE, Family, WeightMap, causal_lm_head, entry, layout, linear, norm,
+                                          outside)
+from flaxzoo.models.families.fields import ACTIVATIONS_TO_HF, activation, common_from_hf
+from flaxzoo.models.families.gpt2.model import GPTForCausalLM, GPTModel
+from flaxzoo.models.families.llama.gguf import SPEC
 
 LLAMA_LAYOUT = dict(causal=True, position="rope", norm="rmsnorm", norm_placement="pre", embedding_norm=False,
                     final_norm=True, mlp_gated=True, type_vocab_size=0)
@@ -24,7 +22,7 @@ LLAMA_LAYOUT = dict(causal=True, position="rope", norm="rmsnorm", norm_placement
 def llama_weights(config: TransformerConfig, cls: type, base: str) -> WeightMap:
     """The table for ``cls`` (``base``: ``"model."``, or ``""`` for a bare ``LlamaModel`` checkpoint)."""
     h, kv, ab, mb = config.num_heads, config.num_kv_heads, config.attention_bias, config.mlp_bias
-    stack = "decoder" if cls is GPTModel else "transformer.decoder"
+    stack = BACKBONE
     entries = [
         entry(f"{base}embed_tokens.weight", f"{stack}.embeddings.tokens.embedding"),
         *norm(f"{base}norm", f"{stack}.final_norm", bias=False),
@@ -46,7 +44,7 @@ def llama_weights(config: TransformerConfig, cls: type, base: str) -> WeightMap:
     entries += head
     # Old checkpoints store the RoPE frequencies.
     return WeightMap(entries, tied, ignored=(rf"{re.escape(base)}layers\.\d+\.self_attn\.rotary_emb\.inv_freq",),
-                     optional=outside(entries, stack))
+                     optional=outside(entries))
 
 
 def rope_theta(hf: Mapping[str, Any]) -> float:
@@ -101,41 +99,4 @@ FAMILY = Family(
     model_type="llama", base_prefix="model",
     architectures={"LlamaModel": GPTModel, "LlamaForCausalLM": GPTForCausalLM},
     config_from_hf=llama_config_from_hf, config_to_hf=llama_config_to_hf, weights=llama_weights,
-    layout=LLAMA_LAYOUT, base_class=GPTModel)
-
-
-# ---------------------------------------------------------------------------- GGUF (llama.cpp) names of the tensors
-
-# Hugging Face name (a regular expression) -> llama.cpp's name, as llama.cpp's convert_hf_to_gguf.py writes them.
-GGUF_LLAMA_NAMES: tuple[tuple[str, str], ...] = (
-    (r"model\.embed_tokens\.weight", "token_embd.weight"),
-    (r"model\.norm\.weight", "output_norm.weight"),
-    (r"lm_head\.weight", "output.weight"),
-    (r"model\.layers\.(\d+)\.input_layernorm\.weight", r"blk.\1.attn_norm.weight"),
-    (r"model\.layers\.(\d+)\.post_attention_layernorm\.weight", r"blk.\1.ffn_norm.weight"),
-    (r"model\.layers\.(\d+)\.self_attn\.q_proj\.(weight|bias)", r"blk.\1.attn_q.\2"),
-    (r"model\.layers\.(\d+)\.self_attn\.k_proj\.(weight|bias)", r"blk.\1.attn_k.\2"),
-    (r"model\.layers\.(\d+)\.self_attn\.v_proj\.(weight|bias)", r"blk.\1.attn_v.\2"),
-    (r"model\.layers\.(\d+)\.self_attn\.o_proj\.(weight|bias)", r"blk.\1.attn_output.\2"),
-    (r"model\.layers\.(\d+)\.mlp\.gate_proj\.(weight|bias)", r"blk.\1.ffn_gate.\2"),
-    (r"model\.layers\.(\d+)\.mlp\.up_proj\.(weight|bias)", r"blk.\1.ffn_up.\2"),
-    (r"model\.layers\.(\d+)\.mlp\.down_proj\.(weight|bias)", r"blk.\1.ffn_down.\2"),
-)
-
-
-def gguf_name(hf_name: str) -> str:
-    """``"model.layers.3.self_attn.q_proj.weight"`` → ``"blk.3.attn_q.weight"``."""
-    for pattern, replacement in GGUF_LLAMA_NAMES:
-        if re.fullmatch(pattern, hf_name):
-            return re.sub(pattern, replacement, hf_name)
-    raise KeyError(f"no GGUF name for the Hugging Face tensor {hf_name}")
-
-
-def gguf_llama_weights(config: TransformerConfig, cls: type) -> WeightMap:
-    """The Llama table with llama.cpp's names. A GGUF has no base-model prefix; loading only the base model
-    (``cls=GPTModel``) skips the output projection."""
-    hf = llama_weights(config, cls, "model.")
-    return WeightMap([dataclasses.replace(e, hf=gguf_name(e.hf)) for e in hf.entries],
-                     {gguf_name(dup): gguf_name(source) for dup, source in hf.tied.items()},
-                     ignored=() if cls is GPTForCausalLM else (r"output\.weight",),
-                     optional=frozenset(gguf_name(name) for name in hf.optional))
+    layout=LLAMA_LAYOUT, gguf=SPEC)

@@ -1,5 +1,8 @@
 """Decoder-only models: the GPT-2 layout (Radford et al., 2019) and the Llama layout (Touvron et al., 2023) from one
-class, the difference being only the config (norm, positions, feed-forward, heads, tying)."""
+class, the difference being only the config (norm, positions, feed-forward, heads, tying); Llama reuses them.
+
+Both classes keep their ``TransformerStack`` at ``backbone`` (``backbone.layers.3.attention.query.kernel``).
+"""
 
 from __future__ import annotations
 
@@ -7,34 +10,46 @@ import jax
 from flax import nnx
 
 from flaxzoo.models.config import TransformerConfig
+from flaxzoo.models.layers.block import TransformerBlock
 from flaxzoo.models.layers.decode_state import DecodeState
 from flaxzoo.models.layers.embeddings import LMHead
 from flaxzoo.models.layers.stack import StackOutput, TransformerStack
 
 
+def decoder(cls: type, config: TransformerConfig, rngs: nnx.Rngs) -> TransformerStack:
+    """The causal stack of ``cls`` (made of ``cls.block``); ValueError for a bidirectional config."""
+    if not config.causal:
+        raise ValueError(f"{cls.__name__} needs a decoder config (causal=True); got causal=False")
+    return TransformerStack(config, rngs=rngs, block=cls.block)
+
+
 class GPTModel(nnx.Module):
     """The causal stack without a head: ``[batch, seq]`` ids → ``StackOutput`` (hidden ``[batch, seq, hidden]``)."""
 
+    task = "base"
+    block = TransformerBlock
+
     def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
-        if not config.causal:
-            raise ValueError("GPTModel needs a decoder config (causal=True); got causal=False")
         self.config = config
-        self.decoder = TransformerStack(config, rngs=rngs)
+        self.backbone = decoder(type(self), config, rngs)
 
     def __call__(self, input_ids: jax.Array, attention_mask: jax.Array | None = None,
                  token_type_ids: jax.Array | None = None, position_ids: jax.Array | None = None, *,
                  segment_ids: jax.Array | None = None, inputs_embeds: jax.Array | None = None,
                  return_attention_weights: bool = False) -> StackOutput:
-        return self.decoder(input_ids, attention_mask, token_type_ids, position_ids, segment_ids=segment_ids,
-                            inputs_embeds=inputs_embeds, return_attention_weights=return_attention_weights)
+        return self.backbone(input_ids, attention_mask, token_type_ids, position_ids, segment_ids=segment_ids,
+                             inputs_embeds=inputs_embeds, return_attention_weights=return_attention_weights)
 
 
 class GPTForCausalLM(nnx.Module):
     """Decoder + language-model head (tied to the token table or not)."""
 
+    task = "causal_lm"
+    block = TransformerBlock
+
     def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
         self.config = config
-        self.transformer = GPTModel(config, rngs=rngs)
+        self.backbone = decoder(type(self), config, rngs)
         self.lm_head = LMHead(config, use_bias=False, rngs=rngs)
 
     def __call__(self, input_ids: jax.Array, attention_mask: jax.Array | None = None,
@@ -49,23 +64,22 @@ class GPTForCausalLM(nnx.Module):
                       segment_ids: jax.Array | None = None) -> jax.Array:
         """The decoder's final states ``[batch, seq, hidden]``, before the head (a loss can project them in chunks
         with :meth:`logits` and never hold ``[batch, seq, vocab]``)."""
-        return self.transformer(input_ids, attention_mask, token_type_ids, position_ids,
-                                segment_ids=segment_ids).hidden
+        return self.backbone(input_ids, attention_mask, token_type_ids, position_ids, segment_ids=segment_ids).hidden
 
     def logits(self, hidden: jax.Array) -> jax.Array:
         """The head alone: ``[batch, n, hidden]`` → ``[batch, n, vocab]`` logits (float32)."""
-        return self.lm_head(hidden, self.transformer.decoder.embeddings.tokens)
+        return self.lm_head(hidden, self.backbone.embeddings.tokens)
 
     def decode(self, input_ids: jax.Array, state: DecodeState, new_valid: jax.Array | None = None, *,
                last_only: bool = False) -> tuple[jax.Array, DecodeState]:
         """One cached step: ``[batch, q]`` new ids written at the state's next slots → (logits ``[batch, q, vocab]``,
         or ``[batch, 1, vocab]`` for the last position only with ``last_only``; the updated state).
         ``new_valid: [batch, q]`` marks real tokens (a left-padded prompt's mask); default all."""
-        hidden, state = self.transformer.decoder.decode(input_ids, state, new_valid)
+        hidden, state = self.backbone.decode(input_ids, state, new_valid)
         if last_only:
             hidden = hidden[:, -1:]
-        return self.lm_head(hidden, self.transformer.decoder.embeddings.tokens), state
+        return self.lm_head(hidden, self.backbone.embeddings.tokens), state
 
     def init_state(self, batch: int, max_len: int) -> DecodeState:
         """An empty ``DecodeState`` for ``batch`` rows of up to ``max_len`` tokens (prompt included)."""
-        return self.transformer.decoder.init_state(batch, max_len)
+        return self.backbone.init_state(batch, max_len)

@@ -1,0 +1,317 @@
+"""Sources: one object per checkpoint format, each with the same small interface (``flaxzoo.models.hub.loading.Source``):
+
+* ``describe()`` → ``(TransformerConfig, class)`` from the config alone, no weight read;
+* ``read()`` → ``{name: array}`` in the source's own naming (a flaxzoo work directory: dotted per-layer parameter
+  paths);
+* ``plan(config, class, names)`` → the weight table ``from_pretrained`` assembles through;
+* ``files()`` / ``fingerprint()`` → the files that make up the weights and a hash of them (what training records, so
+  that resuming or merging adapters onto other base weights is refused).
+
+``HFSource`` (a Hugging Face directory; a Hub id is fetched into the Hugging Face cache first), ``GGUFSource`` (a
+llama.cpp file), ``WorkdirSource`` (a flaxzoo training checkpoint: work directory, ``checkpoints/`` or one step) and
+``LoraRunSource`` (a LoRA run's work directory: base weights + adapters, merged). :func:`open_source` is the one
+place that decides which a path is.
+
+What a path names, in order: an existing local path (relative, ``./``, ``~/`` and absolute paths alike: made absolute
+first); else a packaged model's name (``flaxzoo.models.hub.packaged.PACKAGED``: ``"smollm2-135m-instruct"``,
+``"all-minilm-l6-v2"``; a local path of that name wins); else a Hugging Face Hub id (``org/name``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import pathlib
+import re
+from typing import Any, Collection
+
+import jax
+from flax import nnx
+
+from flaxzoo.models.checkpoint import find_step_dir, param_metadata, read_meta, restore_params
+from flaxzoo.models.config import TransformerConfig
+from flaxzoo.models.families import family_and_class, family_of_class, factory_for, gguf_config, model_classes
+from flaxzoo.models.families.base import Entry, ParamPath, WeightMap, dotted, format_names, param_path
+from flaxzoo.models.gguf import GGUFFile, is_gguf
+from flaxzoo.models.hub.files import (PICKLE, PICKLE_INDEX, SAFETENSORS, SAFETENSORS_INDEX, PathLike, is_hub_id,
+                                      listing, read_config, read_weights, resolve_pretrained, weight_files)
+from flaxzoo.models.hub.loading import Plan, Source, flat_values, load_source
+from flaxzoo.models.layers.stack import unstack_layer_values
+from flaxzoo.models.lora import LoraConfig, apply_lora, merge_lora
+from flaxzoo.models.modeling import abstract_params, assemble_model, per_layer_shapes
+
+__all__ = ["GGUFSource", "HFSource", "LoraRunSource", "Source", "WorkdirSource", "fingerprint_files", "load_adapted",
+           "open_source"]
+
+FINGERPRINT_CHUNK = 1 << 22  # bytes read at a time
+HF_WEIGHT_PATTERNS = ("*.safetensors", "*.safetensors.index.json", "pytorch_model*.bin", "pytorch_model.bin.index.json")
+
+
+def fingerprint_files(files: list[pathlib.Path], root: pathlib.Path) -> str:
+    """``sha256:<hex>`` over the names (relative to ``root``; a single file: its name) and bytes of ``files``: equal
+    for a copy of the same files elsewhere, different when any byte differs."""
+    digest = hashlib.sha256()
+    for file in files:
+        name = file.name if len(files) == 1 else str(file.relative_to(root))
+        digest.update(name.encode() + b"\0")
+        with open(file, "rb") as handle:
+            while chunk := handle.read(FINGERPRINT_CHUNK):
+                digest.update(chunk)
+    return "sha256:" + digest.hexdigest()
+
+
+class HFSource(Source):
+    """A Hugging Face model directory: ``config.json`` and safetensors weights (or, with ``allow_pickle``,
+    ``pytorch_model.bin``)."""
+
+    kind = "hf"
+    default_scan_layers = False
+
+    def __init__(self, directory: pathlib.Path, *, allow_pickle: bool = False):
+        self.root = directory
+        self.allow_pickle = allow_pickle
+        self.hf = read_config(directory)
+
+    def describe(self) -> tuple[TransformerConfig, type]:
+        family, cls = family_and_class(self.hf, None)
+        weight_files(self.root, self.allow_pickle)  # no weights at all: say so before judging the config's fields
+        return family.config_from_hf(self.hf), cls
+
+    def model_class(self, cls: type | str | None) -> type:
+        return family_and_class(self.hf, cls)[1]
+
+    def read(self, progress: bool = False) -> dict[str, Any]:
+        family, _ = family_and_class(self.hf, None)
+        tensors = read_weights(self.root, self.allow_pickle, progress)
+        return tensors if family.rename is None else {family.rename(name): t for name, t in tensors.items()}
+
+    def plan(self, config: TransformerConfig, model_cls: type, names: Collection[str]) -> Plan:
+        family, _ = family_and_class(self.hf, model_cls)
+        prefix = family.base_prefix + "."
+        prefixed = any(name.startswith(prefix) for name in names)
+        weights = family.weights(config, model_cls, prefix if prefixed else "")
+        if model_cls is family.base_class and prefixed:  # a head checkpoint loaded as the base model: skip the head
+            weights.ignored = (*weights.ignored, rf"(?!{re.escape(prefix)}).*")
+        return Plan(family.factory(model_cls, weights.params_of(names)), weights, config.vocab_size,
+                    f"{self.root} ({family.model_type}, flaxzoo {model_cls.__name__})")
+
+    def files(self) -> list[pathlib.Path]:
+        return sorted({self.root / "config.json", *(p for pattern in HF_WEIGHT_PATTERNS for p in self.root.glob(pattern))})
+
+    def fingerprint(self) -> str:
+        return fingerprint_files(self.files(), self.root)
+
+
+class GGUFSource(Source):
+    """A llama.cpp GGUF file of a registered architecture (``flaxzoo.models.families.gguf_family``): config from its
+    metadata, tensors dequantised one at a time as they are translated."""
+
+    kind = "gguf"
+    default_scan_layers = False
+
+    def __init__(self, file: pathlib.Path):
+        self.root = file
+        self.gguf = GGUFFile(file)
+        self.family, self.hf = gguf_config(self.gguf)
+
+    def describe(self) -> tuple[TransformerConfig, type]:
+        family, cls = family_and_class(self.hf, None)
+        # llama.cpp stores Q and K rows in the interleaved RoPE pair layout: keep them, and rotate those pairs.
+        return family.config_from_hf(self.hf).replace(rope_layout=family.gguf.rope_layout), cls
+
+    def model_class(self, cls: type | str | None) -> type:
+        return family_and_class(self.hf, cls)[1]
+
+    def read(self, progress: bool = False) -> dict[str, Any]:
+        return self.gguf.lazy_tensors(progress=progress)
+
+    def plan(self, config: TransformerConfig, model_cls: type, names: Collection[str]) -> Plan:
+        weights = self.family.gguf_weights(config, model_cls)
+        return Plan(self.family.factory(model_cls, weights.params_of(names)), weights, config.vocab_size,
+                    f"{self.root} (GGUF {self.gguf.architecture}, flaxzoo {model_cls.__name__})")
+
+    def files(self) -> list[pathlib.Path]:
+        return [self.root]
+
+    def fingerprint(self) -> str:
+        return fingerprint_files(self.files(), self.root.parent)
+
+
+def stack_prefix(paths: Collection[ParamPath]) -> ParamPath:
+    """Where the layer stack sits in a model's parameter tree: the path of the module holding its ``embeddings``
+    (``("backbone",)``; ``()`` without one)."""
+    return next((p[:p.index("embeddings")] for p in paths if p[-3:] == ("embeddings", "tokens", "embedding")), ())
+
+
+class WorkdirSource(Source):
+    """A flaxzoo training checkpoint (``flaxzoo.models.checkpoint``): a ``python -m flaxzoo.train`` work directory,
+    its ``checkpoints/`` folder or one step folder; the latest step is read, its parameters only.
+
+    It loads as the stored class or another one of the same kind (encoder / decoder): parameters outside the layer
+    stack that the other class lacks are skipped, and those it has and the checkpoint lacks (a classifier, a pooler)
+    are initialised; inside the stack everything must match."""
+
+    kind = "flaxzoo"
+    default_scan_layers = None  # the stored config's layout
+
+    def __init__(self, path: pathlib.Path, step_dir: pathlib.Path | None = None):
+        self.root = path
+        self.step_dir = step_dir or find_step_dir(path)
+        if self.step_dir is None:
+            raise ValueError(f"{path} holds no flaxzoo checkpoint step (expected checkpoints/<step>/{{state,meta}})")
+        self.meta = read_meta(self.step_dir)
+
+    def describe(self) -> tuple[TransformerConfig, type]:
+        return TransformerConfig.from_dict(self.meta["config"]), model_classes()[self.meta["model_class"]]
+
+    def model_class(self, cls: type | str | None) -> type:
+        stored_config, stored_cls = self.describe()
+        if cls is None:
+            return stored_cls
+        allowed = {n: c for n, c in model_classes().items() if family_of_class(c).causal == stored_config.causal}
+        name = cls if isinstance(cls, str) else getattr(cls, "__name__", repr(cls))
+        if name not in allowed or (not isinstance(cls, str) and allowed[name] is not cls):
+            kind = "decoder" if stored_config.causal else "encoder"
+            raise ValueError(f"{self.step_dir} holds a {stored_cls.__name__} ({kind}); cls={name!r} does not match: "
+                             f"it loads as one of {sorted(allowed)}")
+        return allowed[name]
+
+    def read(self, progress: bool = False) -> dict[str, Any]:
+        stored_config, _ = self.describe()
+        values = unstack_layer_values(restore_params(self.step_dir, param_metadata(self.step_dir)),
+                                      stored_config.num_layers)
+        return {dotted(p): v for p, v in values.items()}
+
+    def plan(self, config: TransformerConfig, model_cls: type, names: Collection[str]) -> Plan:
+        stored_config, stored_cls = self.describe()
+        stored = [param_path(n) for n in names]
+        same_class = model_cls is stored_cls
+        target = abstract_params(config, model_cls).shapes
+        stored_base, base = stack_prefix(stored)[:-1], stack_prefix(target)[:-1]
+        # {path in the model: stored path}: the stored base model moved from stored_base to base; heads kept.
+        moved = {base + p[len(stored_base):] if p[:len(stored_base)] == stored_base else p: p for p in stored}
+        factory = factory_for(model_cls, moved)
+        params = abstract_params(config, factory).shapes if factory is not model_cls else target
+        expected = per_layer_shapes(params, config.num_layers)
+        stack = stack_prefix(expected)
+        inside = lambda p: p[:len(stack)] == stack  # noqa: E731
+        entries = [Entry(dotted(moved.get(p, stored_base + p[len(base):] if p[:len(base)] == base else p)), (p,))
+                   for p in expected]
+        names_used = {e.hf for e in entries}
+        optional = frozenset() if same_class else frozenset(e.hf for e in entries if not inside(e.paths[0]))
+        skipped = () if same_class else tuple(re.escape(dotted(p)) for m, p in moved.items()
+                                              if dotted(p) not in names_used and not inside(m))
+        where = (f"{self.step_dir} (flaxzoo {stored_cls.__name__})" if same_class else
+                 f"{self.step_dir} ({stored_cls.__name__} loaded as {model_cls.__name__})")
+        return Plan(factory, WeightMap(entries, ignored=skipped, optional=optional), stored_config.padded_vocab_size,
+                    where)
+
+    def files(self) -> list[pathlib.Path]:
+        return sorted(p for p in self.step_dir.rglob("*") if p.is_file())
+
+    def fingerprint(self) -> str:
+        return fingerprint_files(self.files(), self.root)
+
+
+class LoraRunSource(WorkdirSource):
+    """A LoRA run's flaxzoo checkpoint: the adapters and fully trained parameters, and a reference to the base
+    weights (``meta["base"]``: path and fingerprint). It reads as the merged model, in the class and heads it was
+    trained with; :meth:`adapted` gives the model with its adapters unmerged."""
+
+    def __init__(self, path: pathlib.Path, step_dir: pathlib.Path | None = None, *,
+                 base: PathLike | None = None):
+        super().__init__(path, step_dir)
+        self.base = base
+
+    def model_class(self, cls: type | str | None) -> type:
+        stored_cls = super().model_class(None)
+        if cls is not None and super().model_class(cls) is not stored_cls:
+            raise ValueError(f"{self.step_dir}: a LoRA run loads as the class and heads it was trained with "
+                             f"({stored_cls.__name__}); save it (models.save_checkpoint) to change them")
+        return stored_cls
+
+    def adapted(self) -> nnx.Module:
+        """The model with its adapters unmerged (qwix-intercepted projections, in the stored config): the base
+        weights (``meta["base"]``, or ``base`` when they have moved; their fingerprint must match), ``apply_lora``
+        with the stored settings, then the stored adapters and fully trained parameters."""
+        stored_base = self.meta.get("base") or {}
+        where = str(self.base) if self.base is not None else stored_base.get("path")
+        if not where or not (pathlib.Path(where).expanduser().exists() or is_hub_id(where)):
+            raise FileNotFoundError(f"{self.step_dir}: the LoRA base {where!r} is not there; pass base= (the same "
+                                    f"weights elsewhere: fingerprint {stored_base.get('fingerprint')})")
+        base_source = open_source(where)
+        found = base_source.fingerprint()
+        if found != stored_base.get("fingerprint"):
+            raise ValueError(f"{self.step_dir}: the adapters were trained on {stored_base.get('path')} "
+                             f"({stored_base.get('fingerprint')}), but {where} is {found}: other base weights")
+        config, model_cls = self.describe()
+        loaded = load_source(base_source, cls=model_cls, scan_layers=config.scan_layers)
+        model = assemble_model(config, model_cls, flat_values(loaded))  # the stored config (dtypes, labels ...)
+        apply_lora(model, LoraConfig.from_dict(self.meta["lora"]), seed=0)
+        trained = restore_params(self.step_dir)
+        flat = dict(nnx.to_flat_state(nnx.state(model, nnx.Param)))
+        missing = sorted(dotted(p) for p in trained if p not in flat)
+        if missing:
+            raise ValueError(f"{self.step_dir}: stored parameters {format_names(missing)} are not in the adapted "
+                             "model")
+        nnx.update(model, nnx.from_flat_state([(p, flat[p].replace(jax.numpy.asarray(v, flat[p].get_value().dtype)))
+                                               for p, v in trained.items()]))
+        model.eval()
+        return model
+
+    def read(self, progress: bool = False) -> dict[str, Any]:
+        config, _ = self.describe()
+        values = unstack_layer_values(flat_values(merge_lora(self.adapted())), config.num_layers)
+        return {dotted(p): v for p, v in values.items()}
+
+    def plan(self, config: TransformerConfig, model_cls: type, names: Collection[str]) -> Plan:
+        stored_config, _ = self.describe()
+        if config.num_labels != stored_config.num_labels or config.pad_vocab_to != stored_config.pad_vocab_to:
+            raise ValueError(f"{self.step_dir}: a LoRA run loads as the class and heads it was trained with "
+                             f"(num_labels={stored_config.num_labels}, pad_vocab_to={stored_config.pad_vocab_to}); "
+                             "save it (models.save_checkpoint) to change them")
+        return super().plan(config, model_cls, names)
+
+
+def open_source(path: PathLike, *, revision: str | None = None, allow_pickle: bool = False) -> Source:
+    """The source ``path`` names: the one place that tells a Hugging Face directory, a GGUF file, a flaxzoo work
+    directory (a LoRA run's included) and a Hub id apart (a packaged model's name: see the module docstring).
+
+    A directory is a flaxzoo training checkpoint when it (or its ``checkpoints/``) holds orbax step directories; a
+    Hugging Face directory when it has ``config.json`` and weights; otherwise a directory holding exactly one
+    ``.gguf`` file stands for that file. Raises FileNotFoundError for a path that is not there (and no packaged
+    name or Hub id), ValueError (listing what the directory holds) for anything else.
+    """
+    local = resolve_pretrained(path, revision=revision)
+    if local.is_file():
+        if local.suffix == ".gguf" or is_gguf(local):
+            return GGUFSource(local)
+        raise ValueError(f"{local} is a file but not a GGUF file: from_pretrained expects a directory (Hugging Face: "
+                         f"config.json + {SAFETENSORS}; a flaxzoo checkpoint) or a .gguf file")
+    step_dir = find_step_dir(local)
+    if step_dir is not None:
+        meta = read_meta(step_dir)
+        return LoraRunSource(local, step_dir) if "lora" in meta else WorkdirSource(local, step_dir)
+    has_weights = any((local / name).is_file() for name in (SAFETENSORS, SAFETENSORS_INDEX, PICKLE, PICKLE_INDEX))
+    if (local / "config.json").is_file() and has_weights:
+        return HFSource(local, allow_pickle=allow_pickle)
+    ggufs = sorted(local.glob("*.gguf"))
+    if len(ggufs) == 1:
+        return GGUFSource(ggufs[0])
+    if len(ggufs) > 1:
+        raise ValueError(f"{local} holds several GGUF files ({format_names([g.name for g in ggufs])}): pass the "
+                         "path of the one to load")
+    if (local / "config.json").is_file():
+        return HFSource(local, allow_pickle=allow_pickle)  # reading its weights reports what is missing
+    raise ValueError(f"{local} holds no model: no config.json with {SAFETENSORS}, no .gguf file and no flaxzoo "
+                     f"checkpoint (checkpoints/<step>/); the directory holds {listing(local)}")
+
+
+def load_adapted(path: PathLike, *, base: PathLike | None = None) -> nnx.Module:
+    """The model of a LoRA run's checkpoint with its adapters unmerged (see :meth:`LoraRunSource.adapted`);
+    ``base``: the base weights when they have moved from the path the run recorded."""
+    source = open_source(path)
+    if not isinstance(source, LoraRunSource):
+        where = getattr(source, "step_dir", source.root)
+        raise ValueError(f"{where} is not a LoRA run's checkpoint (its meta has no 'lora')")
+    source.base = base
+    return source.adapted()

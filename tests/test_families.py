@@ -1,0 +1,143 @@
+"""The family registry: every lookup derives from the family records, and a new family is one ``register`` line.
+
+The new family here is Hugging Face's Mistral (Llama's layout under its own ``model_type``, no sliding window): its
+record is written in a few lines from Llama's pieces, registered with one call, and a random-weight transformers
+``MistralForCausalLM`` round-trips through ``from_pretrained`` / ``save_pretrained`` with transformers' logits.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+import transformers
+from flax import nnx
+
+from flaxzoo import models
+from flaxzoo.models import families
+from flaxzoo.models.families import bert, gpt2, llama, roberta
+from flaxzoo.models.families.base import BACKBONE, Family
+from flaxzoo.models.families.gpt2.model import GPTForCausalLM, GPTModel
+from flaxzoo.models.families.llama.hf import llama_config_from_hf, llama_config_to_hf
+from flaxzoo.models.hub import from_pretrained, save_pretrained
+from flaxzoo.models.layers.block import TransformerBlock
+from flaxzoo.models.quantize import projection_paths
+
+
+def mistral_config_from_hf(hf):
+    if hf.get("sliding_window") is not None:
+        raise ValueError(f"config.json: sliding_window={hf['sliding_window']!r}: expected null")
+    return llama_config_from_hf(hf).replace(model_type="mistral")
+
+
+MISTRAL = dataclasses.replace(
+    llama.FAMILY, model_type="mistral",
+    architectures={"MistralModel": GPTModel, "MistralForCausalLM": GPTForCausalLM},
+    config_from_hf=mistral_config_from_hf, config_to_hf=lambda c: llama_config_to_hf(c) | {"sliding_window": None},
+    gguf=None)
+
+
+@pytest.fixture
+def registered():
+    """``register(family)`` for the test, removed afterwards."""
+    added = []
+
+    def register(family: Family) -> Family:
+        added.append(families.register(family))
+        return added[-1]
+
+    yield register
+    for family in added:
+        families.FAMILIES.pop(family.model_type)
+
+
+def test_the_four_families_and_their_lookups():
+    assert list(families.FAMILIES) == ["bert", "roberta", "gpt2", "llama"]
+    assert [families.family_of(k) for k in families.FAMILIES] == [bert.FAMILY, roberta.FAMILY, gpt2.FAMILY,
+                                                                   llama.FAMILY]
+    assert sorted(families.model_classes()) == ["BertForMaskedLM", "BertForSequenceClassification",
+                                                "BertForTokenClassification", "BertModel", "GPTForCausalLM",
+                                                "GPTModel"]
+    assert families.family_and_class({"model_type": "roberta", "architectures": ["RobertaForMaskedLM"]}, None) == \
+        (roberta.FAMILY, models.BertForMaskedLM)
+    assert families.family_and_class({"architectures": ["GPT2LMHeadModel"]}, None) == (gpt2.FAMILY, GPTForCausalLM)
+    assert families.gguf_family("llama") is llama.FAMILY
+    with pytest.raises(ValueError, match=r"unsupported GGUF architecture 'qwen2' \(general.architecture\); flaxzoo "
+                                         r"loads \['llama'\]"):
+        families.gguf_family("qwen2")
+    assert families.family_of_class(models.BertModel) is bert.FAMILY  # RoBERTa shares it; BERT comes first
+    assert families.default_model_class(models.get_preset("bert-tiny")) is models.BertForMaskedLM
+    assert families.default_model_class(models.get_preset("gpt2-tiny")) is GPTForCausalLM
+    assert [c.task for c in bert.FAMILY.classes] == ["base", "masked_lm", "sequence_classification",
+                                                     "token_classification"]
+    assert llama.FAMILY.base_class is GPTModel and llama.FAMILY.block is TransformerBlock
+    with pytest.raises(ValueError, match=r"model_type='t5': expected one of \['bert', 'gpt2', 'llama', 'roberta'\]"):
+        families.family_of("t5")
+
+
+def test_every_class_keeps_its_stack_at_backbone():
+    config = models.get_preset("bert-tiny").replace(num_layers=1)
+    for cls in bert.FAMILY.classes:
+        roots = {path[0] for path, _ in nnx.to_flat_state(nnx.state(models.abstract_model(config, cls), nnx.Param))}
+        assert BACKBONE in roots and roots <= {BACKBONE, "pooler", "classifier", "transform", "transform_norm",
+                                               "decoder"}, (cls.__name__, roots)
+
+
+def test_register_refuses_a_clash():
+    with pytest.raises(ValueError, match=r"model_type='llama' is already registered"):
+        families.register(llama.FAMILY)
+    with pytest.raises(ValueError, match=r"mistral: Hugging Face architectures \['LlamaForCausalLM'\] are already "
+                                         "registered"):
+        families.register(dataclasses.replace(MISTRAL, architectures={"LlamaForCausalLM": GPTForCausalLM}))
+
+
+def test_a_new_family_is_one_registration(registered, tmp_path):
+    """Mistral registered in one line: found by model_type and by config.json, loaded with transformers' logits,
+    saved as a MistralForCausalLM transformers reads back to the same logits."""
+    registered(MISTRAL)
+    assert families.family_of("mistral") is MISTRAL
+    hf_config = transformers.MistralConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                           num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                           sliding_window=None, tie_word_embeddings=False)
+    torch.manual_seed(0)
+    reference = transformers.MistralForCausalLM(hf_config).eval()
+    reference.save_pretrained(tmp_path / "hf")
+    model = from_pretrained(tmp_path / "hf")
+    assert isinstance(model, GPTForCausalLM) and model.config.model_type == "mistral"
+    ids = np.random.default_rng(0).integers(0, 96, (2, 9))
+    with torch.no_grad():
+        want = reference(torch.from_numpy(ids)).logits.numpy()
+    np.testing.assert_allclose(np.asarray(model(ids)), want, atol=2e-5, rtol=1e-4)
+
+    save_pretrained(model, tmp_path / "out")
+    back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
+    assert type(back).__name__ == "MistralForCausalLM"
+    with torch.no_grad():
+        np.testing.assert_allclose(back(torch.from_numpy(ids)).logits.numpy(), want, atol=1e-6, rtol=1e-6)
+
+
+class NoBiasBlock(TransformerBlock):
+    """A block of its own (here the shared one under another name): what a family with other layers supplies."""
+
+
+class ToyLM(GPTForCausalLM):
+    block = NoBiasBlock
+
+
+def test_a_family_record_drives_blocks_lora_and_int8(registered):
+    """The block class, the int8 projections and the LoRA target names all come from the record (and its
+    classes)."""
+    toy = registered(dataclasses.replace(
+        gpt2.FAMILY, model_type="toy", architectures={"ToyForCausalLM": ToyLM},
+        projections={"attention": ("query",)}, lora_targets={"q": r"(^|\.)attention\.query$"}))
+    assert toy.block is NoBiasBlock and families.family_of_class(ToyLM) is toy
+    config = models.get_preset("gpt2-tiny").replace(num_layers=2, hidden_size=32, num_heads=2,
+                                                     intermediate_size=64, vocab_size=64, model_type="toy")
+    model = models.abstract_model(config, ToyLM)
+    assert all(isinstance(block, NoBiasBlock) for block in model.backbone.layers)
+    assert projection_paths(model) == [(BACKBONE, "layers", i, "attention", "query") for i in range(2)]
+    assert families.lora_targets(model) == {"q": r"(^|\.)attention\.query$"}
+    assert "q" in families.lora_targets()  # a name any family defines passes LoraConfig's check
+    assert families.plain_factory(model) is ToyLM
