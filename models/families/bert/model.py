@@ -18,8 +18,7 @@ from flaxzoo.models.layers.embeddings import LMHead
 from flaxzoo.models.layers.feedforward import ACTIVATION_FUNCTIONS
 from flaxzoo.models.layers.linear import Dense
 from flaxzoo.models.layers.norms import make_norm
-from flaxzoo.models.layers.block import TransformerBlock
-from flaxzoo.models.layers.stack import TransformerStack
+from flaxzoo.models.layers.model import StackModel
 
 
 class EncoderOutput(NamedTuple):
@@ -37,28 +36,20 @@ def _dense(config: TransformerConfig, out_features: int, axes, rngs: nnx.Rngs) -
                  param_dtype=jnp.dtype(config.param_dtype))
 
 
-def encoder(cls: type, config: TransformerConfig, rngs: nnx.Rngs) -> TransformerStack:
-    """The bidirectional stack of ``cls`` (made of ``cls.block``); ValueError for a causal config."""
-    if config.causal:
-        raise ValueError(f"{cls.__name__} needs an encoder config (causal=False); got causal=True")
-    return TransformerStack(config, rngs=rngs, block=cls.block)
-
-
 def pool(pooler: Dense, hidden: jax.Array) -> jax.Array:
     """BERT's pooler: ``tanh(dense(hidden[:, 0]))``, the [CLS] summary; ``[batch, seq, hidden]`` → ``[batch,
     hidden]``."""
     return jnp.tanh(pooler(hidden[:, 0]))
 
 
-class BertModel(nnx.Module):
+class BertModel(StackModel):
     """The bidirectional encoder and, with ``add_pooler``, the pooler (:func:`pool`)."""
 
     task = "base"
-    block = TransformerBlock
+    causal = False
 
     def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs, add_pooler: bool = True):
-        self.config = config
-        self.backbone = encoder(type(self), config, rngs)
+        super().__init__(config, rngs=rngs)
         self.pooler = _dense(config, config.hidden_size, ("embed", None), rngs) if add_pooler else None
 
     def __call__(self, input_ids: jax.Array, attention_mask: jax.Array | None = None,
@@ -79,15 +70,14 @@ def encoder_factory(cls: type, params: Collection[tuple]) -> Callable[..., nnx.M
     return cls
 
 
-class BertForMaskedLM(nnx.Module):
+class BertForMaskedLM(StackModel):
     """Encoder + transform (dense, activation, norm) + decoder tied to the token table, with a vocabulary bias."""
 
     task = "masked_lm"
-    block = TransformerBlock
+    causal = False
 
     def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
-        self.config = config
-        self.backbone = encoder(type(self), config, rngs)
+        super().__init__(config, rngs=rngs)
         self.transform = _dense(config, config.hidden_size, ("embed", None), rngs)
         self.transform_norm = make_norm(config, rngs)
         self.decoder = LMHead(config, use_bias=True, rngs=rngs)
@@ -99,12 +89,6 @@ class BertForMaskedLM(nnx.Module):
         return self.logits(self.hidden_states(input_ids, attention_mask, token_type_ids, position_ids,
                                               segment_ids=segment_ids))
 
-    def hidden_states(self, input_ids: jax.Array, attention_mask: jax.Array | None = None,
-                      token_type_ids: jax.Array | None = None, position_ids: jax.Array | None = None, *,
-                      segment_ids: jax.Array | None = None) -> jax.Array:
-        """The encoder's final states ``[batch, seq, hidden]``, before the MLM head."""
-        return self.backbone(input_ids, attention_mask, token_type_ids, position_ids, segment_ids=segment_ids).hidden
-
     def logits(self, hidden: jax.Array) -> jax.Array:
         """The MLM head alone: ``[batch, n, hidden]`` encoder states → ``[batch, n, vocab]`` logits (float32), e.g. for
         the scored positions only (BERT's pre-training gathers them first)."""
@@ -112,15 +96,14 @@ class BertForMaskedLM(nnx.Module):
         return self.decoder(hidden, self.backbone.embeddings.tokens)
 
 
-class BertForSequenceClassification(nnx.Module):
+class BertForSequenceClassification(StackModel):
     """Encoder + pooler + dropout + a linear classifier over ``num_labels``."""
 
     task = "sequence_classification"
-    block = TransformerBlock
+    causal = False
 
     def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
-        self.config = config
-        self.backbone = encoder(type(self), config, rngs)
+        super().__init__(config, rngs=rngs)
         self.pooler = _dense(config, config.hidden_size, ("embed", None), rngs)
         self.dropout = nnx.Dropout(config.dropout, rngs=rngs)
         self.classifier = _dense(config, config.num_labels, ("embed", None), rngs)
@@ -129,20 +112,19 @@ class BertForSequenceClassification(nnx.Module):
                  token_type_ids: jax.Array | None = None, position_ids: jax.Array | None = None, *,
                  segment_ids: jax.Array | None = None) -> jax.Array:
         """``[batch, seq]`` → logits ``[batch, num_labels]`` (float32)."""
-        hidden = self.backbone(input_ids, attention_mask, token_type_ids, position_ids, segment_ids=segment_ids).hidden
+        hidden = self.hidden_states(input_ids, attention_mask, token_type_ids, position_ids, segment_ids=segment_ids)
         pooled = pool(self.pooler, hidden)
         return self.classifier(self.dropout(pooled)).astype(jnp.float32)
 
 
-class BertForTokenClassification(nnx.Module):
+class BertForTokenClassification(StackModel):
     """Encoder (no pooler) + dropout + a linear classifier over ``num_labels`` applied to every token (tagging, NER)."""
 
     task = "token_classification"
-    block = TransformerBlock
+    causal = False
 
     def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
-        self.config = config
-        self.backbone = encoder(type(self), config, rngs)
+        super().__init__(config, rngs=rngs)
         self.dropout = nnx.Dropout(config.dropout, rngs=rngs)
         self.classifier = _dense(config, config.num_labels, ("embed", None), rngs)
 
@@ -150,5 +132,5 @@ class BertForTokenClassification(nnx.Module):
                  token_type_ids: jax.Array | None = None, position_ids: jax.Array | None = None, *,
                  segment_ids: jax.Array | None = None) -> jax.Array:
         """``[batch, seq]`` → per-token logits ``[batch, seq, num_labels]`` (float32)."""
-        hidden = self.backbone(input_ids, attention_mask, token_type_ids, position_ids, segment_ids=segment_ids).hidden
+        hidden = self.hidden_states(input_ids, attention_mask, token_type_ids, position_ids, segment_ids=segment_ids)
         return self.classifier(self.dropout(hidden)).astype(jnp.float32)

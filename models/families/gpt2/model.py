@@ -10,28 +10,17 @@ import jax
 from flax import nnx
 
 from flaxzoo.models.config import TransformerConfig
-from flaxzoo.models.layers.block import TransformerBlock
 from flaxzoo.models.layers.decode_state import DecodeState
 from flaxzoo.models.layers.embeddings import LMHead
-from flaxzoo.models.layers.stack import StackOutput, TransformerStack
+from flaxzoo.models.layers.model import StackModel
+from flaxzoo.models.layers.stack import StackOutput
 
 
-def decoder(cls: type, config: TransformerConfig, rngs: nnx.Rngs) -> TransformerStack:
-    """The causal stack of ``cls`` (made of ``cls.block``); ValueError for a bidirectional config."""
-    if not config.causal:
-        raise ValueError(f"{cls.__name__} needs a decoder config (causal=True); got causal=False")
-    return TransformerStack(config, rngs=rngs, block=cls.block)
-
-
-class GPTModel(nnx.Module):
+class GPTModel(StackModel):
     """The causal stack without a head: ``[batch, seq]`` ids → ``StackOutput`` (hidden ``[batch, seq, hidden]``)."""
 
     task = "base"
-    block = TransformerBlock
-
-    def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
-        self.config = config
-        self.backbone = decoder(type(self), config, rngs)
+    causal = True
 
     def __call__(self, input_ids: jax.Array, attention_mask: jax.Array | None = None,
                  token_type_ids: jax.Array | None = None, position_ids: jax.Array | None = None, *,
@@ -41,15 +30,14 @@ class GPTModel(nnx.Module):
                              inputs_embeds=inputs_embeds, return_attention_weights=return_attention_weights)
 
 
-class GPTForCausalLM(nnx.Module):
+class GPTForCausalLM(StackModel):
     """Decoder + language-model head (tied to the token table or not)."""
 
     task = "causal_lm"
-    block = TransformerBlock
+    causal = True
 
     def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
-        self.config = config
-        self.backbone = decoder(type(self), config, rngs)
+        super().__init__(config, rngs=rngs)
         self.lm_head = LMHead(config, use_bias=False, rngs=rngs)
 
     def __call__(self, input_ids: jax.Array, attention_mask: jax.Array | None = None,
@@ -58,13 +46,6 @@ class GPTForCausalLM(nnx.Module):
         """``[batch, seq]`` → next-token logits ``[batch, seq, vocab]`` (float32)."""
         return self.logits(self.hidden_states(input_ids, attention_mask, token_type_ids, position_ids,
                                               segment_ids=segment_ids))
-
-    def hidden_states(self, input_ids: jax.Array, attention_mask: jax.Array | None = None,
-                      token_type_ids: jax.Array | None = None, position_ids: jax.Array | None = None, *,
-                      segment_ids: jax.Array | None = None) -> jax.Array:
-        """The decoder's final states ``[batch, seq, hidden]``, before the head (a loss can project them in chunks
-        with :meth:`logits` and never hold ``[batch, seq, vocab]``)."""
-        return self.backbone(input_ids, attention_mask, token_type_ids, position_ids, segment_ids=segment_ids).hidden
 
     def logits(self, hidden: jax.Array) -> jax.Array:
         """The head alone: ``[batch, n, hidden]`` → ``[batch, n, vocab]`` logits (float32)."""
