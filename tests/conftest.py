@@ -33,31 +33,44 @@ def minilm_dir() -> pathlib.Path:
     return pathlib.Path(list(spec.submodule_search_locations)[0]) / "model"
 
 
-# How `-n 2 --dist loadgroup` (.ci/run) shares the work: each file is one unit, run whole on one worker (its module
+# How `-n 2 --dist loadfile` (.ci/run) shares the work: each file is one unit, run whole on one worker (its module
 # fixtures built once), except the tests that are minutes each on their own (a notebook, a docs page), which are one
-# unit apiece so that both workers take them; and the files that use the real SmolLM2 share one unit, so that its
-# float + int8 pair (the session fixture below) is loaded once. Units are handed out in this order: the longest first
-# (a long unit scheduled last leaves the other worker idle). pyproject's addopts turn off xdist's own reordering (by
-# test count).
+# unit apiece so that both workers take them, and the files that use the real SmolLM2, which share one unit so that
+# its float + int8 pair (the session fixture below) is loaded once. Units are handed out longest first (a long unit
+# scheduled last leaves the other worker idle); pyproject's addopts turn off xdist's own reordering (by test count).
+# (xdist's `--dist loadgroup` would say this with marks, but it cannot under pytest 9.2: it renames items through
+# `item._nodeid`, which pytest no longer reads. The scheduler below cuts the units itself.)
 LONG_FILES_FIRST = ("test_notebooks.py", "test_docs.py", "test_multihost.py", "test_compile.py")
 SOLO_TESTS = {"test_notebooks.py": "test_runs_in_small_mode", "test_docs.py": "test_code_blocks_run"}
 SMOLLM2_FILES = ("test_pretrained.py", "test_quantize.py")
 
 
-def work_unit(item) -> str:
-    """The xdist group of a test: its file, one of its own, or the SmolLM2 unit."""
-    name = item.path.name
-    if SOLO_TESTS.get(name) == getattr(item, "originalname", None):
-        return item.nodeid
-    return "smollm2" if name in SMOLLM2_FILES else name
+def work_unit(nodeid: str) -> str:
+    """The unit of a test id (``tests/test_x.py::test_y[param]``): its file, itself, or the SmolLM2 unit."""
+    path, _, test = nodeid.partition("::")
+    name = path.rsplit("/", 1)[-1]
+    if SOLO_TESTS.get(name) == test.split("[", 1)[0]:
+        return nodeid
+    return "smollm2" if name in SMOLLM2_FILES else path
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadfile`` with the units of :func:`work_unit`."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class UnitScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit(nodeid)
+
+    return UnitScheduling(config, log)
 
 
 def pytest_collection_modifyitems(config, items):
     rank = {name: i for i, name in enumerate(LONG_FILES_FIRST)}
     items.sort(key=lambda item: (rank.get(item.path.name, len(LONG_FILES_FIRST)),
-                                 item.path.name not in SOLO_TESTS or work_unit(item) == item.path.name))
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(work_unit(item)))
+                                 work_unit(item.nodeid) != item.nodeid))
 
 
 # ------------------------------------------------------------------------------------------- the packaged SmolLM2
