@@ -39,3 +39,19 @@ class StackModel(nnx.Module):
         """The stack's final states ``[batch, seq, hidden]`` for ``[batch, seq]`` ids, before any head (a loss can
         project them in chunks with the class's ``logits`` and never hold ``[batch, seq, vocab]``)."""
         return self.backbone(input_ids, attention_mask, token_type_ids, position_ids, segment_ids=segment_ids).hidden
+
+
+class LanguageModel(StackModel):
+    """A stack and a head over every position's states: ``model(ids)`` is ``logits(hidden_states(ids))``, so a loss
+    can take :meth:`hidden_states` and project only the positions it scores (subclasses define :meth:`logits`)."""
+
+    def __call__(self, input_ids: jax.Array, attention_mask: jax.Array | None = None,
+                 token_type_ids: jax.Array | None = None, position_ids: jax.Array | None = None, *,
+                 segment_ids: jax.Array | None = None) -> jax.Array:
+        """``[batch, seq]`` ids → logits ``[batch, seq, vocab]`` (float32)."""
+        return self.logits(self.hidden_states(input_ids, attention_mask, token_type_ids, position_ids,
+                                              segment_ids=segment_ids))
+
+    def logits(self, hidden: jax.Array) -> jax.Array:
+        """The head alone: ``[batch, n, hidden]`` states → ``[batch, n, vocab]`` logits (float32)."""
+        raise NotImplementedError(f"{type(self).__name__} defines no logits")

@@ -18,7 +18,7 @@ from flaxzoo.models.layers.embeddings import LMHead
 from flaxzoo.models.layers.feedforward import ACTIVATION_FUNCTIONS
 from flaxzoo.models.layers.linear import Dense
 from flaxzoo.models.layers.norms import make_norm
-from flaxzoo.models.layers.model import StackModel
+from flaxzoo.models.layers.model import LanguageModel, StackModel
 
 
 class EncoderOutput(NamedTuple):
@@ -70,7 +70,7 @@ def encoder_factory(cls: type, params: Collection[tuple]) -> Callable[..., nnx.M
     return cls
 
 
-class BertForMaskedLM(StackModel):
+class BertForMaskedLM(LanguageModel):
     """Encoder + transform (dense, activation, norm) + decoder tied to the token table, with a vocabulary bias."""
 
     task = "masked_lm"
@@ -81,13 +81,6 @@ class BertForMaskedLM(StackModel):
         self.transform = _dense(config, config.hidden_size, ("embed", None), rngs)
         self.transform_norm = make_norm(config, rngs)
         self.decoder = LMHead(config, use_bias=True, rngs=rngs)
-
-    def __call__(self, input_ids: jax.Array, attention_mask: jax.Array | None = None,
-                 token_type_ids: jax.Array | None = None, position_ids: jax.Array | None = None, *,
-                 segment_ids: jax.Array | None = None) -> jax.Array:
-        """``[batch, seq]`` → logits ``[batch, seq, vocab]`` (float32)."""
-        return self.logits(self.hidden_states(input_ids, attention_mask, token_type_ids, position_ids,
-                                              segment_ids=segment_ids))
 
     def logits(self, hidden: jax.Array) -> jax.Array:
         """The MLM head alone: ``[batch, n, hidden]`` encoder states → ``[batch, n, vocab]`` logits (float32), e.g. for

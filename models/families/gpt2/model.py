@@ -12,7 +12,7 @@ from flax import nnx
 from flaxzoo.models.config import TransformerConfig
 from flaxzoo.models.layers.decode_state import DecodeState
 from flaxzoo.models.layers.embeddings import LMHead
-from flaxzoo.models.layers.model import StackModel
+from flaxzoo.models.layers.model import LanguageModel, StackModel
 from flaxzoo.models.layers.stack import StackOutput
 
 
@@ -30,7 +30,7 @@ class GPTModel(StackModel):
                              inputs_embeds=inputs_embeds, return_attention_weights=return_attention_weights)
 
 
-class GPTForCausalLM(StackModel):
+class GPTForCausalLM(LanguageModel):
     """Decoder + language-model head (tied to the token table or not)."""
 
     task = "causal_lm"
@@ -39,13 +39,6 @@ class GPTForCausalLM(StackModel):
     def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
         super().__init__(config, rngs=rngs)
         self.lm_head = LMHead(config, use_bias=False, rngs=rngs)
-
-    def __call__(self, input_ids: jax.Array, attention_mask: jax.Array | None = None,
-                 token_type_ids: jax.Array | None = None, position_ids: jax.Array | None = None, *,
-                 segment_ids: jax.Array | None = None) -> jax.Array:
-        """``[batch, seq]`` → next-token logits ``[batch, seq, vocab]`` (float32)."""
-        return self.logits(self.hidden_states(input_ids, attention_mask, token_type_ids, position_ids,
-                                              segment_ids=segment_ids))
 
     def logits(self, hidden: jax.Array) -> jax.Array:
         """The head alone: ``[batch, n, hidden]`` → ``[batch, n, vocab]`` logits (float32)."""
