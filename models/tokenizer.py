@@ -31,8 +31,8 @@ from typing import Any, Callable, Mapping
 import tokenizers
 from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers, processors
 
-__all__ = ["GGUF_TOKENIZERS", "SENTENCE_CONFIG", "byte_level_bpe_from_gguf", "gguf_tokenizer_kinds", "load_tokenizer", "pad_token", "sentence_max_length", "set_padding", "tokenizer_from_gguf",
-           "wordpiece_from_vocab_txt"]
+__all__ = ["GGUF_TOKENIZERS", "SENTENCE_CONFIG", "byte_level_bpe_from_gguf", "gguf_tokenizer_kinds", "load_tokenizer",
+           "pad_token", "sentence_max_length", "set_padding", "tokenizer_from_gguf", "wordpiece_from_vocab_txt"]
 
 # Candidate names of special tokens, first present wins (BERT, RoBERTa, GPT-2, Llama / SmolLM vocabularies).
 ROLE_NAMES: dict[str, tuple[str, ...]] = {

