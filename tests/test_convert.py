@@ -257,6 +257,73 @@ def test_gguf_tokenizer_kinds_come_from_the_family(tmp_path, monkeypatch):
         load_tokenizer(tmp_path / "llama.gguf")
 
 
+def test_gguf_header_reader_agrees_with_the_gguf_package(tmp_path):
+    """flaxzoo's own header parser (``models.gguf.read_header``) against ``gguf.GGUFReader`` on a file holding every
+    value type, arrays of strings / numbers / arrays (kept nested), an alignment other than 32, and tensors of several storage
+    types: the same keys, values and types, the same tensor names, shapes and bytes."""
+    from flaxzoo.models.gguf import GGUFFile
+
+    path = tmp_path / "kinds.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_uint32("general.alignment", 64)
+    writer.add_uint8("t.u8", 250)
+    writer.add_int8("t.i8", -7)
+    writer.add_uint16("t.u16", 65000)
+    writer.add_int16("t.i16", -30000)
+    writer.add_int32("t.i32", -(2 ** 31))
+    writer.add_uint64("t.u64", 2 ** 63 + 5)
+    writer.add_int64("t.i64", -(2 ** 40))
+    writer.add_float32("t.f32", 0.1)
+    writer.add_float64("t.f64", 1e-300)
+    writer.add_bool("t.bool", True)
+    writer.add_string("t.str", "Grüße, 世界 ▁x")
+    writer.add_array("t.strings", ["a", "", "ĠParis", "日本"])
+    writer.add_array("t.ints", [3, -1, 7])
+    writer.add_array("t.floats", [0.5, -2.25])
+    writer.add_array("t.nested", [[1, 2], [3]])
+    rng = np.random.default_rng(0)
+    arrays = {"a.f32": (rng.normal(size=(3, 5)).astype(np.float32), Q.F32),
+              "b.f16": (rng.normal(size=(4, 32)).astype(np.float16), Q.F16),
+              "c.q8": (gguf.quantize(rng.normal(size=(2, 64)).astype(np.float32), Q.Q8_0), Q.Q8_0),
+              "d.q4_1": (gguf.quantize(rng.normal(size=(2, 64)).astype(np.float32), Q.Q4_1), Q.Q4_1)}
+    for name, (data, kind) in arrays.items():
+        writer.add_tensor(name, data, raw_dtype=None if kind in (Q.F32, Q.F16) else kind)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+    reference = gguf.GGUFReader(path)
+    ours = GGUFFile(path)
+    want = {k: f.contents() for k, f in reference.fields.items() if not k.startswith("GGUF.")}
+    assert ours.keys() == list(want)
+    want["t.nested"] = [[1, 2], [3]]  # gguf's reader flattens arrays of arrays ([1, 2, 3]); flaxzoo keeps the nesting
+    for key, value in want.items():
+        assert ours.get(key) == value and type(ours.get(key)) is type(value), key
+    assert ours.get("t.str") == "Grüße, 世界 ▁x" and ours.get("t.u64") == 2 ** 63 + 5
+    tensors = ours.lazy_tensors()
+    assert list(tensors) == [t.name for t in reference.tensors] == list(arrays)
+    for t in reference.tensors:
+        got = np.asarray(tensors[t.name])
+        assert got.dtype == np.float32 and got.shape == tuple(int(d) for d in reversed(t.shape))
+        np.testing.assert_array_equal(got, gguf.dequantize(t.data, t.tensor_type).reshape(got.shape))
+
+
+@pytest.mark.parametrize("damage, match", [
+    (lambda b: b[:len(b) // 3], r"cannot read the GGUF file"),  # cut inside the tokenizer-less header or tensors
+    (lambda b: b[:4] + (7).to_bytes(4, "little") + b[8:], r"GGUF version 7; expected one of \[2, 3\]"),
+    (lambda b: b[:4] + (3 << 24).to_bytes(4, "little") + b[8:], r"big-endian"),
+])
+def test_damaged_gguf_header_is_a_clear_error(tmp_path, damage, match):
+    from flaxzoo.models.gguf import GGUFFile
+
+    good = write_gguf(tmp_path / "good.gguf", tiny_llama(False))
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(damage(good.read_bytes()))
+    with pytest.raises(ValueError, match=match):
+        np.asarray(next(iter(GGUFFile(bad).lazy_tensors().values())))
+
+
 # ---------------------------------------------------------------------------------------------------- bad input
 @pytest.mark.parametrize("case, match", [
     ("falcon", r"unsupported GGUF architecture 'falcon'.*\['llama'\]"),
