@@ -1,5 +1,5 @@
-"""Test setup: XLA's CPU code generation for compile speed (-O0, the elemental emitters), JAX's persistent compilation
-cache (shared by every test process) and small helpers."""
+"""Test setup: XLA's CPU code generation at -O0, JAX's persistent compilation cache (shared by every test process)
+and small helpers."""
 
 import importlib.util
 import os
@@ -9,14 +9,10 @@ import time
 
 # The tests' models are tiny: compiling is most of their time and running them almost none. LLVM at -O0 halves the
 # compile time of a tiny GPT's train step (cold: 16 s -> 8 s for a whole `python -m flaxzoo.train` run, 2-core AMD EPYC)
-# with the same losses; XLA's older elemental emitters instead of its fusion emitters halve it again at -O0 (the
-# default config's train step 3.0 s -> 1.0-1.4 s; test_masking + test_lora + test_models 447 s -> 320 s cold, Intel
-# Xeon), though the compiled step runs slower (tests/SUITE_TIME.md). Set before jax starts its backend; the test
-# processes inherit them.
-FAST_COMPILE_FLAGS = ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false")
-for flag in FAST_COMPILE_FLAGS:
-    if flag.split("=")[0] not in os.environ.get("XLA_FLAGS", ""):
-        os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {flag}".strip()
+# with the same losses. Set before jax starts its backend; the test processes inherit it.
+NO_LLVM_OPT = "--xla_backend_optimization_level=0"
+if NO_LLVM_OPT not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {NO_LLVM_OPT}".strip()
 
 import jax  # noqa: E402
 import pytest  # noqa: E402

@@ -36,7 +36,7 @@ def data_dir(tmp_path_factory):
 def env(**extra):
     out = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "XLA_FLAGS"))}
     return {**out, "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(TESTS),
-            "XLA_FLAGS": os.environ["XLA_FLAGS"], **extra}  # conftest's
+            "XLA_FLAGS": "--xla_backend_optimization_level=0", **extra}  # as tests/conftest.py
 
 
 def launch(*args, timeout=400, **extra_env):
