@@ -43,6 +43,7 @@ SMOLLM2_FILES = ("test_pretrained.py", "test_quantize.py")
 # Docs pages that run the same fine-tuning command (the same compiled programs): one unit, so that the second page
 # finds them in the persistent compilation cache (run in parallel, both would compile them).
 FINETUNE_PAGES = ("README.md", "docs/fine-tuning.md")
+FINETUNE_UNIT = "docs-finetune"
 
 
 def work_unit(nodeid: str) -> str:
@@ -52,7 +53,7 @@ def work_unit(nodeid: str) -> str:
     name = path.rsplit("/", 1)[-1]
     if SOLO_TESTS.get(name) == test.split("[", 1)[0]:
         if name == "test_docs.py" and test.split("[", 1)[-1].rstrip("]") in FINETUNE_PAGES:
-            return "docs-finetune"
+            return FINETUNE_UNIT
         return nodeid
     return "smollm2" if name in SMOLLM2_FILES else path
 
@@ -73,7 +74,7 @@ def pytest_xdist_make_scheduler(config, log):
 def pytest_collection_modifyitems(config, items):
     rank = {name: i for i, name in enumerate(LONG_FILES_FIRST)}
     items.sort(key=lambda item: (rank.get(item.path.name, len(LONG_FILES_FIRST)),
-                                 work_unit(item.nodeid) not in (item.nodeid, "docs-finetune")))
+                                 work_unit(item.nodeid) not in (item.nodeid, FINETUNE_UNIT)))
 
 
 # ------------------------------------------------------------------------------------------- the packaged SmolLM2
