@@ -188,7 +188,8 @@ def test_sigterm_to_one_process_stops_both_after_the_same_step(two_processes, da
                 proc.kill()  # the children die with the launcher (PR_SET_PDEATHSIG)
     err = (tmp_path / "stderr").read_text()
     out = "".join(lines) + out
-    assert proc.returncode == 0, (target, at_step, out[-3000:], err[-5000:])
+    assert proc.returncode == 75, (target, at_step, out[-3000:], err[-5000:])  # exit_codes.PREEMPTED, passed on
+    assert "[launch] stopped: every process saved its checkpoint" in err, err[-3000:]
     stopped = {}
     for line in out.splitlines():
         for i in range(2):

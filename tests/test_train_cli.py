@@ -12,6 +12,8 @@ import sys
 
 import pytest
 
+from flaxzoo.train import exit_codes
+
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from train_helper import as_flags, overrides  # noqa: E402
 
@@ -139,13 +141,18 @@ def test_sigkill_then_restart_gives_bit_identical_losses(baseline, data_dir, tmp
     assert [got[s] for s in range(1, restart + 1)] == [expected[s] for s in range(1, restart + 1)]
 
 
-def test_sigterm_saves_a_checkpoint_and_exits_zero(data_dir, tmp_path):
+def test_sigterm_saves_a_checkpoint_and_exits_75_then_the_rerun_finishes_with_0(baseline, data_dir, tmp_path):
     workdir = tmp_path / "w"
     code, out, err = run_until(workdir, data_dir, 12, signal.SIGTERM)
-    assert code == 0, (out[-2000:], err[-3000:])
-    assert "SIGTERM received" in out
+    assert code == exit_codes.PREEMPTED == 75, (out[-2000:], err[-3000:])
+    assert "SIGTERM received" in out and "resume with the same command" in out
     last = max(losses(workdir))
     assert last < STEPS and last in checkpoint_steps(workdir)
+    proc = run(workdir, data_dir)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    assert f"resumed from checkpoint at step {last}" in proc.stdout
+    assert f"results in {workdir}" in proc.stdout and "tensorboard --logdir" in proc.stdout
+    assert losses(workdir)[STEPS] == losses(baseline[0])[STEPS]
 
 
 def truncate_largest_file(step_dir):

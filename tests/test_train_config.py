@@ -248,6 +248,26 @@ def test_cli_bad_config_stops_fast_with_the_key(tmp_path):
     assert time.perf_counter() - start < 60
 
 
+@pytest.mark.parametrize("flag, expected", [
+    ("--config.stpes=10", "config error: --config.stpes: the config has no key 'stpes'; did you mean 'steps'?"),
+    ("--config.optim.lrr=0.1", "config error: --config.optim.lrr: config.optim has no key 'lrr'; did you mean "
+                               "'optim.lr'?"),
+    ("--config.data.max_len=64", "config error: --config.data.max_len: config.data has no key 'max_len'; expected "
+                                 "one of ['data_dir',"),
+])
+def test_cli_mistyped_key_is_one_line_with_exit_2(tmp_path, flag, expected):
+    """A key the config lacks: one line on stderr naming the flag and the closest key (or the keys there), exit 2,
+    no traceback."""
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    proc = subprocess.run([sys.executable, "-m", "flaxzoo.train", flag, "--workdir", str(tmp_path / "w")], cwd=REPO,
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    ours = [line for line in proc.stderr.splitlines() if "error" in line.lower()]
+    assert len(ours) == 1 and ours[0].startswith(expected), proc.stderr
+    assert not (tmp_path / "w").exists()
+
+
 # --------------------------------------------------------------------------------------------------------- sharding
 def abstract_mesh(shape):
     return jax.sharding.AbstractMesh(tuple(shape), sharding.MESH_AXES)
@@ -439,6 +459,21 @@ def test_flops_convention_for_gpt2():
     assert flops.flops_per_token(config, 1024) == 6 * n + 12 * 12 * 1024 * 768
     # A frozen base (LoRA): its weights cost the forward and the backward to the activations only.
     assert flops.flops_per_token(config, 1024, trained=1000) == 4 * n + 6 * 1000 + 12 * 12 * 1024 * 768
+
+
+def test_mfu_is_never_above_one_when_the_peak_was_measured_on_a_busy_host():
+    """A CPU peak measured while the host was busy (here: set 1000x too low) is measured again when the work outruns
+    it; an MFU over 100% is never reported."""
+    meter = flops.PeakMeter(jax.devices()[:1], cpu_size=256)
+    true_peak = meter.peak
+    meter.peak = true_peak / 1000
+    work = 1e6  # FLOPs per token
+    value = meter.mfu(work, 0.5 * true_peak / work)  # half the real peak: plausible, above the stale one
+    assert meter.peak > true_peak / 10 and "again" in meter.source
+    assert value is None or 0 < value <= 1
+    assert value is None or abs(value - 0.5 * true_peak / meter.peak) < 1e-12
+    assert meter.mfu(work, 50 * meter.peak / work) is None and "MFU left out" in meter.untrusted
+    assert meter.mfu(work, 0.1 * meter.peak / work) == pytest.approx(0.1)
 
 
 def test_peak_table():

@@ -4,15 +4,18 @@ Trains the model of the config on every device there is (a mesh from ``mesh.*``)
 checkpoint when there is one. With no arguments: the tiny GPT of ``configs/default.py`` on the embedded corpus, into
 ``runs/default``. ``--config`` also takes a bare name from ``configs/`` (``--config bert_tiny``).
 
-Exit codes: 0 done (or stopped by SIGTERM / SIGINT after saving), 1 the run failed (a non-finite loss, no usable
-checkpoint, any error after the first training step), 2 a bad config, command line or input found before training
-(nothing was computed).
+Exit codes (``flaxzoo.train.exit_codes``, the same for every task): 0 finished, 1 the run failed (a non-finite loss, no
+usable checkpoint, any error after the first training step), 2 a bad config, command line or input found before
+training (nothing was computed), 75 stopped by SIGTERM / SIGINT / preemption before the last step, after saving its
+checkpoint: run the same command again to resume.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import pathlib
+import re
 import sys
 import time
 
@@ -22,6 +25,7 @@ from absl import flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
 from flaxzoo import configs  # noqa: E402
+from flaxzoo.train import exit_codes  # noqa: E402
 
 CONFIG_DIR = pathlib.Path(configs.__file__).resolve().parent
 DEFAULT_CONFIG = CONFIG_DIR / "default.py"
@@ -64,6 +68,49 @@ def _config_name(argv: list[str]) -> str:
     return "default"
 
 
+def _config_keys(config_path: str, dotted: str) -> list[str] | None:
+    """The keys of the config (``configs/NAME.py``) at ``dotted`` (``""``: the top level), or None if it cannot be
+    read."""
+    try:
+        spec = importlib.util.spec_from_file_location("flaxzoo_config_file", config_path.split(":")[0])
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        node = module.get_config()
+        for part in filter(None, dotted.split(".")):
+            node = node[part]
+        return sorted(node.keys())
+    except Exception:  # noqa: BLE001 - only a better message is lost
+        return None
+
+
+def config_key_error(exc: BaseException, argv: list[str], config_path: str) -> str:
+    """One line for a ``--config.KEY=VALUE`` that names no key: the flag, the missing key and the closest valid one
+    (ml_collections' own suggestion) or the valid keys at that level."""
+    chain, cause = [], exc
+    while cause is not None and len(chain) < 10:
+        chain.append(str(cause))
+        cause = cause.__cause__ or cause.__context__
+    text = " ".join(chain)
+    suggestion = re.search(r'Did you mean "([^"]+)" instead of "([^"]+)"', text)
+    missing = suggestion.group(2) if suggestion else next(iter(re.findall(r"'([A-Za-z0-9_]+)'", text)), None)
+    for arg in argv[1:]:
+        if not arg.startswith("--config."):
+            continue
+        dotted = arg[len("--config."):].split("=", 1)[0]
+        parts = dotted.split(".")
+        if missing not in parts:
+            continue
+        parent = ".".join(parts[:parts.index(missing)])
+        where = f"config.{parent}" if parent else "the config"
+        if suggestion:
+            hint = f"did you mean {'.'.join([*filter(None, [parent]), suggestion.group(1)])!r}?"
+        else:
+            keys = _config_keys(config_path, parent)
+            hint = f"expected one of {keys}" if keys else "see --help for the keys"
+        return f"--config.{dotted}: {where} has no key {missing!r}; {hint}"
+    return str(chain[-1] if chain else exc).replace("\n", " ").strip("'\"")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv if argv is None else argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
@@ -80,15 +127,20 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     flag_values = flags.FlagValues()
-    config_flag = config_flags.DEFINE_config_file("config", str(DEFAULT_CONFIG), "the training config file",
-                                                  flag_values=flag_values, lock_config=True)
-    flags.DEFINE_string("workdir", None, "where checkpoints, logs and the tokenizer go (default runs/CONFIG_NAME)",
-                        flag_values=flag_values)
-    try:
+    config_path = next((a.split("=", 1)[1] if "=" in a else argv[i + 1] for i, a in enumerate(argv)
+                        if (a == "--config" and i + 1 < len(argv)) or a.startswith("--config=")), str(DEFAULT_CONFIG))
+    try:  # ml_collections reads the --config.KEY overrides when the flag is defined: a missing key raises here
+        config_flag = config_flags.DEFINE_config_file("config", str(DEFAULT_CONFIG), "the training config file",
+                                                      flag_values=flag_values, lock_config=True)
+        flags.DEFINE_string("workdir", None, "where checkpoints, logs and the tokenizer go (default runs/CONFIG_NAME)",
+                            flag_values=flag_values)
         flag_values(argv)
-    except (flags.Error, AttributeError, KeyError, TypeError, ValueError) as exc:
+    except (AttributeError, KeyError) as exc:
+        print(f"config error: {config_key_error(exc, argv, config_path)}", file=sys.stderr)
+        return exit_codes.BAD_INPUT
+    except (flags.Error, TypeError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return exit_codes.BAD_INPUT
     config = config_flag.value
     workdir = flag_values.workdir or str(pathlib.Path("runs") / _config_name(argv))
 
@@ -116,19 +168,19 @@ def main(argv: list[str] | None = None) -> int:
     try:
         trainer = Trainer(cfg, workdir)
         summary = trainer.run()
-    except NonFiniteLossError as exc:
+    except (NonFiniteLossError, CheckpointError) as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 1
-    except CheckpointError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+        return exit_codes.FAILED
     except (ValueError, FileNotFoundError) as exc:  # data: tokenizer too big for the model, missing files, ...
         print(f"error: {exc}", file=sys.stderr)
         # Before the first step nothing was computed: the input was bad (2). After it, the run failed (1).
-        return 1 if trainer is not None and trainer.training_started else 2
+        return exit_codes.FAILED if trainer is not None and trainer.training_started else exit_codes.BAD_INPUT
 
     wall = time.perf_counter() - _START
     parts = [f"done: steps {summary.start_step + 1}..{summary.last_step} in {wall:.0f} s wall time"]
+    if summary.stopped_by:
+        parts[0] = (f"stopped by {summary.stopped_by}: steps {summary.start_step + 1}..{summary.last_step} of "
+                    f"{cfg.steps} in {wall:.0f} s wall time")
     if summary.compile_s is not None:
         parts.append(f"train-step compile {summary.compile_s:.1f} s")
     if summary.final_eval:
@@ -139,11 +191,27 @@ def main(argv: list[str] | None = None) -> int:
     if summary.unigram_perplexity:
         parts.append(f"unigram baseline perplexity {summary.unigram_perplexity:.2f}")
     if summary.tokens_per_s:
-        parts.append(f"{summary.tokens_per_s:,.0f} tokens/s, MFU {100 * summary.mfu:.2f}%")
+        parts.append(f"{summary.tokens_per_s:,.0f} tokens/s" + (f", MFU {100 * summary.mfu:.2f}%"
+                                                                  if summary.mfu is not None else ""))
     if summary.cpu_peak_flops:
         parts.append(f"CPU matmul peak {summary.cpu_peak_flops / 1e9:.1f} GFLOP/s")
     _say("; ".join(parts))
-    return 0
+    _say(next_steps(summary.workdir, argv, stopped=summary.stopped_by is not None))
+    return exit_codes.PREEMPTED if summary.stopped_by else exit_codes.FINISHED
+
+
+def next_steps(workdir: str, argv: list[str], *, stopped: bool) -> str:
+    """Where the run wrote its results and the commands that use them."""
+    rerun = " ".join(["python -m flaxzoo.train", *argv[1:]])
+    if stopped:
+        return (f"results so far in {workdir}; exit code {exit_codes.PREEMPTED}: resume with the same command "
+                f"({rerun})")
+    return "\n".join([
+        f"results in {workdir} (checkpoints/, metrics.jsonl, tensorboard/, tokenizer.json); next:",
+        f"  load it:      flaxzoo.models.from_pretrained({workdir!r})",
+        f"  convert it:   python -m flaxzoo.models.convert {workdir} {workdir}-hf --to hf",
+        f"  TensorBoard:  tensorboard --logdir {workdir}/tensorboard",
+        f"  train further: the same command with a larger --config.steps (it resumes from the last checkpoint)"])
 
 
 def finetune_main(config, workdir: str) -> int:

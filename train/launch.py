@@ -11,7 +11,7 @@ would start one per host: each gets ``JAX_COORDINATOR_ADDRESS`` (127.0.0.1 and a
 - The processes die with the launcher (Linux: ``PR_SET_PDEATHSIG``), even when it is killed outright.
 - Every line a process writes is printed with its id in front (``[p1] step 4/5 ...``; stderr to stderr).
 - SIGINT / SIGTERM to the launcher go to every process (the training loop agrees on a step to stop after, saves one
-  checkpoint and exits 0).
+  checkpoint and exits 75, ``flaxzoo.train.exit_codes.PREEMPTED``; the launcher exits 75 too).
 - The launcher exits with the first non-zero exit code (a process killed by signal S counts as 128 + S), after
   giving the others ``--grace-s`` seconds (default 120: longer than the runtime's heartbeat timeout, so the survivors
   report the lost process themselves) to end; then they are killed. 0 when every process exits 0.
@@ -29,6 +29,8 @@ import subprocess
 import sys
 import threading
 import time
+
+from flaxzoo.train import exit_codes
 
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -173,6 +175,10 @@ def main(argv: list[str] | None = None) -> int:
         first = failed[0] if failed else None
     if first is None:
         return 0
+    if all(p.returncode == exit_codes.PREEMPTED for p in procs):
+        print(f"[launch] stopped: every process saved its checkpoint and exited {exit_codes.PREEMPTED} (preempted); "
+              "run the same command again to resume", file=sys.stderr, flush=True)
+        return exit_codes.PREEMPTED
     summary = ", ".join(f"process {i}: {describe(p.returncode)}" for i, p in enumerate(procs))
     print(f"[launch] failed ({summary})", file=sys.stderr, flush=True)
     return exit_code(first[1])

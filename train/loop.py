@@ -549,10 +549,9 @@ class Trainer:
         flops_per_token = flopslib.flops_per_token(
             self.model_config, cfg.seq_len, self.model_cls, trained=self.trainable_count if self.lora else None,
             predictions=cfg.data.predictions if cfg.objective == "mlm" else None)
-        peak, peak_source = flopslib.device_peak(self.devices)
+        meter = flopslib.PeakMeter(self.devices)
+        peak, peak_source = meter.peak, meter.source
         summary.flops_per_token = flops_per_token
-        if self.devices[0].platform == "cpu":
-            summary.cpu_peak_flops = peak
         trained = (f" ({self.trainable_count:,} trained: {100 * self.trainable_count / self.param_count:.2f}%)"
                    if self.trainable_count != self.param_count else "")
         _say(f"model: {self.model_cls.__name__}, {self.param_count:,} parameters{trained}, "
@@ -598,6 +597,7 @@ class Trainer:
 
         profile = cfg.profile_steps
         tracing = False
+        mfu_warned = False
         self.training_started = True
         step = start
         try:
@@ -628,19 +628,24 @@ class Trainer:
                 if do_log and window["steps"]:
                     elapsed = time.perf_counter() - window_start - paused
                     tokens_per_s = window["steps"] * self.tokens_per_step / max(elapsed, 1e-9)
-                    utilisation = flopslib.mfu(flops_per_token, tokens_per_s, peak)
+                    utilisation = meter.mfu(flops_per_token, tokens_per_s)
+                    if utilisation is None and meter.untrusted and not mfu_warned:
+                        _say(meter.untrusted)
+                        mfu_warned = True
                     throughput.append((tokens_per_s, utilisation))
                     n = window["steps"]
                     row = {"step": step, "loss": window["loss"] / n,
                            **({"accuracy": window["accuracy"]} if window["accuracy"] is not None else {}),
                            "grad_norm": window["grad_norm"] / n, "lr": window["lr"],
-                           "tokens_per_s": tokens_per_s, "mfu": utilisation,
+                           "tokens_per_s": tokens_per_s,
+                           **({"mfu": utilisation} if utilisation is not None else {}),
                            "elapsed_s": time.perf_counter() - self.wall_start}
-                    bar.set_postfix(loss=f"{row['loss']:.4f}", tok_s=f"{tokens_per_s:,.0f}",
-                                    mfu=f"{100 * utilisation:.1f}%", refresh=False)
+                    shown = "n/a" if utilisation is None else f"{100 * utilisation:.2f}%"
+                    bar.set_postfix(loss=f"{row['loss']:.4f}", tok_s=f"{tokens_per_s:,.0f}", mfu=shown,
+                                    refresh=False)
                     if not tty:
                         _say(f"step {step}/{self.steps}  loss {row['loss']:.4f}  tokens/s {tokens_per_s:,.0f}  "
-                             f"MFU {100 * utilisation:.2f}%")
+                             f"MFU {shown}")
                     window = {"steps": 0, "loss": 0.0, "accuracy": None, "grad_norm": 0.0, "time": 0.0}
                     window_start, paused = time.perf_counter(), 0.0
                 pause_start = time.perf_counter()
@@ -687,7 +692,10 @@ class Trainer:
         if throughput:
             steady = throughput[1:] or throughput  # the first window holds the first step's dispatch
             summary.tokens_per_s = float(np.median([t for t, _ in steady]))
-            summary.mfu = float(np.median([m for _, m in steady]))
+            utilisations = [m for _, m in steady if m is not None]
+            summary.mfu = float(np.median(utilisations)) if utilisations else None
+        if meter.cpu:
+            summary.cpu_peak_flops = meter.peak
         summary.wall_s = time.perf_counter() - self.wall_start
         return summary
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
+import io
 import itertools
 import json
 import logging
@@ -80,8 +81,13 @@ def file_lock(directory: pathlib.Path) -> Iterator[None]:
 
 
 def prepare_builder(builder) -> None:
-    """Write ``builder``'s dataset (array_record) unless it is there already."""
-    if not builder.is_prepared():
+    """Write ``builder``'s dataset (array_record) unless it is there already. flaxzoo's own builders download
+    nothing: TFDS's "Downloading and preparing dataset Unknown size" lines (printed to stdout) are dropped for them;
+    a ``tfds:NAME`` dataset keeps them (it does download)."""
+    if builder.is_prepared():
+        return
+    own = isinstance(builder, LocatedBuilder)
+    with contextlib.redirect_stdout(io.StringIO()) if own else contextlib.nullcontext():
         builder.download_and_prepare(file_format="array_record",
                                      download_config=tfds.download.DownloadConfig(try_download_gcs=False))
 
