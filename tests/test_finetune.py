@@ -351,7 +351,7 @@ def test_vocabulary_extension_adds_whole_words_with_the_mean_of_their_pieces(min
 def test_bfloat16_compute_is_set_and_float16_refused(data_dir, tiny_encoder, minilm_dir, csv_files):
     cfg = finetune_config(data_dir, tiny_encoder, minilm_dir, csv_files["train"], compute_dtype="bfloat16")
     assert cfg.resolved_dtype() == "bfloat16"
-    with pytest.raises(ConfigError, match="compute_dtype: 'float16' is refused for training: flaxzoo has no loss"):
+    with pytest.raises(ConfigError, match="compute_dtype: 'float16' is refused for training: float16 needs dynamic loss scaling"):
         finetune_config(data_dir, tiny_encoder, minilm_dir, csv_files["train"], compute_dtype="float16")
 
 

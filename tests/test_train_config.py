@@ -451,6 +451,60 @@ def test_clipping_bounds_the_update_norm():
     assert abs(float(jnp.sqrt(jnp.sum(clipped['w'] ** 2))) - 1.0) < 1e-5
 
 
+# -------------------------------------------------------------------------------------------------------- precision
+def test_precision_rules_are_one_set_for_every_task():
+    """float16 compute and low-precision parameters are refused by pre-training and fine-tuning alike, with the same
+    reason; bfloat16 compute keeps float32 master weights and float32 Adam moments, and its step is finite."""
+    from flaxzoo.train.finetune.config import FinetuneConfig
+    from flaxzoo.train.precision import training_precision_error
+    from flaxzoo.train.program import StepProgram
+    from flaxzoo.train import sharding
+
+    for change, key in (({"compute_dtype": "float16"}, "precision.compute_dtype"),
+                        ({"param_dtype": "bfloat16"}, "precision.param_dtype"),
+                        ({"param_dtype": "float16"}, "precision.param_dtype")):
+        config = load_config("default")
+        for field, value in change.items():
+            config.precision[field] = value
+        with pytest.raises(ConfigError) as info:
+            resolve(config, 1)
+        assert info.value.key == key
+        expected = training_precision_error(config.precision.compute_dtype, config.precision.param_dtype)[1]
+        assert str(info.value) == f"{key}: {expected}"
+    finetune = load_config("finetune_cls")
+    finetune.compute_dtype = "float16"
+    with pytest.raises(ConfigError) as info:
+        FinetuneConfig.from_config_dict(finetune)
+    assert str(info.value) == "compute_dtype: " + training_precision_error("float16")[1]
+    assert "loss scaling" in str(info.value)
+
+    config = load_config("default")
+    for key, value in {"model.num_layers": 2, "model.hidden_size": 64, "model.num_heads": 2,
+                       "model.intermediate_size": 128, "batch_size": 4, "seq_len": 32, "steps": 2}.items():
+        node, leaf = (config[key.split(".")[0]], key.split(".")[1]) if "." in key else (config, key)
+        node[leaf] = value
+    config.precision.compute_dtype = "bfloat16"
+    cfg = resolve(config, 1)
+    program = StepProgram(cfg, sharding.make_mesh((1, 1, 1), jax.devices()[:1]))
+    state, rest = program.init()
+    floats = [x for x in jax.tree.leaves({"params": state["params"], "opt_state": state["opt_state"]})
+              if jnp.issubdtype(x.dtype, jnp.floating)]
+    assert floats and all(x.dtype == jnp.float32 for x in floats)
+    rng = np.random.default_rng(0)
+    batch = {k: jnp.asarray(rng.integers(1, 200, shape), jnp.int32)
+             for k, shape in datalib_batch_shapes(cfg).items()}
+    batch["segment_ids"] = jnp.ones_like(batch["segment_ids"])
+    state, metrics = program.train_step(state, rest, batch, jnp.bool_(False))
+    assert np.isfinite(float(metrics["loss"])) and np.isfinite(float(metrics["grad_norm"]))
+    assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(state["params"]))
+
+
+def datalib_batch_shapes(cfg):
+    from flaxzoo.train import data as datalib
+
+    return datalib.batch_shapes(cfg.data, cfg.batch_size)
+
+
 # ------------------------------------------------------------------------------------------------------------ flops
 def test_flops_convention_for_gpt2():
     config = get_preset("gpt2")

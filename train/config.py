@@ -10,8 +10,8 @@ Public, stable keys (``--config.KEY=VALUE`` on the command line):
 - ``optim.*``: ``lr``, ``schedule`` (cosine | linear | constant), ``warmup_steps``, ``min_lr_ratio``, ``b1``, ``b2``,
   ``eps``, ``weight_decay``, ``decay_embeddings``, ``grad_clip`` (0 = off), ``accum_steps`` (micro-batches per step),
   ``layer_decay`` (layer-wise LR decay factor, 1 = off)
-- ``precision.*``: ``compute_dtype`` (auto | float32 | bfloat16 | float16; auto = bfloat16 on GPU/TPU, float32 on
-  CPU), ``param_dtype``, ``remat`` (auto | none | full | dots), ``scan_layers`` (auto | true | false); auto is
+- ``precision.*``: ``compute_dtype`` (auto | float32 | bfloat16; auto = bfloat16 on GPU/TPU, float32 on CPU; float16
+  is refused), ``param_dtype`` (float32: the master weights; ``flaxzoo.train.precision`` has the rules), ``remat`` (auto | none | full | dots), ``scan_layers`` (auto | true | false); auto is
   decided by :func:`execution_defaults` from the backend and the depth
 - ``model.*``: ``preset`` (a name from ``models.PRESETS`` or ""), ``cls`` (a model class name or "" for the
   config's language model), and every architecture field of ``TransformerConfig``; unset fields (None) take the
@@ -61,6 +61,7 @@ from flaxzoo.models.lora import BASE_DTYPES as LORA_BASE_DTYPES, LoraConfig, Lor
 from flaxzoo.models.config import DTYPES, REMAT_POLICIES
 from flaxzoo.models.families import FAMILIES, default_model_class, model_classes
 from flaxzoo.train.data import DataConfig
+from flaxzoo.train.precision import training_precision_error
 
 # TransformerConfig fields set by precision.* (how to run), not model.* (what the model is).
 EXECUTION_FIELDS = {"dtype": "compute_dtype", "param_dtype": "param_dtype", "remat": "remat",
@@ -317,6 +318,11 @@ class PrecisionConfig(Section):
     # Positions per cross-entropy chunk: the logits exist one [batch, chunk, vocab] piece at a time (flaxzoo.train.step).
     loss_chunk: int = checked(0, integer(0, note="(0 = the whole sequence at once)"))
     auto: tuple[str, ...] = checked((), None)
+
+    def _validate(self) -> None:
+        refused = training_precision_error(self.compute_dtype, self.param_dtype)
+        if refused is not None:
+            raise ConfigError(f"precision.{refused[0]}", refused[1])
 
     def resolve(self, backend: str, num_layers: int) -> "PrecisionConfig":
         """The same settings with every "auto" decided for ``backend`` and ``num_layers``."""

@@ -17,8 +17,8 @@ Keys (``--config.KEY=VALUE``):
 - ``remat``, ``scan_layers``: as ``precision.remat`` / ``precision.scan_layers`` in pre-training ("auto" decides from
   the backend and the depth)
 - ``compute_dtype``: ``auto`` (bfloat16 on GPU / TPU, float32 on CPU), ``float32``, ``bfloat16``. bfloat16 keeps
-  float32's exponent range, so its gradients need no loss scaling; ``float16`` is refused for training: flaxzoo has no
-  loss scaling, and float16 gradients underflow without it.
+  float32's exponent range, so its gradients need no loss scaling; ``float16`` is refused, by the rules pre-training
+  follows too (``flaxzoo.train.precision``). Parameters are float32 (the master weights).
 - ``data.*``: :class:`ClassifyDataConfig`; ``vocab.*``: :class:`VocabConfig`; ``model.*``: for ``"scratch"`` only,
   as in pre-training (``flaxzoo.train.config.model_fields``)
 - ``lora.*``: LoRA, as in pre-training (``flaxzoo.train.config.LoraSettings``: ``rank`` 0 = off, ``alpha``, ``targets``,
@@ -49,6 +49,7 @@ from flaxzoo.train.config import (BOOL, TEXT, ConfigError, LoraSettings, OptimCo
                           names_list, number, section_dict)
 from flaxzoo.train.data.config import default_data_dir
 from flaxzoo.train.finetune.data import SOURCES
+from flaxzoo.train.precision import training_precision_error
 
 TASK = "classify"
 SCRATCH = "scratch"
@@ -161,10 +162,9 @@ class FinetuneConfig(Section):
     SECTIONS: ClassVar[tuple[str, ...]] = ("optim", "data", "vocab", "model", "lora")
 
     def _validate(self) -> None:
-        if self.compute_dtype == "float16":
-            raise ConfigError("compute_dtype", "'float16' is refused for training: flaxzoo has no loss scaling, and "
-                                               "float16 gradients underflow without it; expected 'bfloat16' (float32's "
-                                               "exponent range, no scaling needed), 'float32' or 'auto'")
+        refused = training_precision_error(self.compute_dtype)
+        if refused is not None:
+            raise ConfigError(refused[0], refused[1])
         if self.init_from == SCRATCH and not self.tokenizer:
             raise ConfigError("tokenizer", "'': init_from='scratch' needs a tokenizer path (a folder with "
                                            "tokenizer.json / vocab.txt)")
