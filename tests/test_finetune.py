@@ -172,11 +172,14 @@ def test_the_workdir_loads_as_the_classifier_and_exports_to_transformers(finishe
         np.testing.assert_allclose(probs, np.exp(logits) / np.exp(logits).sum(), atol=1e-5)
 
 
-def test_a_finished_workdir_is_not_overwritten(finished, data_dir, tiny_encoder, minilm_dir, csv_files):
-    workdir, _ = finished
+def test_a_finished_workdir_is_not_overwritten(finished, data_dir, tiny_encoder, minilm_dir, csv_files, capsys):
+    workdir, summary = finished
+    before = {p: p.stat().st_mtime_ns for p in workdir.rglob("*") if p.is_file()}
     cfg = finetune_config(data_dir, tiny_encoder, minilm_dir, csv_files["train"])
-    with pytest.raises(ValueError, match="holds a fine-tuned checkpoint already"):
-        Finetuner(cfg, workdir)
+    again = Finetuner(cfg, workdir).run()
+    assert "nothing to do" in capsys.readouterr().out
+    assert again.metrics["macro_f1"] == summary.metrics["macro_f1"] and again.stopped_by is None
+    assert {p: p.stat().st_mtime_ns for p in workdir.rglob("*") if p.is_file()} == before
 
 
 @pytest.mark.parametrize("group_by_length", [False, True])

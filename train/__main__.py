@@ -157,7 +157,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from flaxzoo.train.checkpoint import CheckpointError
     from flaxzoo.train.config import ConfigError, TrainConfig
-    from flaxzoo.train.loop import NonFiniteLossError, Trainer, say as _say
+    from flaxzoo.train.hooks import NonFiniteLossError, say as _say
+    from flaxzoo.train.loop import Trainer
 
     try:
         cfg = TrainConfig.from_config_dict(config)  # checked once, before any data work or compilation
@@ -211,38 +212,48 @@ def next_steps(workdir: str, argv: list[str], *, stopped: bool) -> str:
         f"  load it:      flaxzoo.models.from_pretrained({workdir!r})",
         f"  convert it:   python -m flaxzoo.models.convert {workdir} {workdir}-hf --to hf",
         f"  TensorBoard:  tensorboard --logdir {workdir}/tensorboard",
-        f"  train further: the same command with a larger --config.steps (it resumes from the last checkpoint)"])
+        "  train further: the same command with a larger --config.steps (it resumes from the last checkpoint)"])
 
 
 def finetune_main(config, workdir: str) -> int:
     """``task="classify"`` configs (``configs/finetune_cls.py``): fine-tune an encoder into a text classifier."""
-    import jax
-
+    from flaxzoo.train.checkpoint import CheckpointError
     from flaxzoo.train.config import ConfigError
     from flaxzoo.train.finetune.config import FinetuneConfig
     from flaxzoo.train.finetune.trainer import Finetuner
+    from flaxzoo.train.hooks import NonFiniteLossError, say
 
-    if jax.process_count() > 1:
-        print(f"error: fine-tuning (task='classify') runs in one process; this launch has {jax.process_count()} "
-              "(start it without a multi-process launcher, on one host's devices)", file=sys.stderr)
-        return 2
     try:
         cfg = FinetuneConfig.from_config_dict(config)
     except ConfigError as exc:
         print(f"config error: {exc}", file=sys.stderr)
-        return 2
+        return exit_codes.BAD_INPUT
     try:
         finetuner = Finetuner(cfg, workdir)
+    except ConfigError as exc:
+        print(f"config error: {exc}", file=sys.stderr)
+        return exit_codes.BAD_INPUT
     except (ValueError, FileNotFoundError) as exc:  # bad data, checkpoint or workdir: nothing was trained
         print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return exit_codes.BAD_INPUT
     try:
-        finetuner.run()
-    except (ValueError, FloatingPointError) as exc:
+        summary = finetuner.run()
+    except (NonFiniteLossError, CheckpointError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 1
-    print(f"done in {time.perf_counter() - _START:.0f} s wall time")
-    return 0
+        return exit_codes.FAILED
+    wall = time.perf_counter() - _START
+    if summary.stopped_by:
+        say(f"stopped by {summary.stopped_by} after step {summary.last_step} of {summary.steps} in {wall:.0f} s wall "
+            f"time; exit code {exit_codes.PREEMPTED}: resume with the same command")
+        return exit_codes.PREEMPTED
+    workdir = summary.workdir
+    say(f"done in {wall:.0f} s wall time; results in {workdir} (eval/ report and confusion matrix, metrics.jsonl, "
+        f"tensorboard/, the classifier in checkpoints/); next:\n"
+        f"  load it:      flaxzoo.models.from_pretrained({workdir!r})\n"
+        f"  convert it:   python -m flaxzoo.models.convert {workdir} {workdir}-hf --to hf\n"
+        f"  TensorBoard:  tensorboard --logdir {workdir}/tensorboard\n"
+        f"  several seeds: python -m flaxzoo.train.finetune.results (docs/fine-tuning.md)")
+    return exit_codes.FINISHED
 
 
 if __name__ == "__main__":

@@ -135,10 +135,13 @@ _NOT_DAMAGE = (TypeError, AttributeError, NameError, AssertionError, NotImplemen
 class Checkpointer:
     """Saves and restores ``{state, meta}`` under ``workdir/checkpoints``, keeping the last ``keep``."""
 
-    def __init__(self, workdir: str | os.PathLike, *, keep: int = 3, async_save: bool = True):
+    def __init__(self, workdir: str | os.PathLike, *, keep: int = 3, async_save: bool = True,
+                 directory: str = "checkpoints"):
+        """``directory``: the folder of ``workdir`` the steps go in (the fine-tuner keeps its training state in
+        ``train_checkpoints``, beside the exported classifier in ``checkpoints``)."""
         self.workdir = resolve_workdir(workdir)
-        self.directory = self.workdir / "checkpoints"
-        self.damaged_directory = self.workdir / "damaged_checkpoints"
+        self.directory = self.workdir / directory
+        self.damaged_directory = self.workdir / f"damaged_{directory}"
         options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=async_save,
                                                cleanup_tmp_directories=True, create=True)
         self.manager = ocp.CheckpointManager(self.directory, options=options, item_handlers=_item_handlers())

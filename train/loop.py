@@ -18,21 +18,16 @@
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
-import json
 import logging
 import math
 import os
-import signal
 import sys
-import threading
 import time
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from etils import epath
 from flax import nnx
 from ml_collections import ConfigDict
 from tqdm.auto import tqdm
@@ -43,22 +38,13 @@ from flaxzoo.train import data as datalib
 from flaxzoo.train import flops as flopslib
 from flaxzoo.train import multihost
 from flaxzoo.train import sharding as shardlib
-from flaxzoo.train.checkpoint import Checkpointer, is_remote, resolve_workdir
+from flaxzoo.train.checkpoint import Checkpointer, resolve_workdir
 from flaxzoo.train.config import ConfigError, TrainConfig
+from flaxzoo.train.hooks import (MetricsWriter, NonFiniteLossError, StopSignal, is_main, say, say_everywhere,
+                                setup_compilation_cache)
 from flaxzoo.train.program import StepProgram, choose_remat, device_memory_bytes
 
 log = logging.getLogger(__name__)
-
-
-class NonFiniteLossError(RuntimeError):
-    """The loss or the gradient norm of a step is NaN or infinite."""
-
-    def __init__(self, step: int, metrics: dict[str, float], last_checkpoint: int | None):
-        self.step, self.metrics, self.last_checkpoint = step, metrics, last_checkpoint
-        kept = (f"the last good checkpoint is step {last_checkpoint}" if last_checkpoint is not None
-                else "no checkpoint was written")
-        super().__init__(f"non-finite training loss at step {step} (loss={metrics.get('loss')}, grad_norm="
-                         f"{metrics.get('grad_norm')}); stopping: {kept}")
 
 
 @dataclasses.dataclass
@@ -82,39 +68,6 @@ class Summary:
     compile_s: float | None = None
     wall_s: float | None = None
     sample: str | None = None
-
-
-# ================================================================================================== small helpers
-def _is_main() -> bool:
-    return jax.process_index() == 0
-
-
-def _say(message: str) -> None:
-    """A line on stdout from process 0, kept clear of the progress bar."""
-    if _is_main():
-        tqdm.write(message, file=sys.stdout)
-        sys.stdout.flush()
-
-
-say = _say  # the public name, for the command line (train/__main__.py)
-
-
-def _say_everywhere(message: str) -> None:
-    """A line on stdout from every process (prefixed ``process i:`` when there are several)."""
-    if multihost.is_multi_process():
-        message = f"process {jax.process_index()}: {message}"
-    tqdm.write(message, file=sys.stdout)
-    sys.stdout.flush()
-
-
-def setup_compilation_cache(cfg: TrainConfig) -> str | None:
-    directory = cfg.cache_dir()
-    if directory:
-        os.makedirs(directory, exist_ok=True)
-        jax.config.update("jax_compilation_cache_dir", directory)
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-        jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-    return directory
 
 
 def unigram_baseline(sources: dict[str, Any], vocab_size: int, objective: str, *, ignore_ids: tuple[int, ...] = (),
@@ -151,135 +104,6 @@ def unigram_baseline(sources: dict[str, Any], vocab_size: int, objective: str, *
     return float(math.exp(cross_entropy))
 
 
-def _has_module(name: str) -> bool:
-    try:
-        return bool(name) and importlib.util.find_spec(name) is not None
-    except ModuleNotFoundError:  # a parent package is missing
-        return False
-
-
-class MetricsWriter:
-    """``metrics.jsonl`` (one JSON object per logged step) and TensorBoard events, on process 0 only.
-
-    On resume from step ``start_step`` rows after it (written by the interrupted run past its last checkpoint) are
-    dropped, and TensorBoard purges its events after it, so both show the resumed trajectory once. On an object
-    store (``gs://``, ``s3://``: no appends, about one write per second per object) the whole file is rewritten at
-    most every :attr:`REMOTE_FLUSH_S` seconds and at the end; TensorBoard events go through
-    tensorboardX's own ``gs://`` / ``s3://`` writers where their client libraries are installed, else are skipped
-    with a warning.
-    """
-
-    REMOTE_FLUSH_S = 10.0
-
-    def __init__(self, workdir: epath.Path, start_step: int):
-        self.enabled = _is_main()
-        self.flushed_at = time.monotonic()
-        self.path = workdir / "metrics.jsonl"
-        self.tb = None
-        self.file = None
-        self.lines: list[str] = []
-        if not self.enabled:
-            return
-        if self.path.exists():
-            for line in self.path.read_text().splitlines():
-                try:
-                    if json.loads(line).get("step", 0) <= start_step:
-                        self.lines.append(line)
-                except ValueError:  # a line cut short by a killed process
-                    continue
-            self.path.write_text("".join(line + "\n" for line in self.lines))
-        if not is_remote(self.path):
-            self.file = open(self.path, "a", buffering=1)
-        if is_remote(workdir) and not _has_module({"gs": "google.cloud.storage", "s3": "boto3"}.get(
-                str(workdir).split("://")[0], "")):
-            log.warning("no TensorBoard events in %s: tensorboardX writes gs:// with google-cloud-storage and s3:// "
-                        "with boto3 installed", workdir)
-            return
-        from tensorboardX import SummaryWriter
-
-        self.tb = SummaryWriter(str(workdir / "tensorboard"), purge_step=start_step + 1 if start_step else None)
-
-    def write(self, row: dict[str, Any]) -> None:
-        if not self.enabled:
-            return
-        line = json.dumps(row)
-        if self.file is not None:
-            self.file.write(line + "\n")
-        else:
-            self.lines.append(line)
-            if time.monotonic() - self.flushed_at >= self.REMOTE_FLUSH_S:
-                self.flush()
-        if self.tb is not None:
-            step = row["step"]
-            for key, value in row.items():
-                if key != "step" and isinstance(value, (int, float)) and math.isfinite(value):
-                    group = "eval" if key.startswith("val_") else "train"
-                    self.tb.add_scalar(f"{group}/{key.removeprefix('val_')}", value, step)
-
-    def flush(self) -> None:
-        """Rewrite the object-store copy of ``metrics.jsonl`` with every row so far."""
-        if self.enabled and self.file is None:
-            self.path.write_text("".join(item + "\n" for item in self.lines))
-            self.flushed_at = time.monotonic()
-
-    def text(self, tag: str, text: str, step: int) -> None:
-        if self.enabled and self.tb is not None:
-            self.tb.add_text(tag, text, step)
-
-    def close(self) -> None:
-        if not self.enabled:
-            return
-        if self.file is not None:
-            self.file.close()
-        else:
-            self.flush()
-        if self.tb is not None:
-            self.tb.close()
-
-
-class StopSignal:
-    """Turns the first SIGTERM / SIGINT into a request to stop after the current step (a second one acts as
-    usual: SIGINT raises KeyboardInterrupt, SIGTERM terminates).
-
-    With several processes the stop is agreed: SIGTERM is left to JAX's preemption notifier (installed by
-    ``jax.distributed.initialize``; it only records the notice, so later SIGTERMs do not end the process either), a
-    SIGINT is passed on to it as a SIGTERM to this process, and :meth:`agreed` is true on every process at the same
-    step (:func:`flaxzoo.train.multihost.preemption_agreed`), however many processes got a signal and when. A second
-    SIGINT raises KeyboardInterrupt in that process alone; the others then end on the runtime's lost-process error.
-    """
-
-    def __init__(self) -> None:
-        self.name: str | None = None
-        self._previous: dict[int, Any] = {}
-        self.multi_process = multihost.is_multi_process()
-
-    def __enter__(self) -> "StopSignal":
-        if threading.current_thread() is threading.main_thread():
-            for signum in (signal.SIGINT,) if self.multi_process else (signal.SIGTERM, signal.SIGINT):
-                self._previous[signum] = signal.signal(signum, self._handle)
-        return self
-
-    def _handle(self, signum, frame) -> None:
-        del frame
-        self.name = signal.Signals(signum).name
-        signal.signal(signum, signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL)
-        if self.multi_process:
-            os.kill(os.getpid(), signal.SIGTERM)  # JAX's notifier starts the agreement
-
-    def agreed(self, step: int) -> bool:
-        """Whether to stop after ``step`` (call once per step; with several processes, on all of them)."""
-        if self.multi_process:
-            if multihost.preemption_agreed(step):
-                self.name = self.name or "SIGTERM"
-                return True
-            return False
-        return self.name is not None
-
-    def __exit__(self, *exc) -> None:
-        for signum, handler in self._previous.items():
-            signal.signal(signum, handler)
-
-
 # ========================================================================================================= trainer
 class Trainer:
     """The state of one run: the typed config, data, mesh, compiled steps, checkpoints. :meth:`run` trains."""
@@ -298,7 +122,7 @@ class Trainer:
                                       f"trainer has {len(self.devices)}")
         self.cfg = config
         self.workdir = resolve_workdir(workdir)
-        if _is_main():
+        if is_main():
             self.workdir.mkdir(parents=True, exist_ok=True)
         multihost.barrier("flaxzoo_workdir")
         setup_compilation_cache(config)
@@ -307,7 +131,7 @@ class Trainer:
         self.tokens_per_step = config.tokens_per_step
         self.mesh = shardlib.make_mesh(config.mesh.shape, self.devices)
         precision = config.precision
-        _say(f"devices: {len(self.devices)} x {self.devices[0].device_kind} ({jax.process_count()} process(es)); "
+        say(f"devices: {len(self.devices)} x {self.devices[0].device_kind} ({jax.process_count()} process(es)); "
              f"mesh {shardlib.describe(self.mesh)}; compute {self.model_config.dtype}, params "
              f"{self.model_config.param_dtype}, remat {precision.describe('remat')}, scan_layers "
              f"{precision.describe('scan_layers')}")
@@ -325,7 +149,7 @@ class Trainer:
             self.sources = datalib.prepare(cfg, self.tokenizer)
 
         failure = None
-        if _is_main():
+        if is_main():
             try:
                 load()
             except (ValueError, FileNotFoundError) as exc:
@@ -337,19 +161,19 @@ class Trainer:
             if failure is not None:
                 raise failure
             raise ValueError("process 0 could not prepare the data (its message says why)")
-        if not _is_main():
+        if not is_main():
             load()
         if self.tokenizer.vocab_size > self.model_config.vocab_size:
             raise ValueError(f"the tokenizer has {self.tokenizer.vocab_size} tokens but model.vocab_size="
                              f"{self.model_config.vocab_size}: the embedding table needs a row per token id; raise "
                              f"model.vocab_size to at least {self.tokenizer.vocab_size} (or lower data.vocab_size)")
-        if _is_main():
+        if is_main():
             self.tokenizer.save(self.workdir / "tokenizer.json")
         ignore = self.tokenizer.special_ids if self.cfg.objective == "mlm" else ()
         self.unigram_ppl = unigram_baseline(self.sources, self.model_config.vocab_size, self.cfg.objective,
                                             ignore_ids=ignore)
         sizes = {k: len(v) for k, v in self.sources.items()}
-        _say(f"data: {cfg.source} corpus, {self.tokenizer.kind} tokenizer of {self.tokenizer.vocab_size} tokens, "
+        say(f"data: {cfg.source} corpus, {self.tokenizer.kind} tokenizer of {self.tokenizer.vocab_size} tokens, "
              f"{sizes} examples of {cfg.seq_len} tokens ({time.perf_counter() - start:.1f} s)"
              + (f"; unigram baseline perplexity {self.unigram_ppl:.1f}" if self.unigram_ppl else ""))
 
@@ -374,7 +198,7 @@ class Trainer:
             start = time.perf_counter()
             self.base = {"path": os.path.abspath(cfg.init_from) if os.path.exists(cfg.init_from) else cfg.init_from,
                          "fingerprint": open_source(cfg.init_from).fingerprint()}
-            _say(f"base: {self.base['path']} ({self.base['fingerprint'][:19]}..., {time.perf_counter() - start:.1f} s)")
+            say(f"base: {self.base['path']} ({self.base['fingerprint'][:19]}..., {time.perf_counter() - start:.1f} s)")
         self.compiled_step, self.remat_search_s = None, None
         # This process's own device: every process sees the same kind, and only addressable devices report memory.
         capacity = device_memory_bytes(jax.local_devices()[0])
@@ -389,12 +213,12 @@ class Trainer:
             self.model_config = cfg.model
             self.compiled_step = choice.compiled
             self.remat_search_s = time.perf_counter() - start
-            _say(f"{choice.describe(capacity)}; {self.remat_search_s:.1f} s")
+            say(f"{choice.describe(capacity)}; {self.remat_search_s:.1f} s")
             program = choice.program
         else:
             program = StepProgram(cfg, self.mesh)
         for line in program.unsplit:  # replicated where the mesh meant to split: say so, once per parameter
-            _say(f"sharding: {line} (replicated on that axis)")
+            say(f"sharding: {line} (replicated on that axis)")
         self.program = program
         self.graphdef, self.tx, self.schedule, self.lora = program.graphdef, program.tx, program.schedule, program.lora
         self.param_count, self.trainable_count = program.param_count, program.trainable_count
@@ -527,9 +351,9 @@ class Trainer:
             state, rest = restored.state, self.resumed_rest()
             start = int(restored.step)
             for step, reason in restored.damaged:
-                _say_everywhere(f"checkpoint at step {step} is damaged ({reason}); moved to "
+                say_everywhere(f"checkpoint at step {step} is damaged ({reason}); moved to "
                                 f"{checkpointer.damaged_directory}")
-            _say_everywhere(f"resumed from checkpoint at step {start} ({checkpointer.directory / str(start)})")
+            say_everywhere(f"resumed from checkpoint at step {start} ({checkpointer.directory / str(start)})")
         else:
             state, rest = self.initial_state()
             start = 0
@@ -538,7 +362,7 @@ class Trainer:
                           resumed_from=start if restored is not None else None, unigram_perplexity=self.unigram_ppl,
                           param_count=self.param_count, trainable_count=self.trainable_count)
         if start >= self.steps:
-            _say(f"nothing to do: the checkpoint is at step {start} and steps={self.steps}")
+            say(f"nothing to do: the checkpoint is at step {start} and steps={self.steps}")
             checkpointer.close()
             return summary
 
@@ -554,7 +378,7 @@ class Trainer:
         summary.flops_per_token = flops_per_token
         trained = (f" ({self.trainable_count:,} trained: {100 * self.trainable_count / self.param_count:.2f}%)"
                    if self.trainable_count != self.param_count else "")
-        _say(f"model: {self.model_cls.__name__}, {self.param_count:,} parameters{trained}, "
+        say(f"model: {self.model_cls.__name__}, {self.param_count:,} parameters{trained}, "
              f"{flops_per_token / 1e6:.2f} MFLOP "
              f"per token ({'4N + 6N_trained' if self.lora else '6N'} + 12LTd"
              f"{', the MLM head on the predicted positions' if cfg.objective == 'mlm' else ''}); peak "
@@ -566,12 +390,12 @@ class Trainer:
             if result is not None:
                 summary.initial_eval = result
                 writer.write({"step": 0, **result})
-                _say(f"eval at step 0: loss {result['val_loss']:.4f}, perplexity {result['val_perplexity']:.2f}")
+                say(f"eval at step 0: loss {result['val_loss']:.4f}, perplexity {result['val_perplexity']:.2f}")
         last_saved = checkpointer.latest_step()
         tty = sys.stderr.isatty()
         # A live bar on a terminal; in a log file (CI, a cluster job) one plain line per logged step instead.
         bar = tqdm(total=self.steps, initial=start, desc="train", unit="step", dynamic_ncols=True,
-                   disable=not (_is_main() and tty), file=sys.stderr)
+                   disable=not (is_main() and tty), file=sys.stderr)
         window = {"steps": 0, "loss": 0.0, "accuracy": None, "grad_norm": 0.0, "time": 0.0}
         window_start = time.perf_counter()
         paused = 0.0  # seconds spent in eval / checkpoints inside the window
@@ -614,7 +438,7 @@ class Trainer:
                     jax.block_until_ready(state)
                     jax.profiler.stop_trace()
                     tracing = False
-                    _say(f"profile of steps {profile[0]}..{profile[1]}: {self.workdir / 'profile'} (TensorBoard's "
+                    say(f"profile of steps {profile[0]}..{profile[1]}: {self.workdir / 'profile'} (TensorBoard's "
                          "profile plugin)")
                 pending.append((step, metrics))
                 stopping = stop.agreed(step)
@@ -630,7 +454,7 @@ class Trainer:
                     tokens_per_s = window["steps"] * self.tokens_per_step / max(elapsed, 1e-9)
                     utilisation = meter.mfu(flops_per_token, tokens_per_s)
                     if utilisation is None and meter.untrusted and not mfu_warned:
-                        _say(meter.untrusted)
+                        say(meter.untrusted)
                         mfu_warned = True
                     throughput.append((tokens_per_s, utilisation))
                     n = window["steps"]
@@ -644,7 +468,7 @@ class Trainer:
                     bar.set_postfix(loss=f"{row['loss']:.4f}", tok_s=f"{tokens_per_s:,.0f}", mfu=shown,
                                     refresh=False)
                     if not tty:
-                        _say(f"step {step}/{self.steps}  loss {row['loss']:.4f}  tokens/s {tokens_per_s:,.0f}  "
+                        say(f"step {step}/{self.steps}  loss {row['loss']:.4f}  tokens/s {tokens_per_s:,.0f}  "
                              f"MFU {shown}")
                     window = {"steps": 0, "loss": 0.0, "accuracy": None, "grad_norm": 0.0, "time": 0.0}
                     window_start, paused = time.perf_counter(), 0.0
@@ -660,11 +484,11 @@ class Trainer:
                             line += f", masked-token accuracy {100 * result['val_accuracy']:.2f}%"
                         if self.unigram_ppl:
                             line += f" (unigram baseline {self.unigram_ppl:.1f})"
-                        _say(line)
+                        say(line)
                     text = self.sample(state["params"], rest)
                     if text is not None:
                         summary.sample = text
-                        _say(f"sample at step {step}: {text!r}")
+                        say(f"sample at step {step}: {text!r}")
                         writer.text("sample", text, step)
                 if row is not None:
                     writer.write(row)
@@ -681,7 +505,7 @@ class Trainer:
                         checkpointer.save(step, state, iterator.position, self.meta())
                         last_saved = step
                     summary.stopped_by = stop.name
-                    _say_everywhere(f"{stop.name} received: stopped after step {step}, checkpoint saved")
+                    say_everywhere(f"{stop.name} received: stopped after step {step}, checkpoint saved")
                     break
         finally:
             if tracing:  # the run ended (or failed) inside the profiled window: keep what was traced

