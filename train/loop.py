@@ -1,4 +1,5 @@
-"""The training loop: data, sharded state, steps, metrics, evaluation, samples, checkpoints, signals, MFU.
+"""Pre-training as a task of the one training loop (``flaxzoo.train.engine``): causal LM and masked LM, from scratch
+or from ``init_from``, with LoRA.
 
 :func:`train` is the whole job behind ``python -m flaxzoo.train``:
 
@@ -7,8 +8,9 @@
    unigram baseline;
 3. build the mesh and the sharded train state (initialised under ``jax.jit`` with ``out_shardings``), or restore the
    workdir's latest good checkpoint into it (any mesh, any device count);
-4. run the steps: the host reads batch ``s + 1`` while the devices run step ``s``; metrics of a step are fetched one
-   step late except where the loop needs them now (logging, evaluation, checkpoints, the end);
+4. run the steps on the engine (``flaxzoo.train.engine.run_task``): the host reads batch ``s + 1`` while the
+   devices run step ``s``; metrics of a step are fetched one step late except where the loop needs them now
+   (logging, evaluation, checkpoints, the end);
 5. every ``log_every`` steps a row in ``metrics.jsonl`` and TensorBoard; every ``eval_every`` steps validation loss,
    perplexity (and masked-token accuracy) and a sample; every ``checkpoint_every`` steps an async checkpoint;
 6. at the end (or on SIGTERM / SIGINT, after the current step) a final checkpoint, waited for. A non-finite loss or
@@ -21,7 +23,6 @@ import dataclasses
 import logging
 import math
 import os
-import sys
 import time
 from typing import Any
 
@@ -30,7 +31,6 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 from ml_collections import ConfigDict
-from tqdm.auto import tqdm
 
 from flaxzoo.models.generate import generate
 from flaxzoo.models.lora import apply_lora
@@ -38,10 +38,10 @@ from flaxzoo.train import data as datalib
 from flaxzoo.train import flops as flopslib
 from flaxzoo.train import multihost
 from flaxzoo.train import sharding as shardlib
-from flaxzoo.train.checkpoint import Checkpointer, resolve_workdir
+from flaxzoo.train.checkpoint import resolve_workdir
 from flaxzoo.train.config import ConfigError, TrainConfig
-from flaxzoo.train.hooks import (MetricsWriter, NonFiniteLossError, StopSignal, is_main, say, say_everywhere,
-                                setup_compilation_cache)
+from flaxzoo.train.engine import LoopResult, LoopSettings, Task, run_task
+from flaxzoo.train.hooks import (MetricsWriter, is_main, say, setup_compilation_cache)
 from flaxzoo.train.program import StepProgram, choose_remat, device_memory_bytes
 
 log = logging.getLogger(__name__)
@@ -70,42 +70,8 @@ class Summary:
     sample: str | None = None
 
 
-def unigram_baseline(sources: dict[str, Any], vocab_size: int, objective: str, *, ignore_ids: tuple[int, ...] = (),
-                     max_records: int = 20_000) -> float | None:
-    """Perplexity of the validation targets under the train split's unigram distribution (add-one smoothed): the
-    best a model can do that ignores context.
-
-    Causal: every token of the stream is a target. MLM: the non-special tokens (what masking can select). At most
-    ``max_records`` records per split are read (evenly strided; the default corpus has fewer). None without a
-    validation split.
-    """
-    if "validation" not in sources:
-        return None
-
-    def counts(split: str, targets: bool) -> np.ndarray:
-        source = sources[split]
-        indices = list(range(0, len(source), max(1, -(-len(source) // max_records))))
-        total = np.zeros(vocab_size, np.int64)
-        for start in range(0, len(indices), 4096):
-            chunk = indices[start:start + 4096]
-            records = source.__getitems__(chunk) if hasattr(source, "__getitems__") else [source[i] for i in chunk]
-            ids = np.stack([np.asarray(r["input_ids"]) for r in records])
-            if objective == "causal":
-                ids = ids[:, 1:] if targets else ids[:, :-1]
-            total += np.bincount(ids.ravel(), minlength=vocab_size)[:vocab_size]
-        if ignore_ids:
-            total[list(ignore_ids)] = 0
-        return total
-
-    train_counts = counts("train", targets=False).astype(np.float64)
-    val_counts = counts("validation", targets=True).astype(np.float64)
-    probs = (train_counts + 1.0) / (train_counts.sum() + vocab_size)
-    cross_entropy = -(val_counts * np.log(probs)).sum() / max(val_counts.sum(), 1.0)
-    return float(math.exp(cross_entropy))
-
-
 # ========================================================================================================= trainer
-class Trainer:
+class Trainer(Task):
     """The state of one run: the typed config, data, mesh, compiled steps, checkpoints. :meth:`run` trains."""
 
     def __init__(self, config: TrainConfig | ConfigDict, workdir: str | os.PathLike, *,
@@ -170,7 +136,7 @@ class Trainer:
         if is_main():
             self.tokenizer.save(self.workdir / "tokenizer.json")
         ignore = self.tokenizer.special_ids if self.cfg.objective == "mlm" else ()
-        self.unigram_ppl = unigram_baseline(self.sources, self.model_config.vocab_size, self.cfg.objective,
+        self.unigram_ppl = datalib.unigram_baseline(self.sources, self.model_config.vocab_size, self.cfg.objective,
                                             ignore_ids=ignore)
         sizes = {k: len(v) for k, v in self.sources.items()}
         say(f"data: {cfg.source} corpus, {self.tokenizer.kind} tokenizer of {self.tokenizer.vocab_size} tokens, "
@@ -335,193 +301,94 @@ class Trainer:
         del mask_id
         return ("masked positions as [predicted|original]: " + " ".join(shown))
 
-    # ----------------------------------------------------------------------------------------------------- run
-    def run(self) -> Summary:
-        """Train from the latest good checkpoint (or from scratch) to ``steps``; see the module docstring."""
-        with StopSignal() as stop:  # from here on, SIGTERM / SIGINT stop the run after a step, with a checkpoint
-            return self._run(stop)
-
-    def _run(self, stop: "StopSignal") -> Summary:
+    # ---------------------------------------------------------------------------------------- the engine's task
+    @property
+    def settings(self) -> LoopSettings:
         cfg = self.cfg
-        checkpointer = Checkpointer(self.workdir, keep=cfg.keep_checkpoints)
-        restored = checkpointer.restore_latest(self.target, model_class=self.model_cls.__name__,
-                                               config=self.model_config.to_dict(), data=self.meta()["data"],
-                                               base=self.base)
-        if restored is not None:
-            state, rest = restored.state, self.resumed_rest()
-            start = int(restored.step)
-            for step, reason in restored.damaged:
-                say_everywhere(f"checkpoint at step {step} is damaged ({reason}); moved to "
-                                f"{checkpointer.damaged_directory}")
-            say_everywhere(f"resumed from checkpoint at step {start} ({checkpointer.directory / str(start)})")
-        else:
-            state, rest = self.initial_state()
-            start = 0
-        iterator = self.train_iterator(start=restored.data_position if restored is not None else 0)
-        summary = Summary(workdir=str(self.workdir), start_step=start, last_step=start,
-                          resumed_from=start if restored is not None else None, unigram_perplexity=self.unigram_ppl,
-                          param_count=self.param_count, trainable_count=self.trainable_count)
-        if start >= self.steps:
-            say(f"nothing to do: the checkpoint is at step {start} and steps={self.steps}")
-            checkpointer.close()
-            return summary
+        return LoopSettings(steps=self.steps, log_every=cfg.log_every, eval_every=cfg.eval_every,
+                            checkpoint_every=cfg.checkpoint_every, keep_checkpoints=cfg.keep_checkpoints,
+                            profile_steps=cfg.profile_steps)
 
-        # compile, FLOPs, peak
+    def identity(self) -> dict[str, Any]:
+        return {"model_class": self.model_cls.__name__, "config": self.model_config.to_dict(),
+                "data": self.meta()["data"], "base": self.base}
+
+    def initial(self):
+        return self.initial_state()
+
+    def resumed(self, restored):
+        return restored.state, self.resumed_rest()
+
+    def prepare(self, start: int) -> None:
+        """Compile the step, count its FLOPs, measure the peak; say what is trained."""
+        cfg = self.cfg
         compile_start = time.perf_counter()
-        train_step = self.compiled_step or self.program.lower_train_step().compile()
-        summary.compile_s = self.remat_search_s or time.perf_counter() - compile_start
-        flops_per_token = flopslib.flops_per_token(
+        self.compiled_train_step = self.compiled_step or self.program.lower_train_step().compile()
+        self.compile_s = self.remat_search_s or time.perf_counter() - compile_start
+        self.flops_per_token = flopslib.flops_per_token(
             self.model_config, cfg.seq_len, self.model_cls, trained=self.trainable_count if self.lora else None,
             predictions=cfg.data.predictions if cfg.objective == "mlm" else None)
-        meter = flopslib.PeakMeter(self.devices)
-        peak, peak_source = meter.peak, meter.source
-        summary.flops_per_token = flops_per_token
+        self.meter = flopslib.PeakMeter(self.devices)
         trained = (f" ({self.trainable_count:,} trained: {100 * self.trainable_count / self.param_count:.2f}%)"
                    if self.trainable_count != self.param_count else "")
         say(f"model: {self.model_cls.__name__}, {self.param_count:,} parameters{trained}, "
-             f"{flops_per_token / 1e6:.2f} MFLOP "
-             f"per token ({'4N + 6N_trained' if self.lora else '6N'} + 12LTd"
-             f"{', the MLM head on the predicted positions' if cfg.objective == 'mlm' else ''}); peak "
-             f"{peak / 1e9:.1f} GFLOP/s ({peak_source}); train step compiled in {summary.compile_s:.1f} s")
-
-        writer = MetricsWriter(self.workdir, start)
-        if start == 0 and cfg.eval_at_start:
-            result = self.evaluate(state["params"], rest)
-            if result is not None:
-                summary.initial_eval = result
-                writer.write({"step": 0, **result})
-                say(f"eval at step 0: loss {result['val_loss']:.4f}, perplexity {result['val_perplexity']:.2f}")
-        last_saved = checkpointer.latest_step()
-        tty = sys.stderr.isatty()
-        # A live bar on a terminal; in a log file (CI, a cluster job) one plain line per logged step instead.
-        bar = tqdm(total=self.steps, initial=start, desc="train", unit="step", dynamic_ncols=True,
-                   disable=not (is_main() and tty), file=sys.stderr)
-        window = {"steps": 0, "loss": 0.0, "accuracy": None, "grad_norm": 0.0, "time": 0.0}
-        window_start = time.perf_counter()
-        paused = 0.0  # seconds spent in eval / checkpoints inside the window
-        throughput: list[tuple[float, float]] = []  # (tokens/s, mfu) per window, for the summary
-        pending: list[tuple[int, Any]] = []
-        accuracy_steps: set[int] = set()  # steps dispatched with the accuracy on, until flushed
-        accuracy_flags = {on: jax.device_put(jnp.bool_(on), self.replicated) for on in (False, True)}
-
-        def flush(keep_last: bool) -> None:
-            nonlocal pending
-            ready, pending = (pending[:-1], pending[-1:]) if keep_last else (pending, [])
-            for step, metrics in ready:
-                values = {k: float(v) for k, v in jax.device_get(metrics).items()}
-                if not (math.isfinite(values["loss"]) and math.isfinite(values["grad_norm"])):
-                    raise NonFiniteLossError(step, values, last_saved)
-                window["steps"] += 1
-                for key in ("loss", "grad_norm"):
-                    window[key] += values[key]
-                if step in accuracy_steps:  # the accuracy is computed at logging steps only (the step's argmax)
-                    window["accuracy"] = values["accuracy"]
-                    accuracy_steps.discard(step)
-                window["lr"] = values["lr"]
-
-        profile = cfg.profile_steps
-        tracing = False
-        mfu_warned = False
+            f"{self.flops_per_token / 1e6:.2f} MFLOP per token ({'4N + 6N_trained' if self.lora else '6N'} + 12LTd"
+            f"{', the MLM head on the predicted positions' if cfg.objective == 'mlm' else ''}); peak "
+            f"{self.meter.peak / 1e9:.1f} GFLOP/s ({self.meter.source}); train step compiled in {self.compile_s:.1f} s")
         self.training_started = True
-        step = start
-        try:
-            for step in range(start + 1, self.steps + 1):
-                if profile is not None and step == profile[0]:
-                    jax.profiler.start_trace(str(self.workdir / "profile"))
-                    tracing = True
-                batch = self.placement.place(next(iterator))
-                with_accuracy = step % cfg.log_every == 0 or step == self.steps
-                if with_accuracy:
-                    accuracy_steps.add(step)
-                state, metrics = train_step(state, rest, batch, accuracy_flags[with_accuracy])
-                if tracing and step == profile[1]:
-                    jax.block_until_ready(state)
-                    jax.profiler.stop_trace()
-                    tracing = False
-                    say(f"profile of steps {profile[0]}..{profile[1]}: {self.workdir / 'profile'} (TensorBoard's "
-                         "profile plugin)")
-                pending.append((step, metrics))
-                stopping = stop.agreed(step)
-                final = step == self.steps or stopping
-                do_log = step % cfg.log_every == 0 or final
-                do_eval = (cfg.eval_every and step % cfg.eval_every == 0) or step == self.steps
-                do_save = (cfg.checkpoint_every and step % cfg.checkpoint_every == 0) or final
-                flush(keep_last=not (do_log or do_eval or do_save))
-                bar.update(1)
-                row = None
-                if do_log and window["steps"]:
-                    elapsed = time.perf_counter() - window_start - paused
-                    tokens_per_s = window["steps"] * self.tokens_per_step / max(elapsed, 1e-9)
-                    utilisation = meter.mfu(flops_per_token, tokens_per_s)
-                    if utilisation is None and meter.untrusted and not mfu_warned:
-                        say(meter.untrusted)
-                        mfu_warned = True
-                    throughput.append((tokens_per_s, utilisation))
-                    n = window["steps"]
-                    row = {"step": step, "loss": window["loss"] / n,
-                           **({"accuracy": window["accuracy"]} if window["accuracy"] is not None else {}),
-                           "grad_norm": window["grad_norm"] / n, "lr": window["lr"],
-                           "tokens_per_s": tokens_per_s,
-                           **({"mfu": utilisation} if utilisation is not None else {}),
-                           "elapsed_s": time.perf_counter() - self.wall_start}
-                    shown = "n/a" if utilisation is None else f"{100 * utilisation:.2f}%"
-                    bar.set_postfix(loss=f"{row['loss']:.4f}", tok_s=f"{tokens_per_s:,.0f}", mfu=shown,
-                                    refresh=False)
-                    if not tty:
-                        say(f"step {step}/{self.steps}  loss {row['loss']:.4f}  tokens/s {tokens_per_s:,.0f}  "
-                             f"MFU {shown}")
-                    window = {"steps": 0, "loss": 0.0, "accuracy": None, "grad_norm": 0.0, "time": 0.0}
-                    window_start, paused = time.perf_counter(), 0.0
-                pause_start = time.perf_counter()
-                if do_eval:
-                    result = self.evaluate(state["params"], rest)
-                    if result is not None:
-                        row = {**(row or {"step": step}), **result}
-                        summary.final_eval = result
-                        line = (f"eval at step {step}: loss {result['val_loss']:.4f}, perplexity "
-                                f"{result['val_perplexity']:.2f}")
-                        if cfg.objective == "mlm":
-                            line += f", masked-token accuracy {100 * result['val_accuracy']:.2f}%"
-                        if self.unigram_ppl:
-                            line += f" (unigram baseline {self.unigram_ppl:.1f})"
-                        say(line)
-                    text = self.sample(state["params"], rest)
-                    if text is not None:
-                        summary.sample = text
-                        say(f"sample at step {step}: {text!r}")
-                        writer.text("sample", text, step)
-                if row is not None:
-                    writer.write(row)
-                if do_save:
-                    checkpointer.save(step, state, iterator.position, self.meta())
-                    last_saved = step
-                paused += time.perf_counter() - pause_start
-                summary.last_step = step
-                if not stopping and not stop.multi_process and stop.name is not None:
-                    stopping = True  # the signal came during this step's eval / save (one process: no agreement)
-                if stopping:
-                    if last_saved != step:
-                        flush(keep_last=False)
-                        checkpointer.save(step, state, iterator.position, self.meta())
-                        last_saved = step
-                    summary.stopped_by = stop.name
-                    say_everywhere(f"{stop.name} received: stopped after step {step}, checkpoint saved")
-                    break
-        finally:
-            if tracing:  # the run ended (or failed) inside the profiled window: keep what was traced
-                jax.profiler.stop_trace()
-            bar.close()
-            writer.close()
-            checkpointer.close()  # waits for the async saves in flight (all of them checked finite)
-        if throughput:
-            steady = throughput[1:] or throughput  # the first window holds the first step's dispatch
-            summary.tokens_per_s = float(np.median([t for t, _ in steady]))
-            utilisations = [m for _, m in steady if m is not None]
-            summary.mfu = float(np.median(utilisations)) if utilisations else None
-        if meter.cpu:
-            summary.cpu_peak_flops = meter.peak
-        summary.wall_s = time.perf_counter() - self.wall_start
-        return summary
+
+    def batches(self, position: int):
+        return self.train_iterator(start=position)
+
+    def place(self, batch):
+        return self.placement.place(batch)
+
+    def step_fn(self, step: int):
+        return self.compiled_train_step
+
+    def line(self, step: int, row: dict[str, Any]) -> str:
+        shown = f"{100 * row['mfu']:.2f}%" if "mfu" in row else "n/a"
+        return (f"step {step}/{self.steps}  loss {row['loss']:.4f}  tokens/s {row.get('tokens_per_s', 0):,.0f}  "
+                f"MFU {shown}")
+
+    def at_start(self, state, rest, writer: MetricsWriter, result: LoopResult) -> None:
+        if not self.cfg.eval_at_start:
+            return
+        self.initial_eval = self.evaluate(state["params"], rest)
+        if self.initial_eval is not None:
+            writer.write({"step": 0, **self.initial_eval})
+            say(f"eval at step 0: loss {self.initial_eval['val_loss']:.4f}, perplexity "
+                f"{self.initial_eval['val_perplexity']:.2f}")
+
+    def evaluate_at(self, step: int, state, rest, writer: MetricsWriter) -> dict[str, Any] | None:
+        """Validation loss / perplexity (MLM: masked-token accuracy) and a sample, said and logged."""
+        result = self.evaluate(state["params"], rest)
+        if result is not None:
+            line = f"eval at step {step}: loss {result['val_loss']:.4f}, perplexity {result['val_perplexity']:.2f}"
+            if self.cfg.objective == "mlm":
+                line += f", masked-token accuracy {100 * result['val_accuracy']:.2f}%"
+            if self.unigram_ppl:
+                line += f" (unigram baseline {self.unigram_ppl:.1f})"
+            say(line)
+        text = self.sample(state["params"], rest)
+        if text is not None:
+            self.last_sample = text
+            say(f"sample at step {step}: {text!r}")
+            writer.text("sample", text, step)
+        return result
+
+    def run(self) -> Summary:
+        """Train from the latest good checkpoint (or from scratch) to ``steps`` (``flaxzoo.train.engine``)."""
+        self.initial_eval, self.last_sample, self.compile_s, self.meter = None, None, None, None
+        result = run_task(self)
+        return Summary(workdir=str(self.workdir), start_step=result.start_step, last_step=result.last_step,
+                       stopped_by=result.stopped_by, resumed_from=result.resumed_from, final_eval=result.final_eval,
+                       unigram_perplexity=self.unigram_ppl, tokens_per_s=result.tokens_per_s, mfu=result.mfu,
+                       cpu_peak_flops=self.meter.peak if self.meter is not None and self.meter.cpu else None,
+                       flops_per_token=self.flops_per_token, param_count=self.param_count,
+                       trainable_count=self.trainable_count, initial_eval=self.initial_eval,
+                       compile_s=self.compile_s, wall_s=time.perf_counter() - self.wall_start,
+                       sample=self.last_sample)
 
 
 def train(config: ConfigDict | TrainConfig, workdir: str | os.PathLike) -> Summary:

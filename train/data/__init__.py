@@ -11,7 +11,7 @@ One module per job:
 - :mod:`~flaxzoo.train.data.packing`: fixed-length records with per-token document numbers; :func:`prepare`.
 - :mod:`~flaxzoo.train.data.masking`: BERT masking, vectorised, counter-based randomness per example.
 - :mod:`~flaxzoo.train.data.loader`: :class:`BatchSource`, :func:`make_loader`, :func:`make_iterator`, :func:`batch_shapes`.
-- :mod:`~flaxzoo.train.data.stats`: throughput and corpus sizes, the ``python -m flaxzoo.train.data`` command line.
+- :mod:`~flaxzoo.train.data.stats`: throughput, corpus sizes, the unigram baseline, the ``python -m flaxzoo.train.data`` command line.
 
 Stages are cached under ``DataConfig.data_dir``, so a second run reuses the first one's work. The batch layout is
 the contract of :mod:`flaxzoo.train.batches` (``IGNORE_INDEX``, ``CAUSAL_KEYS``, ``MLM_KEYS``).
@@ -32,7 +32,7 @@ from flaxzoo.train.data.corpus import (
 from flaxzoo.train.data.loader import BatchIterator, BatchSource, batch_shapes, make_iterator, make_loader
 from flaxzoo.train.data.masking import example_keys, mask_tokens
 from flaxzoo.train.data.packing import PACK_FORMAT_VERSION, pack_causal, pack_mlm, prepare
-from flaxzoo.train.data.stats import corpus_stats, main, measure_throughput
+from flaxzoo.train.data.stats import corpus_stats, main, measure_throughput, unigram_baseline
 from flaxzoo.train.data.tokenizers import build_tokenizer, check_tokenizer
 from flaxzoo.train.tokenizer import TextTokenizer
 
@@ -42,5 +42,5 @@ __all__ = [
     "cache_key", "check_tokenizer", "corpus_stats", "decode_bytes", "default_data_dir", "embedded_documents",
     "example_keys", "load_documents", "main", "make_iterator", "make_loader", "mask_tokens", "measure_throughput",
     "pack_causal", "pack_mlm", "prepare", "raw_sources", "read_text_files", "resolve_paths", "split_documents",
-    "split_sentences",
+    "split_sentences", "unigram_baseline",
 ]

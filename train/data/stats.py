@@ -1,4 +1,5 @@
-"""Pipeline throughput and corpus sizes, and the ``python -m flaxzoo.train.data`` command line."""
+"""Pipeline throughput, corpus sizes and the unigram baseline, and the ``python -m flaxzoo.train.data`` command
+line."""
 
 from __future__ import annotations
 
@@ -6,8 +7,11 @@ import argparse
 import dataclasses
 import json
 import logging
+import math
 import time
 from typing import Any, Sequence
+
+import numpy as np
 
 from flaxzoo.train.data.builders import raw_sources
 from flaxzoo.train.data.config import DataConfig
@@ -15,6 +19,40 @@ from flaxzoo.train.data.loader import make_iterator
 from flaxzoo.train.data.packing import prepare
 from flaxzoo.train.data.tokenizers import build_tokenizer
 from flaxzoo.train.tokenizer import TextTokenizer
+
+
+def unigram_baseline(sources: dict[str, Any], vocab_size: int, objective: str, *, ignore_ids: tuple[int, ...] = (),
+                     max_records: int = 20_000) -> float | None:
+    """Perplexity of the validation targets under the train split's unigram distribution (add-one smoothed): the
+    best a model can do that ignores context.
+
+    Causal: every token of the stream is a target. MLM: the non-special tokens (what masking can select). At most
+    ``max_records`` records per split are read (evenly strided; the default corpus has fewer). None without a
+    validation split.
+    """
+    if "validation" not in sources:
+        return None
+
+    def counts(split: str, targets: bool) -> np.ndarray:
+        source = sources[split]
+        indices = list(range(0, len(source), max(1, -(-len(source) // max_records))))
+        total = np.zeros(vocab_size, np.int64)
+        for start in range(0, len(indices), 4096):
+            chunk = indices[start:start + 4096]
+            records = source.__getitems__(chunk) if hasattr(source, "__getitems__") else [source[i] for i in chunk]
+            ids = np.stack([np.asarray(r["input_ids"]) for r in records])
+            if objective == "causal":
+                ids = ids[:, 1:] if targets else ids[:, :-1]
+            total += np.bincount(ids.ravel(), minlength=vocab_size)[:vocab_size]
+        if ignore_ids:
+            total[list(ignore_ids)] = 0
+        return total
+
+    train_counts = counts("train", targets=False).astype(np.float64)
+    val_counts = counts("validation", targets=True).astype(np.float64)
+    probs = (train_counts + 1.0) / (train_counts.sum() + vocab_size)
+    cross_entropy = -(val_counts * np.log(probs)).sum() / max(val_counts.sum(), 1.0)
+    return float(math.exp(cross_entropy))
 
 
 def measure_throughput(cfg: DataConfig, *, batches: int = 300, warmup: int = 10, split: str = "train",

@@ -4,7 +4,7 @@ rows with weight-0 rows; class weights; the validation split held out of the tra
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -63,3 +63,24 @@ def class_weights(labels: np.ndarray, num_classes: int, kind: str) -> np.ndarray
         return np.ones(num_classes, np.float32)
     counts = np.bincount(labels, minlength=num_classes).astype(np.float64)
     return (len(labels) / (num_classes * np.maximum(counts, 1))).astype(np.float32)
+
+
+class EpochIterator:
+    """Global batches from ``position`` on, epoch after epoch: batch ``g`` is batch ``g % steps_per_epoch`` of epoch
+    ``g // steps_per_epoch`` (``make_epoch(epoch, skip)`` yields an epoch's batches from its batch ``skip``), so the
+    data position is the step. ``position`` is the next batch's index (what a training checkpoint stores)."""
+
+    def __init__(self, make_epoch: Callable[[int, int], Iterator[dict[str, np.ndarray]]], steps_per_epoch: int,
+                 position: int = 0):
+        self.make_epoch, self.steps_per_epoch, self.position = make_epoch, steps_per_epoch, position
+        self.current: Iterator[dict[str, np.ndarray]] | None = None
+
+    def __iter__(self) -> "EpochIterator":
+        return self
+
+    def __next__(self) -> dict[str, np.ndarray]:
+        epoch, index = divmod(self.position, self.steps_per_epoch)
+        if self.current is None or index == 0:
+            self.current = self.make_epoch(epoch, index)
+        self.position += 1
+        return next(self.current)

@@ -30,7 +30,10 @@ Keys (``--config.KEY=VALUE``):
   adapters by their layer as it scales the weights; ``freeze_steps`` trains the head alone first, then the adapters
   (both work with LoRA). Refused with LoRA: ``init_from="scratch"`` (a random encoder has nothing to adapt). The
   checkpoint holds the merged classifier (``flaxzoo.models.lora.merge_lora``): a plain model, loaded as any other.
-- ``checkpoint_every`` (steps; 0 = only when stopped), ``keep_checkpoints``: the training state (parameters,
+- ``eval_every`` (steps; 0 = only at the end): macro-F1 / accuracy on the validation hold-out
+  (``data.validation_fraction``), logged with the training rows; ``profile_steps``: "a:b" traces steps a..b into
+  ``WORKDIR/profile``, as in pre-training
+- ``checkpoint_every`` (steps; 0 = only at the end or a stop), ``keep_checkpoints``: the training state (parameters,
   optimizer state, step, data position) in ``WORKDIR/train_checkpoints/`` (orbax, async), from which a rerun of the
   same command resumes bit for bit; SIGTERM / SIGINT stop after a step with a checkpoint (exit code 75)
 - ``mesh.data``, ``mesh.fsdp``, ``mesh.tensor``: the device mesh, as in pre-training (−1 fills the devices; the
@@ -161,7 +164,9 @@ class FinetuneConfig(Section):
     compute_dtype: str = checked("auto", choice("auto", "float32", "bfloat16", "float16"))
     remat: str = checked("auto", choice(*REMAT_POLICIES, also=("auto",)))
     scan_layers: Any = checked("auto", Spec("bool", also=("auto",)))
-    checkpoint_every: int = checked(50, integer(0, note="(steps between checkpoints; 0 = only at a stop)"))
+    eval_every: int = checked(0, integer(0, note="(steps between validation scores; 0 = only at the end)"))
+    checkpoint_every: int = checked(50, integer(0, note="(steps between checkpoints; 0 = only at the end or a stop)"))
+    profile_steps: tuple[int, int] | None = checked("", Spec("window"))
     keep_checkpoints: int = checked(2, integer(1))
     compilation_cache: bool = checked(True, BOOL)
     compilation_cache_dir: str = checked("", TEXT)

