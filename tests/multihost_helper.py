@@ -11,6 +11,7 @@
                      FLAXZOO_TEST_UNREADABLE=P:STEP:TIMES[,...]  on process P, reading checkpoint STEP raises
                                                   OSError the first TIMES times (0 = always);
                      FLAXZOO_TEST_PID_DIR=DIR     write this process's pid to DIR/p<i>.
+  shared TEMPLATE    ``flaxzoo.train.multihost.check_shared`` on one folder, then on a folder of each process's own.
   sleeper CODE       no JAX: print the process id, wait for SIGTERM / SIGINT (print it, exit 0) or exit CODE
                      after 0.5 s when CODE is not 0 and this is process 1 (the launcher's own tests).
 """
@@ -142,12 +143,34 @@ def sleeper(code: int) -> int:
     return 0
 
 
+def shared(template: str) -> int:
+    """``check_shared`` on ``template.format(0)`` (one folder for both processes) and then on
+    ``template.format(process index)`` (a folder of each process's own, as two hosts' local disks are): prints
+    what each says; exit 3 when the second is refused."""
+    from flaxzoo.train import multihost
+
+    multihost.initialize()
+    import jax
+
+    print(f"one folder: shared={multihost.check_shared(template.format(0), 'the one folder')}", flush=True)
+    print(f"own folders, not required: shared="
+          f"{multihost.check_shared(template.format(jax.process_index()), 'own folder', required=False)}", flush=True)
+    try:
+        multihost.check_shared(template.format(jax.process_index()), "own folder")
+    except multihost.StorageNotShared as exc:
+        print(f"refused: {exc}", flush=True)
+        return 3
+    return 0
+
+
 if __name__ == "__main__":
     command = sys.argv[1]
     if command == "meshes":
         meshes(json.loads(sys.argv[2]))
     elif command == "train":
         sys.exit(train(sys.argv[2:]))
+    elif command == "shared":
+        sys.exit(shared(sys.argv[2]))
     elif command == "sleeper":
         sys.exit(sleeper(int(sys.argv[2])))
     else:

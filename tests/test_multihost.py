@@ -288,3 +288,16 @@ def test_launcher_prefixes_lines_forwards_signals_and_returns_the_first_failure(
     bad = subprocess.run([sys.executable, "-m", "flaxzoo.train.launch", "--processes", "0"], cwd=REPO, env=env(),
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "--processes=0: expected at least 1" in bad.stderr
+
+
+def test_storage_that_is_not_shared_is_told_plainly_on_every_process(tmp_path):
+    """Each process's own folder stands for each host's own disk: the marker process 0 writes is not seen by
+    process 1, and both processes say so, naming the folder and process 1."""
+    template = str(tmp_path / "disk{}")
+    proc = launch("--devices-per-process", "1", "--module", "multihost_helper", "--", "shared", template, timeout=120)
+    assert proc.returncode == 3, proc.stdout[-3000:] + proc.stderr[-3000:]
+    for i in range(2):
+        assert f"[p{i}] one folder: shared=True" in proc.stdout
+        assert f"[p{i}] own folders, not required: shared=False" in proc.stdout
+        assert f"[p{i}] refused: own folder {template.format(i)} is not shared storage: process(es) [1]" in proc.stdout
+    assert not list(tmp_path.glob("disk*/.flaxzoo_shared_*"))  # the markers are removed

@@ -70,7 +70,6 @@ class Summary:
     sample: str | None = None
 
 
-# ========================================================================================================= trainer
 class Trainer(Task):
     """The state of one run: the typed config, data, mesh, compiled steps, checkpoints. :meth:`run` trains."""
 
@@ -91,6 +90,7 @@ class Trainer(Task):
         if is_main():
             self.workdir.mkdir(parents=True, exist_ok=True)
         multihost.barrier("flaxzoo_workdir")
+        multihost.check_shared(self.workdir, "the work directory")  # checkpoints need one folder for all
         setup_compilation_cache(config)
         self.model_config, self.model_cls = config.model, config.model_cls
         self.steps = config.steps
@@ -101,6 +101,10 @@ class Trainer(Task):
              f"mesh {shardlib.describe(self.mesh)}; compute {self.model_config.dtype}, params "
              f"{self.model_config.param_dtype}, remat {precision.describe('remat')}, scan_layers "
              f"{precision.describe('scan_layers')}")
+        if config.init_from and multihost.is_multi_process():  # refused before any data work
+            raise ConfigError("init_from", f"{config.init_from!r}: pre-training from pretrained weights runs in one "
+                                           f"process; this launch has {jax.process_count()} (fine-tuning, "
+                                           "task='classify', takes init_from with several processes)")
         self._prepare_data()
         self._build_state()
 
@@ -114,8 +118,9 @@ class Trainer(Task):
             self.tokenizer = datalib.build_tokenizer(cfg)
             self.sources = datalib.prepare(cfg, self.tokenizer)
 
+        shared = multihost.check_shared(cfg.data_dir, "data.data_dir", required=False)
         failure = None
-        if is_main():
+        if is_main() or not shared:
             try:
                 load()
             except (ValueError, FileNotFoundError) as exc:
@@ -127,7 +132,7 @@ class Trainer(Task):
             if failure is not None:
                 raise failure
             raise ValueError("process 0 could not prepare the data (its message says why)")
-        if not is_main():
+        if not is_main() and shared:
             load()
         if self.tokenizer.vocab_size > self.model_config.vocab_size:
             raise ValueError(f"the tokenizer has {self.tokenizer.vocab_size} tokens but model.vocab_size="
@@ -156,9 +161,6 @@ class Trainer(Task):
         cfg = self.cfg
         self.base = None
         if cfg.init_from:
-            if multihost.is_multi_process():
-                raise ConfigError("init_from", f"{cfg.init_from!r}: training from pretrained weights runs in "
-                                               f"one process; this launch has {jax.process_count()}")
             from flaxzoo.models.hub.sources import open_source
 
             start = time.perf_counter()
@@ -295,10 +297,8 @@ class Trainer(Task):
         masked = labels != datalib.IGNORE_INDEX
         filled = np.where(masked, predicted[row], ids)
         truth = np.where(masked, labels, ids)
-        mask_id = self.tokenizer.mask_id
         shown = [f"[{self.tokenizer.decode([p])}|{self.tokenizer.decode([t])}]" if m else self.tokenizer.decode([i])
                  for i, p, t, m in zip(ids[keep], filled[keep], truth[keep], masked[keep])]
-        del mask_id
         return ("masked positions as [predicted|original]: " + " ".join(shown))
 
     # ---------------------------------------------------------------------------------------- the engine's task

@@ -169,6 +169,48 @@ def from_process_zero(values: Sequence[int]) -> list[int]:
     return [int(v) for v in np.asarray(multihost_utils.broadcast_one_to_all(padded))]
 
 
+class StorageNotShared(ValueError):
+    """A folder every process must see (the work directory, the data directory) differs between the processes."""
+
+
+def check_shared(folder: os.PathLike | str, what: str, *, required: bool = True) -> bool:
+    """With several processes, whether every process sees the same ``folder`` (an ``epath`` path: local or
+    ``gs://`` / ``s3://``): process 0 writes a marker holding a random number there, every process looks for it.
+    When ``folder`` is host-local storage (each host its own disk): raises :class:`StorageNotShared` on every process,
+    naming the processes that did not find it, or (``required=False``) says so and returns False. One process:
+    True, nothing to check."""
+    if not is_multi_process():
+        return True
+    from etils import epath
+
+    folder = epath.Path(folder)
+    token = from_process_zero([int.from_bytes(os.urandom(6), "little")])[0]
+    marker = folder / f".flaxzoo_shared_{token}"
+    if jax.process_index() == 0:
+        folder.mkdir(parents=True, exist_ok=True)
+        marker.write_text(str(token))
+    barrier(f"flaxzoo_shared_written_{token}")
+    try:
+        seen = marker.exists() and marker.read_text() == str(token)
+    except OSError:
+        seen = False
+    missing = np.flatnonzero(gather([int(not seen)])[:, 0]).tolist()
+    barrier(f"flaxzoo_shared_read_{token}")
+    if jax.process_index() == 0:
+        marker.unlink(missing_ok=True)
+    if not missing:
+        return True
+    problem = StorageNotShared(
+        f"{what} {folder} is not shared storage: process(es) {missing} do not see the marker process 0 wrote there; "
+        "expected one folder every process reads (NFS, a bucket: gs://..., s3://...). For a data directory on each "
+        "host's own disk, prepare the data on every host beforehand with the same settings (python -m "
+        "flaxzoo.train.data, docs/multi-host.md); checkpoints need shared storage")
+    if required:
+        raise problem
+    log.warning("%s: every process prepares (or reads) its own copy", problem)
+    return False
+
+
 def preemption_agreed(step: int) -> bool:
     """True on every process at the same step once any process received SIGTERM (JAX's preemption sync manager:
     the notice reaches every process and the stop step is the largest step any of them had reported, plus one).

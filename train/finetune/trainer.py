@@ -94,6 +94,7 @@ class Finetuner(Task):
         if is_main():
             self.workdir.mkdir(parents=True, exist_ok=True)
         multihost.barrier("flaxzoo_finetune_workdir")
+        multihost.check_shared(self.workdir, "the work directory")
         setup_compilation_cache(cfg)
         self.devices = devices
         self.mesh = shardlib.make_mesh(cfg.mesh.shape, devices)
