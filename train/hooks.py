@@ -58,10 +58,11 @@ def say_everywhere(message: str) -> None:
 
 
 def setup_compilation_cache(cfg: Any) -> str | None:
-    """JAX's persistent compilation cache in ``cfg.cache_dir()`` (None: off); returns the directory."""
+    """JAX's persistent compilation cache in ``cfg.cache_dir()`` (None: off; a local path or an object store that
+    ``flaxzoo.train.storage`` accepts); returns the directory."""
     directory = cfg.cache_dir()
     if directory:
-        os.makedirs(directory, exist_ok=True)
+        epath.Path(directory).mkdir(parents=True, exist_ok=True)  # gs:// / s3:// too: JAX reads it through epath
         jax.config.update("jax_compilation_cache_dir", directory)
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
         jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)

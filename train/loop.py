@@ -38,6 +38,7 @@ from flaxzoo.train import data as datalib
 from flaxzoo.train import flops as flopslib
 from flaxzoo.train import multihost
 from flaxzoo.train import sharding as shardlib
+from flaxzoo.train import storage
 from flaxzoo.train.checkpoint import resolve_workdir
 from flaxzoo.train.config import ConfigError, TrainConfig
 from flaxzoo.train.engine import LoopResult, LoopSettings, Task, run_task
@@ -85,6 +86,12 @@ class Trainer(Task):
         if math.prod(config.mesh.shape) != len(self.devices):
             raise ConfigError("mesh", f"{config.mesh.shape} spans {math.prod(config.mesh.shape)} devices; this "
                                       f"trainer has {len(self.devices)}")
+        storage.check_paths(workdir, data_dir=config.data.data_dir, init_from=config.init_from,
+                            compilation_cache_dir=config.compilation_cache_dir)
+        if config.init_from and multihost.is_multi_process():  # refused before any data work
+            raise ConfigError("init_from", f"{config.init_from!r}: pre-training from pretrained weights runs in one "
+                                           f"process; this launch has {jax.process_count()} (fine-tuning, "
+                                           "task='classify', takes init_from with several processes)")
         self.cfg = config
         self.workdir = resolve_workdir(workdir)
         if is_main():
@@ -93,18 +100,13 @@ class Trainer(Task):
         multihost.check_shared(self.workdir, "the work directory")  # checkpoints need one folder for all
         setup_compilation_cache(config)
         self.model_config, self.model_cls = config.model, config.model_cls
-        self.steps = config.steps
-        self.tokens_per_step = config.tokens_per_step
+        self.steps, self.tokens_per_step = config.steps, config.tokens_per_step
         self.mesh = shardlib.make_mesh(config.mesh.shape, self.devices)
         precision = config.precision
         say(f"devices: {len(self.devices)} x {self.devices[0].device_kind} ({jax.process_count()} process(es)); "
              f"mesh {shardlib.describe(self.mesh)}; compute {self.model_config.dtype}, params "
              f"{self.model_config.param_dtype}, remat {precision.describe('remat')}, scan_layers "
              f"{precision.describe('scan_layers')}")
-        if config.init_from and multihost.is_multi_process():  # refused before any data work
-            raise ConfigError("init_from", f"{config.init_from!r}: pre-training from pretrained weights runs in one "
-                                           f"process; this launch has {jax.process_count()} (fine-tuning, "
-                                           "task='classify', takes init_from with several processes)")
         self._prepare_data()
         self._build_state()
 

@@ -45,6 +45,7 @@ from flaxzoo.models.lora import merge_lora
 from flaxzoo.models.text import encode_for_classification, pad_batch
 from flaxzoo.train import multihost
 from flaxzoo.train import sharding as shardlib
+from flaxzoo.train import storage
 from flaxzoo.train.config import ConfigError
 from flaxzoo.train.finetune import vocab as vocablib
 from flaxzoo.train.finetune.config import SCRATCH, FinetuneConfig
@@ -82,6 +83,8 @@ class Finetuner(Task):
 
     def __init__(self, cfg: FinetuneConfig, workdir: str | pathlib.Path):
         self.wall_start = time.perf_counter()
+        storage.check_paths(workdir, data_dir=cfg.data.data_dir, init_from=cfg.init_from, local_workdir=True,
+                            compilation_cache_dir=cfg.compilation_cache_dir)
         self.cfg = cfg
         self.workdir = pathlib.Path(workdir).absolute()
         self.finished = find_step_dir(self.workdir) is not None and (self.workdir / "eval" / "metrics.json").is_file()
