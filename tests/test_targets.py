@@ -20,6 +20,7 @@ from jax.experimental import mesh_utils  # noqa: E402
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
 
 from flaxzoo.train import targets  # noqa: E402
+from flaxzoo.train.targets import devices as target_devices  # noqa: E402
 from flaxzoo.train.targets import GiB, AotUnavailable, Target, compile_devices, parse_target, target_names  # noqa: E402
 
 
@@ -149,7 +150,7 @@ def test_gpu_descriptions():
 
 
 def test_missing_plugin_says_how_to_install(monkeypatch):
-    monkeypatch.setattr(targets.importlib.util, "find_spec", lambda name, *a: None)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
     for name in ("v5e-32", "a100x5"):  # not compiled elsewhere in this file: not cached
         with pytest.raises(AotUnavailable, match=r'pip install "flaxzoo\[aot\]"') as info:
             compile_devices(parse_target(name, slices=3))
@@ -242,8 +243,8 @@ def test_gpu_hosts():
 def test_plugin_available(monkeypatch):
     with pytest.raises(ValueError, match="platform must be 'tpu' or 'gpu'"):
         targets.plugin_available("cpu")
-    monkeypatch.setattr(targets, "_DEVICES", {})  # nothing made yet, so that the check below looks afresh
-    monkeypatch.setattr(targets.importlib.util, "find_spec", lambda name, *a: None)
+    monkeypatch.setattr(target_devices, "_DEVICES", {})  # nothing made yet, so that the check below looks afresh
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
     for platform in ("tpu", "gpu"):
         ok, why = targets.plugin_available(platform)
         assert not ok and 'pip install "flaxzoo[aot]"' in why
