@@ -1,0 +1,144 @@
+"""Pretrained weights loaded shard by shard into an already-sharded parameter tree: no device and no process holds a
+full copy of a parameter it only holds shards of (the process reading a GGUF file or a LoRA run's merge aside: see
+below).
+
+``load_sharded(path, shardings=...)`` takes what ``from_pretrained`` takes (a Hugging Face directory or Hub id, a GGUF
+file, a flaxzoo work directory, a packaged name; the same class, dtype, layout, label and vocabulary overrides) and
+returns the parameters of the model ``from_pretrained`` would build, ``nnx.split(model, nnx.Param, ...)[1]``, as global
+``jax.Array``s laid out by the given ``NamedSharding`` per parameter. Each is made by
+``jax.make_array_from_callback``, whose callback, given the index of one addressable shard, reads only what that
+shard needs:
+
+* Hugging Face safetensors (one file or sharded with an index): the shard's index is mapped back through the table
+  entry's transform to the stored tensor's box (``flaxzoo.models.hub.slicing``) and read with
+  ``safe_open(file, "np").get_slice(name)[...]`` (bfloat16 / float8: a memory map of the tensor's bytes). *Exact*:
+  every transform that is a rearrangement of axes, which is every one the bert, roberta, gpt2 and llama tables use:
+  the identity (embeddings, norms, biases), ``LINEAR`` (a transpose: the slices transposed), the head splits
+  ``(h k) d -> d h k`` / ``d (h k) -> h k d`` / ``(h k) -> h k`` (contiguous row or column ranges), GPT-2's fused
+  ``c_attn`` ``d (parts h k) -> parts d h k`` (one part's columns); a stacked ``[num_layers, ...]`` parameter
+  (``scan_layers``) reads only the layers of its index, each from its own tensor. *Whole* (read once per parameter
+  per process, translated, then sliced): a transform that computes (arithmetic, gathers, dtype conversions), and a
+  checkpoint's tied duplicate (``lm_head.weight`` beside a tied embedding), which is compared whole as
+  ``from_pretrained`` does. A box is read with one slice per stored axis; when the shard's part of a stored axis is
+  not contiguous (a ``(h k)`` axis split inside a head) the smallest slice holding it is read.
+* ``pytorch_model.bin`` (``allow_pickle``): read whole, as ``from_pretrained`` does, then sliced per shard.
+* GGUF: each tensor is dequantised whole in every process, translated, then sliced per shard.
+* A flaxzoo work directory (orbax): restored straight into the target shardings (``jax.ShapeDtypeStruct(...,
+  sharding=...)`` targets: orbax reads only this process's shards; ``flaxzoo.models.hub.sharded_workdir``). A LoRA
+  run's work directory: its merged model is built whole in every process (``LoraRunSource``), then sliced per shard.
+
+Heads the checkpoint lacks (a classifier on a base-model checkpoint) are initialised at ``seed`` with the model's
+initialisers under ``jax.jit`` with ``out_shardings`` (born sharded), to the values ``from_pretrained`` gives them,
+and listed in the same one warning. Vocabulary padding (``pad_vocab_to``): padding rows are zeros, never read.
+
+Reads are reported, one :class:`flaxzoo.models.hub.stored.Read` each, to the optional ``on_read`` hook (how the
+tests count what each process reads).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+from flax import nnx
+
+from flaxzoo.models.config import TransformerConfig
+from flaxzoo.models.families import family_and_class
+from flaxzoo.models.hub.files import PathLike, weight_files
+from flaxzoo.models.hub.loading import Source
+from flaxzoo.models.hub.sharded_hf import tensor_arrays
+from flaxzoo.models.hub.sharded_plan import Overrides, Prepared, check_shardings, fresh_arrays, prepare
+from flaxzoo.models.hub.sharded_workdir import stored_tensors, workdir_arrays
+from flaxzoo.models.hub.sources import HFSource, LoraRunSource, WorkdirSource, open_source
+from flaxzoo.models.hub.stored import OnRead, Read, SafetensorsFiles
+
+__all__ = ["PretrainedShapes", "Read", "load_sharded", "pretrained_shapes"]
+
+
+class PretrainedShapes(NamedTuple):
+    """What ``pretrained_shapes`` returns: the config and class ``from_pretrained`` would build, and the abstract
+    parameters (``nnx.State`` of ``nnx.Param`` with ``jax.ShapeDtypeStruct`` values and their logical axes
+    metadata): what a trainer computes its shardings from."""
+
+    config: TransformerConfig
+    model_cls: type
+    params: nnx.State
+
+
+def _source(path: PathLike | Source, revision: str | None, allow_pickle: bool) -> Source:
+    return path if isinstance(path, Source) else open_source(path, revision=revision, allow_pickle=allow_pickle)
+
+
+def _prepare(source: Source, cls: type | str | None, overrides: Overrides, seed: int, on_read: OnRead | None,
+             announce: bool = True) -> tuple[Prepared, Callable[[dict], dict], Callable[[], None]]:
+    """The plan, the function making the arrays of the parameters the source has, and the clean-up."""
+    if isinstance(source, LoraRunSource):  # the merge is built whole: its values are read whole
+        prepared = prepare(source, cls, overrides, seed, announce=announce)
+        return prepared, lambda s: tensor_arrays(prepared, s, on_read), lambda: None
+    if isinstance(source, WorkdirSource):
+        shapes, where, metadata = stored_tensors(source.step_dir, source.describe()[0].num_layers)
+        prepared = prepare(source, cls, overrides, seed, lambda: dict(shapes), announce)
+        return prepared, lambda s: workdir_arrays(source.step_dir, prepared, where, metadata, s), lambda: None
+    if isinstance(source, HFSource):
+        files, _ = weight_files(source.root, source.allow_pickle)
+        if all(f.suffix == ".safetensors" for f in files):
+            stored = SafetensorsFiles(files, family_and_class(source.hf, None)[0].rename, on_read)
+            prepared = prepare(source, cls, overrides, seed, lambda: dict(stored.tensors), announce)
+            stored.release()
+            return prepared, lambda s: tensor_arrays(prepared, s, on_read, after_each=stored.release), stored.release
+    # GGUF (lazy: each tensor dequantised whole when read), pickles (read whole)
+    prepared = prepare(source, cls, overrides, seed, announce=announce)
+    return prepared, lambda s: tensor_arrays(prepared, s, on_read), lambda: None
+
+
+def pretrained_shapes(path: PathLike | Source, *, cls: type | str | None = None, dtype: Any = None,
+                      param_dtype: Any = None, scan_layers: bool | None = None, num_labels: int | None = None,
+                      pad_vocab_to: int | None = None, revision: str | None = None, allow_pickle: bool = False
+                      ) -> PretrainedShapes:
+    """The config, class and abstract parameters of the model ``from_pretrained(path, ...)`` builds with the same
+    arguments, read from the source's config and tensor names / shapes alone (no value is read; a GGUF file's
+    tensors are not dequantised; a LoRA run's merge is built). Raises what ``from_pretrained`` raises for a source
+    that does not match."""
+    overrides = Overrides(dtype, param_dtype, scan_layers, num_labels, pad_vocab_to)
+    prepared, _, done = _prepare(_source(path, revision, allow_pickle), cls, overrides, 0, None, announce=False)
+    done()
+    return PretrainedShapes(prepared.config, prepared.model_cls, prepared.abstract.params)
+
+
+def load_sharded(path: PathLike | Source, *, shardings: Any, cls: type | str | None = None, dtype: Any = None,
+                 param_dtype: Any = None, scan_layers: bool | None = None, num_labels: int | None = None,
+                 pad_vocab_to: int | None = None, seed: int = 0, revision: str | None = None,
+                 allow_pickle: bool = False, on_read: Callable[[Read], None] | None = None) -> nnx.State:
+    """The parameters of the model ``from_pretrained(path, cls=..., dtype=..., ...)`` builds, as global arrays laid
+    out by ``shardings``, each shard read by the process that holds it (module docstring: what is read exactly).
+
+    Args:
+      path: what ``from_pretrained`` takes (or an opened ``Source``).
+      shardings: one ``jax.sharding.NamedSharding`` per parameter: a tree shaped like
+        ``nnx.to_pure_dict(params)`` (e.g. ``flaxzoo.train.sharding.param_shardings``' result), an ``nnx.State``, a
+        flat ``{path tuple: sharding}``, or a callable taking the abstract parameters (``nnx.State`` of
+        ``jax.ShapeDtypeStruct`` with their logical axes) and returning one of those.
+      cls, dtype, param_dtype, scan_layers, num_labels, pad_vocab_to, seed, revision, allow_pickle: as for
+        ``from_pretrained`` (``quantize`` is not offered: quantised kernels are made from whole projections).
+      on_read: called with a ``Read(tensor, index, elements, exact)`` for every read of a stored tensor (not for
+        orbax's reads of a flaxzoo checkpoint).
+
+    Returns:
+      ``nnx.State`` of ``nnx.Param`` (with their metadata), the structure of ``nnx.split(model, nnx.Param, ...)[1]``
+      (stacked ``[num_layers, ...]`` blocks with ``scan_layers``), each value a ``jax.Array`` of the parameter's
+      shape and dtype with the sharding asked for (``nnx.to_pure_dict`` gives the plain tree).
+
+    Raises:
+      ValueError: what ``from_pretrained`` raises for the source; shardings that miss or add parameters, are not
+        ``NamedSharding``s, or do not divide a parameter (each named).
+    """
+    overrides = Overrides(dtype, param_dtype, scan_layers, num_labels, pad_vocab_to)
+    source = _source(path, revision, allow_pickle)
+    prepared, make, done = _prepare(source, cls, overrides, seed, on_read)
+    try:
+        flat = check_shardings(shardings, prepared.abstract)
+        values = make(flat)
+    finally:
+        done()
+    lacking = [p for p in prepared.abstract.shapes if p in prepared.lacking]
+    values.update(fresh_arrays(prepared, lacking, flat, seed))
+    return nnx.from_flat_state([(p, var.replace(values[p])) for p, var in nnx.to_flat_state(prepared.abstract.params)])
