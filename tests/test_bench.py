@@ -151,6 +151,30 @@ def test_bench_times_the_main_job(tmp_path):
     assert len(result["windows"]) == 3 and np.isfinite(result["loss"])
 
 
+def test_bench_mfu_is_never_above_one(monkeypatch):
+    """MFU against the round's peak; work that outran it has the CPU peak measured again (the higher kept), and
+    work that still outruns that is left out with a reason, never reported above 100%."""
+    from flaxzoo.train.bench import common
+
+    assert jax.devices()[0].platform == "cpu"
+    monkeypatch.setattr(flopslib, "time_cpu_matmul", lambda size: 2e9)  # the peak measured again after the work
+    kind = "measured fp32 matmul peak (256^3, best of 5, beside the round)"
+
+    def side(tokens_per_s):
+        return dict(flops_per_token=1e6, tokens_per_s=tokens_per_s, step_ms=1.0, peak_memory_mb=1.0,
+                    memory_kind="process max RSS", params=1)
+
+    below = common.add_mfu(side(500.0), 1e9, kind, 256)  # 0.5 GFLOP/s of 1: no second measurement
+    assert below["mfu"] == pytest.approx(0.5) and below["peak_flops"] == 1e9 and "mfu_note" not in below
+    again = common.add_mfu(side(1500.0), 1e9, kind, 256)  # 1.5 of 1, then of 2
+    assert again["mfu"] == pytest.approx(0.75) and again["peak_flops"] == 2e9
+    assert "measured again after the work" in again["peak_kind"]
+    above = common.add_mfu(side(3000.0), 1e9, kind, 256)  # 3 of 2 still
+    assert above["mfu"] is None and "MFU left out" in above["mfu_note"] and above["peak_flops"] == 2e9
+    assert "MFU left out" in common.report_line("gpt_train", above)
+    assert "MFU 75.0% of 2 GFLOP/s" in common.report_line("gpt_train", again)
+
+
 def test_bench_imports_no_data_stack():
     """The accelerator image has no Grain, tensorflow-datasets or ml_collections: the bench must not import them."""
     code = ("import sys, flaxzoo.train.bench; bad = [m for m in ('grain', 'tensorflow_datasets', 'ml_collections', 'torch', "

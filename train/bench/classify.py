@@ -17,6 +17,7 @@ dynamic padding per batch, ``torch.set_num_threads(os.cpu_count())``.
 
 from __future__ import annotations
 
+import argparse
 import os
 import statistics
 import tempfile
@@ -33,10 +34,12 @@ FALLBACK_HEADLINES = [
 ]
 
 
-def load_classifier(path: str | None):
+def load_classifier(path: str | None) -> tuple[Any, Any, str]:
+    """``(model, tokenizer, source)``: the fine-tuned work directory ``path``, else the packaged MiniLM with a fresh
+    5-class head."""
     from flaxzoo import models
     from flaxzoo.models.families.bert import BertForSequenceClassification
-    from flaxzoo.train.finetune.trainer import packaged_minilm
+    from flaxzoo.train.finetune.classifier import packaged_minilm
 
     source = path or packaged_minilm()
     model = models.from_pretrained(source, cls=BertForSequenceClassification, **({} if path else {"num_labels": 5}))
@@ -44,6 +47,7 @@ def load_classifier(path: str | None):
 
 
 def headlines(limit: int) -> tuple[list[str], str]:
+    """``(texts, what they are)``: the first ``limit`` BBC test headlines, else the fixed sentences repeated."""
     try:
         from flaxzoo.train.finetune.config import ClassifyDataConfig
         from flaxzoo.train.finetune.data import load_labelled
@@ -55,7 +59,8 @@ def headlines(limit: int) -> tuple[list[str], str]:
         return (FALLBACK_HEADLINES * (limit // len(FALLBACK_HEADLINES) + 1))[:limit], "fixed sentences"
 
 
-def flaxzoo_side(model, tokenizer, texts: list[str]) -> dict[str, float]:
+def flaxzoo_side(model: Any, tokenizer: Any, texts: list[str]) -> dict[str, Any]:
+    """flaxzoo's ``Classifier``: ms per headline at batch 1 (every bucket compiled first), headlines/s at batch 64."""
     from flaxzoo.models.text import Classifier
 
     single = Classifier(model, tokenizer, batch_size=1)
@@ -78,7 +83,8 @@ def flaxzoo_side(model, tokenizer, texts: list[str]) -> dict[str, float]:
             "labels": probabilities.argmax(-1).tolist()}
 
 
-def transformers_side(model, tokenizer, texts: list[str]) -> dict[str, float]:
+def transformers_side(model: Any, tokenizer: Any, texts: list[str]) -> dict[str, Any]:
+    """The same classifier exported to transformers (PyTorch), timed as :func:`flaxzoo_side`."""
     import torch
     import transformers
 
@@ -108,7 +114,7 @@ def transformers_side(model, tokenizer, texts: list[str]) -> dict[str, float]:
             "headlines_per_s_batch64": len(texts) / (time.perf_counter() - start), "labels": labels}
 
 
-def run_classify(args) -> dict[str, Any]:
+def run_classify(args: argparse.Namespace) -> dict[str, Any]:
     """Both sides, ``args.rounds`` times, interleaved; prints a small table and returns the medians."""
     import jax
     import torch

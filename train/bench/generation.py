@@ -1,0 +1,45 @@
+"""``gpt_generate``: the ``gpt_train`` model decoding greedily with its KV cache (batch 1, a 32-token prompt, 128 new
+tokens): the first call (compile + run) and the median of ``--generate-repeats`` calls after it. Its FLOPs are
+forward-only (``flaxzoo.train.flops.forward_flops_per_token``: ``2N + 4·L·T̄·d`` per new token, ``T̄`` the mean
+context length); decoding at batch 1 is memory-bound, so its MFU is low by nature."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+from typing import Any
+
+import numpy as np
+
+from flaxzoo.models.families.gpt2 import GPTForCausalLM
+from flaxzoo.models.generate import generate
+from flaxzoo.models.modeling import create_model, param_count
+from flaxzoo.train import flops as flopslib
+from flaxzoo.train.bench.common import peak_memory_bytes, timed
+from flaxzoo.train.bench.op_profile import profile_ops
+
+
+def run_generate(spec: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    """Time greedy generation of ``spec["new_tokens"]`` tokens after a random ``spec["prompt"]``-token prompt; the
+    first 8 new tokens of the first row come back as ``tokens``."""
+    config = spec["config"]
+    model = create_model(config, GPTForCausalLM, seed=args.seed)
+    prompt = np.random.default_rng(args.seed).integers(0, config.vocab_size, (spec["batch"], spec["prompt"]),
+                                                       dtype=np.int32)
+    new = spec["new_tokens"]
+    start = time.perf_counter()
+    first = generate(model, prompt, new).block_until_ready()
+    first_s = time.perf_counter() - start
+    times = timed(lambda: generate(model, prompt, new).block_until_ready(), 0, args.generate_repeats)
+    call_s = statistics.median(times)
+    tokens_per_s = spec["batch"] * new / call_s
+    fpt = flopslib.forward_flops_per_token(config, spec["prompt"] + new / 2, GPTForCausalLM)
+    memory, memory_kind = peak_memory_bytes()
+    profile = (profile_ops(lambda: generate(model, prompt, new).block_until_ready(),
+                           os.path.join(args.profile, "gpt_generate"), 1) if args.profile else None)
+    return dict(profile=profile, step_ms=1e3 * call_s / new, tokens_per_s=tokens_per_s,
+                compile_s=first_s - call_s, first_call_s=first_s, call_s=call_s, peak_memory_mb=memory / 2 ** 20,
+                memory_kind=memory_kind, params=param_count(config, GPTForCausalLM), flops_per_token=fpt,
+                tokens=np.asarray(first)[0, spec["prompt"]:spec["prompt"] + 8].tolist())
