@@ -33,6 +33,15 @@ and listed in the same one warning. Vocabulary padding (``pad_vocab_to``): paddi
 
 Reads are reported, one :class:`flaxzoo.models.hub.stored.Read` each, to the optional ``on_read`` hook (how the
 tests count what each process reads).
+
+A trainer with a mesh and the logical-axis rules of ``flaxzoo.train.sharding`` calls it in every process::
+
+    shardings = lambda abstract: param_shardings(nnx.to_pure_dict(nnx.get_partition_spec(abstract)),
+                                                 nnx.to_pure_dict(abstract), mesh)
+    params = load_sharded(path, cls=BertForSequenceClassification, num_labels=3, shardings=shardings)
+    plain = nnx.to_pure_dict(params)  # the tree train.sharding.global_from_host would have made
+
+(``pretrained_shapes(path, ...)`` gives the config, class and abstract parameters first, without reading weights.)
 """
 
 from __future__ import annotations

@@ -134,7 +134,13 @@ def check_shardings(shardings: Any, abstract: AbstractParams) -> dict[ParamPath,
         if not isinstance(sharding, NamedSharding):
             raise ValueError(f"shardings[{dotted(path)!r}] is {type(sharding).__name__}: expected a "
                              "jax.sharding.NamedSharding")
-        sharding.shard_shape(tuple(abstract.shapes[path].shape))  # ValueError when the mesh does not divide it
+        shape = tuple(abstract.shapes[path].shape)
+        try:
+            sharding.shard_shape(shape)
+        except ValueError:
+            raise ValueError(f"shardings[{dotted(path)!r}] = {sharding.spec} does not divide the parameter's shape "
+                             f"{shape} on the mesh {dict(sharding.mesh.shape)}: expected mesh axes whose sizes divide "
+                             "the dimensions they split") from None
     return flat
 
 
