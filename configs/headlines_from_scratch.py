@@ -9,7 +9,7 @@ vocabulary: the weights start from random).
 
 from flaxzoo.train.config import model_fields
 from flaxzoo.train.finetune.config import base_config
-from flaxzoo.train.finetune.trainer import packaged_minilm
+from flaxzoo.train.finetune.classifier import packaged_minilm
 
 
 def get_config():

@@ -34,7 +34,7 @@ from typing import Any, Protocol, Sequence
 import numpy as np
 
 from flaxzoo.train.finetune.report import scores
-from flaxzoo.train.finetune.trainer import packaged_minilm
+from flaxzoo.train.finetune.classifier import packaged_minilm
 
 METHODS = ("tfidf", "frozen", "torch")
 DEFAULT_OUT = "~/.cache/flaxzoo/finetune_baselines.json"
