@@ -135,15 +135,31 @@ def test_sigterm_then_sigkill_then_rerun_ends_as_the_uninterrupted_run(inputs, u
 
 @pytest.mark.multiprocess
 def test_two_processes_of_two_devices_give_the_losses_of_one_process_of_four(inputs, tmp_path):
-    extra = {"epochs": 1, "freeze_steps": 2, "checkpoint_every": 0, "mesh.data": 2, "mesh.fsdp": 2}
+    """FSDP over the 4 devices of 2 processes: each process reads only the half of each stored matrix its devices
+    hold (the encoder's init_from, shard by shard), and the run equals 1 process x 4 devices."""
+    extra = {"epochs": 1, "freeze_steps": 2, "checkpoint_every": 0, "mesh.data": 1, "mesh.fsdp": 4}
     one = run(command(inputs, tmp_path / "one", **extra), JAX_NUM_CPU_DEVICES="4")
     assert one.returncode == 0, one.stdout[-3000:] + one.stderr[-3000:]
     two = subprocess.run([sys.executable, "-m", "flaxzoo.train.launch", "--processes", "2", "--devices-per-process",
                           "2", "--module", "multihost_helper", "--", "train",
                           *command(inputs, tmp_path / "two", **extra)],
-                         cwd=REPO, env=env(), capture_output=True, text=True, timeout=400)
+                         cwd=REPO, env=env(FLAXZOO_TEST_READS=str(tmp_path / "reads")), capture_output=True,
+                         text=True, timeout=400)
     assert two.returncode == 0, two.stdout[-3000:] + two.stderr[-5000:]
-    assert "(2 process(es))" in two.stdout and "mesh data=2 x fsdp=2 x tensor=1" in two.stdout
+    assert "(2 process(es))" in two.stdout and "mesh data=1 x fsdp=4 x tensor=1" in two.stdout
+    assert "sharding: backbone.embeddings.tokens.embedding (30522, 32): dimension 30522 (vocab) not split" in two.stdout
+    from safetensors import safe_open
+
+    with safe_open(inputs["root"] / "encoder" / "model.safetensors", "np") as stored:
+        sizes = {name: stored.get_slice(name).get_shape() for name in stored.keys()}
+    for i in range(2):
+        reads = json.loads((tmp_path / f"reads.p{i}").read_text())
+        matrices = {n: int(np.prod(shape)) for n, shape in sizes.items() if len(shape) == 2 and n in reads}
+        assert len(matrices) >= 2 * 6  # per layer: q, k, v, o, up, down; and the embeddings
+        for name, size in matrices.items():  # its half, read once; the token table (split over its rows only,
+            whole = name == "embeddings.word_embeddings.weight"  # which 4 devices do not divide) whole everywhere
+            assert reads[name] == (size if whole else size // 2), (i, name, reads[name], size)
+        assert all(reads[n] <= int(np.prod(sizes[n])) for n in reads)  # nothing read twice
     a, b = losses(tmp_path / "one"), losses(tmp_path / "two")
     assert a.keys() == b.keys() == set(range(1, 7))
     assert max(abs(a[s] - b[s]) for s in a) <= 1e-5, (a, b)

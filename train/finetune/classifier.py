@@ -11,9 +11,11 @@ from typing import Any
 import jax
 from flax import nnx
 
-from flaxzoo.models import BertForSequenceClassification, from_pretrained
+from flaxzoo.models import BertForSequenceClassification
+from flaxzoo.models.config import TransformerConfig
 from flaxzoo.models.checkpoint import find_step_dir
 from flaxzoo.models.hub.packaged import minilm_dir
+from flaxzoo.models.hub.sharded import load_sharded, pretrained_shapes
 from flaxzoo.models.lora import LoraConfig, LoraError, apply_lora, check_train_fully, frozen_and_trainable
 from flaxzoo.train.config import ConfigError
 from flaxzoo.train.finetune.config import SCRATCH, FinetuneConfig
@@ -29,30 +31,41 @@ def packaged_minilm() -> pathlib.Path:
                                 "--config.init_from") from None
 
 
-def load_classifier(cfg: FinetuneConfig, names: tuple[str, ...]) -> tuple[Any, dict, pathlib.Path | str]:
-    """``(model config, parameter dict, tokenizer source)`` of the classifier to fine-tune."""
+def describe_classifier(cfg: FinetuneConfig, names: tuple[str, ...]) -> tuple[TransformerConfig, Any]:
+    """``(model config, tokenizer source)`` of the classifier to fine-tune, from ``init_from``'s config and tensor
+    shapes alone (no weight is read: :func:`load_classifier_params` reads them, shard by shard)."""
     num_labels = len(names)
     if cfg.init_from == SCRATCH:
         remat, scan = cfg.execution(cfg.model.num_layers)
-        config = cfg.model.replace(num_labels=num_labels, remat=remat, scan_layers=scan)
-        model = jax.jit(lambda: nnx.split(BertForSequenceClassification(config, rngs=nnx.Rngs(cfg.seed)),
-                                          nnx.Param, ...)[1])()
-        return config, nnx.to_pure_dict(model), cfg.tokenizer
+        return cfg.model.replace(num_labels=num_labels, remat=remat, scan_layers=scan), cfg.tokenizer
     source = cfg.init_from or packaged_minilm()
     try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            layers = read_num_layers(source)
-            remat, scan = cfg.execution(layers) if layers else cfg.execution_without_depth()
-            model = from_pretrained(source, cls=BertForSequenceClassification, num_labels=num_labels, seed=cfg.seed,
-                                    scan_layers=scan)
-        for warning in caught:  # the head the encoder checkpoint lacks: expected here, said once
-            say(f"init: {warning.message}")
+        layers = read_num_layers(source)
+        remat, scan = cfg.execution(layers) if layers else cfg.execution_without_depth()
+        shapes = pretrained_shapes(source, cls=BertForSequenceClassification, num_labels=num_labels,
+                                   scan_layers=scan, param_dtype="float32")
     except ValueError as exc:
         raise ValueError(f"init_from={str(source)!r} cannot start a text classifier: {exc} (expected an encoder "
                          "checkpoint: a BERT / RoBERTa directory or Hub id, or a flaxzoo MLM work directory)") from None
-    return (model.config.replace(remat=remat), nnx.to_pure_dict(nnx.state(model, nnx.Param)),
-            cfg.tokenizer or source)
+    return shapes.config.replace(remat=remat), cfg.tokenizer or source
+
+
+def load_classifier_params(cfg: FinetuneConfig, config: TransformerConfig, shardings: Any) -> dict:
+    """The starting classifier's parameters (a pure-dict tree of global arrays laid out by ``shardings``): read from
+    ``init_from`` shard by shard (``flaxzoo.models.hub.sharded.load_sharded``: each process reads only the slices its
+    devices hold; the head the encoder checkpoint lacks is initialised at ``seed``, said once), or random for
+    ``"scratch"``, made under ``jax.jit`` already sharded. No device holds a whole array its sharding splits."""
+    if cfg.init_from == SCRATCH:
+        return jax.jit(lambda: nnx.to_pure_dict(nnx.split(BertForSequenceClassification(config, rngs=nnx.Rngs(
+            cfg.seed)), nnx.Param, ...)[1]), out_shardings=shardings)()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        params = load_sharded(cfg.init_from or packaged_minilm(), cls=BertForSequenceClassification,
+                              num_labels=config.num_labels, seed=cfg.seed, scan_layers=config.scan_layers,
+                              param_dtype="float32", shardings=shardings)
+    for warning in caught:  # the head the encoder checkpoint lacks: expected here, said once
+        say(f"init: {warning.message}")
+    return nnx.to_pure_dict(params)
 
 
 def read_num_layers(source: str | pathlib.Path) -> int | None:
@@ -95,4 +108,5 @@ def check_head_trained(lora: LoraConfig, cfg: FinetuneConfig, abstract: nnx.Modu
                                               "default 'head', or lora.targets to adapt 'head')")
 
 
-__all__ = ["adapt", "check_head_trained", "load_classifier", "packaged_minilm", "read_num_layers", "trainable_filter"]
+__all__ = ["adapt", "check_head_trained", "describe_classifier", "load_classifier_params", "packaged_minilm",
+           "read_num_layers", "trainable_filter"]

@@ -49,8 +49,8 @@ from flaxzoo.train import storage
 from flaxzoo.train.config import ConfigError
 from flaxzoo.train.finetune import vocab as vocablib
 from flaxzoo.train.finetune.config import SCRATCH, FinetuneConfig
-from flaxzoo.train.finetune.classifier import (adapt, check_head_trained, load_classifier, packaged_minilm,
-                                               trainable_filter)
+from flaxzoo.train.finetune.classifier import (adapt, check_head_trained, describe_classifier, load_classifier_params,
+                                               packaged_minilm, trainable_filter)
 from flaxzoo.train.engine import LoopSettings, Task, run_task
 from flaxzoo.train.finetune.batching import EpochIterator, class_weights, epoch_batches, hold_out_validation
 from flaxzoo.train.finetune.data import LabelledSplit, load_labelled
@@ -112,7 +112,7 @@ class Finetuner(Task):
         say(f"data: {self.data.split}; " + " / ".join(f"{len(t)} {s}" for s, t in self.data.texts.items())
             + f" examples; training classes {counts}"
             + "".join(f"; {n} empty {s} text(s) dropped" for s, n in self.data.dropped_empty.items() if n))
-        config, self.params, tokenizer_source = load_classifier(cfg, names)
+        config, tokenizer_source = describe_classifier(cfg, names)
         self.base = None
         if cfg.init_from != SCRATCH:
             from flaxzoo.models.hub.sources import open_source
@@ -120,8 +120,12 @@ class Finetuner(Task):
             source = cfg.init_from or packaged_minilm()
             self.base = {"path": str(source), "fingerprint": open_source(source).fingerprint()}
         self.tokenizer = load_tokenizer(tokenizer_source)
-        self.tokenizer, self.params, self.vocab_size, self.vocabulary = vocablib.apply_settings(
-            cfg.vocab, self.tokenizer, self.params, config.vocab_size, self.data.texts["train"])
+        self.extension, self.vocabulary = vocablib.apply_settings(cfg.vocab, self.tokenizer, config.vocab_size,
+                                                                  config.padded_vocab_size, self.data.texts["train"])
+        if self.extension is not None:
+            self.tokenizer = self.extension.tokenizer
+        loaded_vocab = config.vocab_size
+        self.vocab_size = self.extension.vocab_size if self.extension is not None else config.vocab_size
         config = config.replace(vocab_size=self.vocab_size, label_names=names,
                                 **({} if cfg.dropout < 0 else {"dropout": cfg.dropout}),
                                 dtype=cfg.resolved_dtype(), param_dtype="float32")
@@ -138,6 +142,11 @@ class Finetuner(Task):
         if self.lora is not None:  # a target or a train_fully entry that selects nothing: stop before any compile
             check_head_trained(self.lora, cfg, nnx.eval_shape(
                 lambda: adapt(self.lora, cfg, BertForSequenceClassification(config, rngs=nnx.Rngs(0)))))
+        self.unsplit: list[str] = []
+        self.param_total = sum(x.size for x in jax.tree.leaves(self._plain_abstract(config)))
+        loaded = self._plain_abstract(config.replace(vocab_size=loaded_vocab))  # the stored table's rows
+        self.params = load_classifier_params(cfg, config.replace(vocab_size=loaded_vocab), shardlib.param_shardings(
+            nnx.to_pure_dict(nnx.get_partition_spec(loaded)), nnx.to_pure_dict(loaded), self.mesh, self.unsplit))
         self.encoded = {split: encode_for_classification(self.tokenizer, texts, max_length=self.max_len,
                                                          truncation=cfg.data.truncation,
                                                          head_tokens=cfg.data.head_tokens)
@@ -148,6 +157,11 @@ class Finetuner(Task):
         return self.cfg.data.max_len
 
     # ------------------------------------------------------------------------------------------------- state
+    @staticmethod
+    def _plain_abstract(config) -> nnx.State:
+        """The parameters of a plain (not adapted) classifier in ``config``, as shapes."""
+        return nnx.state(nnx.eval_shape(lambda: BertForSequenceClassification(config, rngs=nnx.Rngs(0))), nnx.Param)
+
     def _classifier(self) -> BertForSequenceClassification:
         """A fresh classifier (with LoRA: adapted); traced inside ``jax.jit`` / ``nnx.eval_shape``."""
         model = BertForSequenceClassification(self.config, rngs=nnx.Rngs(self.cfg.seed))
@@ -158,13 +172,9 @@ class Finetuner(Task):
         host memory (each process fills the shards its devices hold), then the trained part and ``rest`` are split
         off under ``jax.jit`` with their shardings: no device holds more than its shards."""
         cfg, config, mesh = self.cfg, self.config, self.mesh
-        abstract_plain = nnx.eval_shape(lambda: BertForSequenceClassification(config, rngs=nnx.Rngs(0)))
-        plain_graphdef, plain_params, _ = nnx.split(abstract_plain, nnx.Param, ...)
+        plain_graphdef = nnx.graphdef(nnx.eval_shape(lambda: BertForSequenceClassification(config, rngs=nnx.Rngs(0))))
         abstract = nnx.eval_shape(self._classifier)
         self.graphdef, abstract_trained, abstract_rest = nnx.split(abstract, trainable_filter(self.lora, self.cfg), ...)
-        self.unsplit: list[str] = []
-        plain_shardings = shardlib.param_shardings(nnx.to_pure_dict(nnx.get_partition_spec(plain_params)),
-                                                   nnx.to_pure_dict(plain_params), mesh, self.unsplit)
         trained_logical = nnx.to_pure_dict(nnx.get_partition_spec(abstract_trained))
         abstract_trained = nnx.to_pure_dict(abstract_trained)
         param_shardings = shardlib.param_shardings(trained_logical, abstract_trained, mesh, self.unsplit)
@@ -191,9 +201,9 @@ class Finetuner(Task):
         self.placement = shardlib.BatchPlacement(self.batch_sharding, cfg.batch_size)
         self.eval_placement = shardlib.BatchPlacement(self.batch_sharding, cfg.eval_batch_size)
 
-        loaded = shardlib.global_from_host(jax.tree.map(np.asarray, self.params), plain_shardings)
-
         def split(params):
+            if self.extension is not None:  # the new words' rows, grown where the sharded table lies
+                params = vocablib.grow_table(jax.tree.map(lambda x: x, params), self.extension)
             model = nnx.merge(plain_graphdef, params, nnx.split(
                 BertForSequenceClassification(config, rngs=nnx.Rngs(cfg.seed)), nnx.Param, ...)[2])
             if self.lora is not None:
@@ -202,7 +212,6 @@ class Finetuner(Task):
             return new_train_state(nnx.to_pure_dict(trained), self.tx, cfg.seed), rest
 
         self.initial_state = jax.jit(split, out_shardings=(self.state_shardings, self.rest_shardings))
-        self.loaded = loaded
         activations = shardlib.activation_placement(mesh)
         shardings = (self.state_shardings, self.rest_shardings, self.batch_sharding, self.replicated)
 
@@ -256,14 +265,14 @@ class Finetuner(Task):
                 "data": self.data_position_settings(), "base": self.base}
 
     def initial(self):
-        return self.initial_state(self.loaded)
+        return self.initial_state(self.params)
 
     def resumed(self, restored):
-        return restored.state, self.initial_state(self.loaded)[1]
+        return restored.state, self.initial_state(self.params)[1]
 
     def prepare(self, start: int) -> None:
         cfg = self.cfg
-        total = sum(x.size for x in jax.tree.leaves(self.params))
+        total = self.param_total
         lora = (f" (LoRA rank {self.lora.rank} on {','.join(self.lora.targets)}, alpha {self.lora.alpha:g}: "
                 f"{self.trained_count:,} trained, {100 * self.trained_count / total:.2f}%)" if self.lora else "")
         say(f"model: {self.MODEL_CLASS} from {cfg.init_from or 'the packaged all-MiniLM-L6-v2'}, "
@@ -272,7 +281,7 @@ class Finetuner(Task):
             f"({jax.process_count()} process(es)); {cfg.epochs} epochs x {self.steps_per_epoch} steps of "
             f"{cfg.batch_size}"
             + (f"; head alone for the first {self.freeze_steps} steps" if self.freeze_steps else ""))
-        for line in self.unsplit:
+        for line in dict.fromkeys(self.unsplit):
             say(f"sharding: {line} (replicated on that axis)")
 
     def batches(self, position: int) -> EpochIterator:
@@ -327,7 +336,6 @@ class Finetuner(Task):
                                      profile_steps=cfg.profile_steps, checkpoint_directory="train_checkpoints")
         self._build(steps)
         result = run_task(self)
-        del self.loaded
         summary = FinetuneSummary(workdir=str(self.workdir), steps=steps, metrics=None, wall_s=0.0,
                                   train_s=result.train_s, last_step=result.last_step,
                                   resumed_from=result.resumed_from, stopped_by=result.stopped_by)

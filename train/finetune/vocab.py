@@ -13,6 +13,7 @@ import collections
 import dataclasses
 from typing import Any, Iterable, Sequence
 
+import jax.numpy as jnp
 import numpy as np
 import tokenizers
 
@@ -96,55 +97,93 @@ def token_table_path(params: dict) -> tuple:
     return found
 
 
-def extend_vocabulary(tokenizer: tokenizers.Tokenizer, params: dict, vocab_size: int, words: Sequence[str]
-                      ) -> tuple[tokenizers.Tokenizer, dict, int, list[str]]:
-    """Add ``words`` to a copy of ``tokenizer`` and rows for them to the token table of ``params``.
+@dataclasses.dataclass(frozen=True)
+class Extension:
+    """Words added to a tokenizer: the extended copy, each new token's id with the ids of the pieces it was cut
+    into, and the vocabulary size the token table grows to."""
 
-    Returns ``(tokenizer, params, vocab_size, added)``: a word already one token, or already in the vocabulary, is
-    skipped. The row of a new token is the mean of its pieces' rows; the model's ``vocab_size`` grows to hold the
-    largest new id."""
+    tokenizer: tokenizers.Tokenizer
+    rows: tuple[tuple[int, tuple[int, ...]], ...]
+    vocab_size: int
+    added: list[str]
+
+
+def plan_extension(tokenizer: tokenizers.Tokenizer, vocab_size: int, words: Sequence[str]) -> Extension:
+    """Add ``words`` to a copy of ``tokenizer`` (no weights touched): a word already one token, or already in the
+    vocabulary, is skipped; the vocabulary grows to hold the largest new id."""
     pieces = dict(zip(words, pieces_of(tokenizer, words)))
     vocab = tokenizer.get_vocab(with_added_tokens=True)
     todo = [w for w in dict.fromkeys(words) if w not in vocab and len(pieces[w]) > 1]
     extended = tokenizers.Tokenizer.from_str(tokenizer.to_str())
     extended.add_tokens([tokenizers.AddedToken(w, single_word=True, normalized=True) for w in todo])
+    ids = [extended.token_to_id(w) for w in todo]
+    if any(i is None for i in ids):
+        raise RuntimeError(f"the tokenizer did not take the words {[w for w, i in zip(todo, ids) if i is None]}")
+    return Extension(extended, tuple((i, tuple(pieces[w])) for w, i in zip(todo, ids)),
+                     max([vocab_size, *(i + 1 for i in ids)]), todo)
+
+
+def grow_table(params: dict, extension: Extension) -> dict:
+    """``params`` with the token table ``[vocab, hidden]`` grown to ``extension.vocab_size`` rows, the row of each
+    new token the mean of its pieces' rows (numpy arrays, or ``jax.numpy`` inside ``jax.jit``: the sharded table
+    of a fine-tune grows where it lies). ``params`` is changed in place and returned."""
     path = token_table_path(params)
     node = params
     for key in path[:-1]:
         node = node[key]
-    table = np.asarray(node[path[-1]])
-    if table.shape[0] != vocab_size:
-        raise ValueError(f"{dotted(path)} has {table.shape[0]} rows for vocab_size={vocab_size} (padding rows); "
-                         "extend the vocabulary of an unpadded model (pad_vocab_to=1)")
-    ids = [extended.token_to_id(w) for w in todo]
-    if any(i is None for i in ids):
-        raise RuntimeError(f"the tokenizer did not take the words {[w for w, i in zip(todo, ids) if i is None]}")
-    new_size = max([vocab_size, *(i + 1 for i in ids)])
-    rows = np.zeros((new_size, table.shape[1]), table.dtype)
-    rows[:table.shape[0]] = table
-    for word, i in zip(todo, ids):
-        rows[i] = table[pieces[word]].mean(axis=0)
+    table = node[path[-1]]
+    xp = np if isinstance(table, np.ndarray) else jnp
+    rows = xp.zeros((extension.vocab_size, table.shape[1]), table.dtype)
+    rows = xp.concatenate([table, rows[table.shape[0]:]]) if extension.vocab_size > table.shape[0] else table
+    for i, pieces in extension.rows:
+        mean = table[np.asarray(pieces)].mean(axis=0)
+        if xp is np:
+            rows[i] = mean
+        else:
+            rows = rows.at[i].set(mean)
     node[path[-1]] = rows
-    return extended, params, new_size, todo
+    return params
 
 
-def apply_settings(vcfg: Any, tokenizer: tokenizers.Tokenizer, params: dict, vocab_size: int,
-                   train_texts: Sequence[str]) -> tuple[tokenizers.Tokenizer, dict, int, dict[str, Any]]:
-    """``vocab.*`` applied: the words given and (``frequent``) the frequent split words of ``train_texts`` added to
-    the tokenizer and the table; returns ``(tokenizer, params, vocab_size, report)``, the report holding the word
-    statistics before and after."""
+def extend_vocabulary(tokenizer: tokenizers.Tokenizer, params: dict, vocab_size: int, words: Sequence[str]
+                      ) -> tuple[tokenizers.Tokenizer, dict, int, list[str]]:
+    """Add ``words`` to a copy of ``tokenizer`` and rows for them to the token table of ``params`` (host arrays):
+    :func:`plan_extension`, then :func:`grow_table`. Returns ``(tokenizer, params, vocab_size, added)``."""
+    path = token_table_path(params)
+    node = params
+    for key in path[:-1]:
+        node = node[key]
+    check_unpadded(node[path[-1]].shape[0], vocab_size, dotted(path))
+    extension = plan_extension(tokenizer, vocab_size, words)
+    node[path[-1]] = np.array(node[path[-1]])
+    return extension.tokenizer, grow_table(params, extension), extension.vocab_size, extension.added
+
+
+def check_unpadded(rows: int, vocab_size: int, where: str = "the token table") -> None:
+    """New token ids follow the vocabulary: a table with padding rows past it cannot take them."""
+    if rows != vocab_size:
+        raise ValueError(f"{where} has {rows} rows for vocab_size={vocab_size} (padding rows); extend the vocabulary "
+                         "of an unpadded model (pad_vocab_to=1)")
+
+
+def apply_settings(vcfg: Any, tokenizer: tokenizers.Tokenizer, vocab_size: int, table_rows: int,
+                   train_texts: Sequence[str]) -> tuple[Extension | None, dict[str, Any]]:
+    """``vocab.*`` applied to the tokenizer: the words given and (``frequent``) the frequent split words of
+    ``train_texts``; returns the :class:`Extension` (None when ``vocab.*`` adds nothing; the token table grows
+    later, by :func:`grow_table`) and the report with the word statistics before and after."""
     before = split_stats(tokenizer, train_texts, vcfg.min_pieces)
     report: dict[str, Any] = {"before": before.to_dict(), "min_pieces": vcfg.min_pieces, "added": 0}
     if not vcfg.enabled:
-        return tokenizer, params, vocab_size, report
+        return None, report
+    check_unpadded(table_rows, vocab_size)
     words = list(vcfg.given)
     if vcfg.frequent:
         words += frequent_split_words(tokenizer, train_texts, min_count=vcfg.min_count, min_pieces=vcfg.min_pieces,
                                       max_new=vcfg.max_new)
-    tokenizer, params, vocab_size, added = extend_vocabulary(tokenizer, params, vocab_size, words)
-    after = split_stats(tokenizer, train_texts, vcfg.min_pieces)
-    report.update(after=after.to_dict(), added=len(added), added_words=added[:50])
-    say(f"vocabulary: {len(added)} word(s) added; training words cut into >= {vcfg.min_pieces} pieces "
+    extension = plan_extension(tokenizer, vocab_size, words)
+    after = split_stats(extension.tokenizer, train_texts, vcfg.min_pieces)
+    report.update(after=after.to_dict(), added=len(extension.added), added_words=extension.added[:50])
+    say(f"vocabulary: {len(extension.added)} word(s) added; training words cut into >= {vcfg.min_pieces} pieces "
         f"{100 * before.split_fraction:.1f}% -> {100 * after.split_fraction:.1f}%, [UNK] "
         f"{100 * before.unk_rate:.2f}% -> {100 * after.unk_rate:.2f}%")
-    return tokenizer, params, vocab_size, report
+    return extension, report
