@@ -12,7 +12,7 @@
                                                   OSError the first TIMES times (0 = always);
                      FLAXZOO_TEST_PID_DIR=DIR     write this process's pid to DIR/p<i>;
                      FLAXZOO_TEST_READS=FILE      FILE.p<i>: the elements of each stored tensor this process read
-                                                  while loading a fine-tune's init_from (JSON).
+                                                  while loading init_from (JSON).
   shared TEMPLATE    ``flaxzoo.train.multihost.check_shared`` on one folder, then on a folder of each process's own.
   sleeper CODE       no JAX: print the process id, wait for SIGTERM / SIGINT (print it, exit 0) or exit CODE
                      after 0.5 s when CODE is not 0 and this is process 1 (the launcher's own tests).
@@ -100,9 +100,9 @@ def _install_faults() -> None:
         Checkpointer._read_state = read_state
     reads_file = os.environ.get("FLAXZOO_TEST_READS")
     if reads_file:  # count the elements this process reads of each stored tensor (load_sharded's on_read hook)
-        from flaxzoo.train.finetune import classifier
+        from flaxzoo.models.hub import sharded
 
-        load, counts = classifier.load_sharded, {}
+        load, counts = sharded.load_sharded, {}
 
         def counted(*args, **kwargs):
             def on_read(read):
@@ -112,7 +112,7 @@ def _install_faults() -> None:
             finally:
                 pathlib.Path(f"{reads_file}.p{jax.process_index()}").write_text(json.dumps(counts))
 
-        classifier.load_sharded = counted
+        sharded.load_sharded = counted
     delay = float(os.environ.get("FLAXZOO_TEST_STEP_DELAY", "0") or 0)
     if delay:
         from flaxzoo.train import loop

@@ -16,7 +16,7 @@ import time
 import pytest
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from train_helper import as_flags, overrides  # noqa: E402
+from train_helper import as_flags, overrides, tiny_base  # noqa: E402
 
 pytestmark = pytest.mark.multiprocess
 
@@ -301,3 +301,32 @@ def test_storage_that_is_not_shared_is_told_plainly_on_every_process(tmp_path):
         assert f"[p{i}] own folders, not required: shared=False" in proc.stdout
         assert f"[p{i}] refused: own folder {template.format(i)} is not shared storage: process(es) [1]" in proc.stdout
     assert not list(tmp_path.glob("disk*/.flaxzoo_shared_*"))  # the markers are removed
+
+
+def test_lora_from_pretrained_weights_over_two_processes_reads_halves_and_equals_one_process(data_dir, tmp_path):
+    """``init_from`` with several processes (pre-training's LoRA on a tiny Llama base, FSDP over the 4 devices of 2
+    processes): each process reads only the half of every stored matrix its devices hold (the weights are loaded
+    shard by shard), and the losses equal 1 process x 4 devices."""
+    from safetensors import safe_open
+
+    base = tiny_base(tmp_path / "base", data_dir)
+    values = overrides("lora", data_dir, init_from=str(base), steps=4, checkpoint_every=0, log_every=1,
+                       **{"mesh.data": 1, "mesh.fsdp": 4})
+    one = subprocess.run([sys.executable, "-m", "multihost_helper", "train", *as_flags("lora", values), "--workdir",
+                          str(tmp_path / "one")], cwd=REPO, env=env(JAX_NUM_CPU_DEVICES="4"), capture_output=True,
+                         text=True, timeout=300)
+    assert one.returncode == 0, one.stdout[-3000:] + one.stderr[-3000:]
+    two = launch("--module", "multihost_helper", "--", "train", *as_flags("lora", values), "--workdir",
+                 str(tmp_path / "two"), FLAXZOO_TEST_READS=str(tmp_path / "reads"))
+    assert two.returncode == 0, two.stdout[-3000:] + two.stderr[-5000:]
+    a, b = losses(tmp_path / "one"), losses(tmp_path / "two")
+    assert a.keys() == b.keys() == {1, 2, 3, 4} and max(abs(a[s] - b[s]) for s in a) <= 1e-5, (a, b)
+    with safe_open(base / "model.safetensors", "np") as stored:
+        shapes = {name: stored.get_slice(name).get_shape() for name in stored.keys()}
+    for i in range(2):
+        reads = json.loads((tmp_path / f"reads.p{i}").read_text())
+        matrices = [n for n, shape in shapes.items() if len(shape) == 2]
+        assert len(matrices) >= 7 * 2 and set(reads) == set(shapes)
+        for name in matrices:
+            rows, cols = shapes[name]
+            assert reads[name] == rows * cols // 2, (i, name, reads[name], shapes[name])

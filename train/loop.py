@@ -33,7 +33,6 @@ from flax import nnx
 from ml_collections import ConfigDict
 
 from flaxzoo.models.generate import generate
-from flaxzoo.models.lora import apply_lora
 from flaxzoo.train import data as datalib
 from flaxzoo.train import flops as flopslib
 from flaxzoo.train import multihost
@@ -88,10 +87,6 @@ class Trainer(Task):
                                       f"trainer has {len(self.devices)}")
         storage.check_paths(workdir, data_dir=config.data.data_dir, init_from=config.init_from,
                             compilation_cache_dir=config.compilation_cache_dir)
-        if config.init_from and multihost.is_multi_process():  # refused before any data work
-            raise ConfigError("init_from", f"{config.init_from!r}: pre-training from pretrained weights runs in one "
-                                           f"process; this launch has {jax.process_count()} (fine-tuning, "
-                                           "task='classify', takes init_from with several processes)")
         self.cfg = config
         self.workdir = resolve_workdir(workdir)
         if is_main():
@@ -187,7 +182,7 @@ class Trainer(Task):
             program = choice.program
         else:
             program = StepProgram(cfg, self.mesh)
-        for line in program.unsplit:  # replicated where the mesh meant to split: say so, once per parameter
+        for line in dict.fromkeys(program.unsplit):  # replicated where the mesh meant to split: said once each
             say(f"sharding: {line} (replicated on that axis)")
         self.program = program
         self.graphdef, self.tx, self.schedule, self.lora = program.graphdef, program.tx, program.schedule, program.lora
@@ -199,35 +194,24 @@ class Trainer(Task):
         self._train_step, self._eval_step, self._predict = program.train_step, program.eval_step, program.predict
         self._trainable = program.trainable
 
-    def _pretrained_model(self) -> nnx.Module:
-        """``init_from``'s model in this run's config (precision, layout), with LoRA adapters when asked for."""
-        from flaxzoo.models.hub import from_pretrained
-        from flaxzoo.models.modeling import assemble_model
+    def _pretrained(self):
+        """``(state, rest)`` from ``init_from``'s weights in this run's config (precision, layout), with LoRA adapters
+        when asked for: read shard by shard (``flaxzoo.models.hub.sharded.load_sharded``: each process reads only the
+        slices its devices hold), then split under ``jax.jit`` with the state's shardings."""
+        from flaxzoo.models.hub import sharded
 
-        loaded = from_pretrained(self.cfg.init_from, cls=self.model_cls, scan_layers=self.model_config.scan_layers)
-        values = {p: v.get_value() for p, v in nnx.to_flat_state(nnx.state(loaded, nnx.Param))}
-        model = assemble_model(self.model_config, self.model_cls, values)
-        model.train()
-        return apply_lora(model, self.lora, seed=self.cfg.seed) if self.lora else model
-
-    def _pretrained_rest(self, model: nnx.Module) -> Any:
-        _, _, rest = nnx.split(model, self._trainable, ...)
-        return jax.device_put(rest, self.rest_shardings)
+        plain = sharded.load_sharded(self.cfg.init_from, cls=self.model_cls, scan_layers=self.model_config.scan_layers,
+                             dtype=self.model_config.dtype, param_dtype=self.model_config.param_dtype,
+                             shardings=self.program.plain_shardings, seed=self.cfg.seed)
+        return self.program.init_from_plain(nnx.to_pure_dict(plain))
 
     def initial_state(self):
         """A fresh ``(state, rest)``, sharded over the mesh: random, or ``init_from``'s weights."""
-        if not self.cfg.init_from:
-            return self.program.init()
-        model = self._pretrained_model()
-        _, params, _ = nnx.split(model, self._trainable, ...)
-        params = jax.device_put(nnx.to_pure_dict(params), self.state_shardings["params"])
-        return self.program.state_of(params), self._pretrained_rest(model)
+        return self._pretrained() if self.cfg.init_from else self.program.init()
 
     def resumed_rest(self):
         """``rest`` for a resumed run: the RNG streams, and (``init_from``) the frozen base weights again."""
-        if not self.cfg.init_from:
-            return self.program.init_rest()
-        return self._pretrained_rest(self._pretrained_model())
+        return self._pretrained()[1] if self.cfg.init_from else self.program.init_rest()
 
     def meta(self) -> dict[str, Any]:
         extra: dict[str, Any] = {}

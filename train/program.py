@@ -90,6 +90,19 @@ class StepProgram:
         self.placement = shardlib.BatchPlacement(self.batch_sharding, cfg.batch_size)
         self.activation_placement = shardlib.activation_placement(mesh)
         self.init = jax.jit(init, out_shardings=(self.state_shardings, self.rest_shardings))
+
+        def from_plain(plain: Any) -> tuple[dict[str, Any], Any]:
+            fresh = cls(config, rngs=nnx.Rngs(seed))
+            graphdef, _, others = nnx.split(fresh, nnx.Param, ...)
+            model = nnx.merge(graphdef, plain, others)
+            _, params, rest = nnx.split(apply_lora(model, lora, seed=seed) if lora else model, self.trainable, ...)
+            return state_of(nnx.to_pure_dict(params)), rest
+
+        plain = nnx.state(abstract_model(config, cls), nnx.Param)
+        self.plain_shardings = shardlib.param_shardings(nnx.to_pure_dict(nnx.get_partition_spec(plain)),
+                                                        nnx.to_pure_dict(plain), mesh, self.unsplit)
+        # pretrained weights (the plain model's, sharded as plain_shardings) -> (state, rest), born sharded
+        self.init_from_plain = jax.jit(from_plain, out_shardings=(self.state_shardings, self.rest_shardings))
         self.init_rest = jax.jit(lambda: init()[1], out_shardings=self.rest_shardings)
         self.state_of = jax.jit(state_of, out_shardings=self.state_shardings)
         self.target = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract_state,

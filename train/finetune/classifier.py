@@ -15,7 +15,7 @@ from flaxzoo.models import BertForSequenceClassification
 from flaxzoo.models.config import TransformerConfig
 from flaxzoo.models.checkpoint import find_step_dir
 from flaxzoo.models.hub.packaged import minilm_dir
-from flaxzoo.models.hub.sharded import load_sharded, pretrained_shapes
+from flaxzoo.models.hub import sharded
 from flaxzoo.models.lora import LoraConfig, LoraError, apply_lora, check_train_fully, frozen_and_trainable
 from flaxzoo.train.config import ConfigError
 from flaxzoo.train.finetune.config import SCRATCH, FinetuneConfig
@@ -42,7 +42,7 @@ def describe_classifier(cfg: FinetuneConfig, names: tuple[str, ...]) -> tuple[Tr
     try:
         layers = read_num_layers(source)
         remat, scan = cfg.execution(layers) if layers else cfg.execution_without_depth()
-        shapes = pretrained_shapes(source, cls=BertForSequenceClassification, num_labels=num_labels,
+        shapes = sharded.pretrained_shapes(source, cls=BertForSequenceClassification, num_labels=num_labels,
                                    scan_layers=scan, param_dtype="float32")
     except ValueError as exc:
         raise ValueError(f"init_from={str(source)!r} cannot start a text classifier: {exc} (expected an encoder "
@@ -60,7 +60,7 @@ def load_classifier_params(cfg: FinetuneConfig, config: TransformerConfig, shard
             cfg.seed)), nnx.Param, ...)[1]), out_shardings=shardings)()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        params = load_sharded(cfg.init_from or packaged_minilm(), cls=BertForSequenceClassification,
+        params = sharded.load_sharded(cfg.init_from or packaged_minilm(), cls=BertForSequenceClassification,
                               num_labels=config.num_labels, seed=cfg.seed, scan_layers=config.scan_layers,
                               param_dtype="float32", shardings=shardings)
     for warning in caught:  # the head the encoder checkpoint lacks: expected here, said once
