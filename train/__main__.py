@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 
-    if config.get("task", None) == "classify":
+    if config.get("task", None) in ("classify", "tag"):
         return finetune_main(config, workdir)
 
     from flaxzoo.train.checkpoint import CheckpointError
@@ -216,7 +216,8 @@ def next_steps(workdir: str, argv: list[str], *, stopped: bool) -> str:
 
 
 def finetune_main(config, workdir: str) -> int:
-    """``task="classify"`` configs (``configs/finetune_cls.py``): fine-tune an encoder into a text classifier."""
+    """``task="classify"`` / ``"tag"`` configs (``configs/finetune_cls.py``, ``configs/finetune_ner.py``): fine-tune
+    an encoder into a text classifier or a token tagger."""
     from flaxzoo.train.checkpoint import CheckpointError
     from flaxzoo.train.config import ConfigError
     from flaxzoo.train.finetune.config import FinetuneConfig
@@ -229,6 +230,8 @@ def finetune_main(config, workdir: str) -> int:
         print(f"config error: {exc}", file=sys.stderr)
         return exit_codes.BAD_INPUT
     try:
+        if cfg.task == "tag":
+            from flaxzoo.train.finetune.tagger import Tagger as Finetuner
         finetuner = Finetuner(cfg, workdir)
     except ConfigError as exc:
         print(f"config error: {exc}", file=sys.stderr)

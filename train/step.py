@@ -136,8 +136,21 @@ def classification_loss(model: nnx.Module, batch: Batch, *, loss_chunk: int = 0,
     return jnp.sum(losses * weights), jnp.sum(weights), jnp.sum(hits * weights)
 
 
+def token_classification_loss(model: nnx.Module, batch: Batch, *, loss_chunk: int = 0,
+                              with_accuracy: bool | jax.Array = True) -> Sums:
+    """Per-token cross-entropy of a ``BertForTokenClassification`` on ``{"input_ids", "attention_mask", "labels"}``
+    (all ``[batch, seq]``; ``labels`` is ``IGNORE_INDEX`` where nothing is scored: special tokens, the pieces of a
+    word after its first, padding and the rows that complete an epoch's last batch): the sums over the scored
+    positions, so the step's mean is over them (Hugging Face's token classification). ``loss_chunk`` does not apply
+    (``num_labels`` logits per position)."""
+    del loss_chunk
+    logits = model(batch["input_ids"], batch.get("attention_mask"), batch.get("token_type_ids"))
+    labels = batch["labels"]
+    return token_cross_entropy(logits, labels, labels != IGNORE_INDEX, with_accuracy)
+
+
 LOSSES: dict[str, Callable[..., Sums]] = {"causal": causal_lm_loss, "mlm": masked_lm_loss,
-                                          "classify": classification_loss}
+                                          "classify": classification_loss, "token_classify": token_classification_loss}
 
 
 def global_norm(tree: Any) -> jax.Array:
@@ -330,16 +343,3 @@ def make_predict_probabilities(graphdef: nnx.GraphDef, placement: ActivationPlac
         return jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
 
     return predict
-
-
-def token_classification_loss(model: nnx.Module, batch: Batch, *, loss_chunk: int = 0,
-                              with_accuracy: bool | jax.Array = True) -> Sums:
-    """Per-token cross-entropy of a ``BertForTokenClassification`` on ``{"input_ids", "attention_mask", "labels"}``
-    (all ``[batch, seq]``; ``labels`` is ``IGNORE_INDEX`` where nothing is scored: special tokens, the pieces of a
-    word after its first, padding and the rows that complete an epoch's last batch): the sums over the scored
-    positions, so the step's mean is over them (Hugging Face's token classification). ``loss_chunk`` does not apply
-    (``num_labels`` logits per position)."""
-    del loss_chunk
-    logits = model(batch["input_ids"], batch.get("attention_mask"), batch.get("token_type_ids"))
-    labels = batch["labels"]
-    return token_cross_entropy(logits, labels, labels != IGNORE_INDEX, with_accuracy)

@@ -31,7 +31,8 @@ def packaged_minilm() -> pathlib.Path:
                                 "--config.init_from") from None
 
 
-def describe_classifier(cfg: FinetuneConfig, names: tuple[str, ...]) -> tuple[TransformerConfig, Any]:
+def describe_classifier(cfg: FinetuneConfig, names: tuple[str, ...], cls: type = BertForSequenceClassification
+                        ) -> tuple[TransformerConfig, Any]:
     """``(model config, tokenizer source)`` of the classifier to fine-tune, from ``init_from``'s config and tensor
     shapes alone (no weight is read: :func:`load_classifier_params` reads them, shard by shard)."""
     num_labels = len(names)
@@ -42,7 +43,7 @@ def describe_classifier(cfg: FinetuneConfig, names: tuple[str, ...]) -> tuple[Tr
     try:
         layers = read_num_layers(source)
         remat, scan = cfg.execution(layers) if layers else cfg.execution_without_depth()
-        shapes = sharded.pretrained_shapes(source, cls=BertForSequenceClassification, num_labels=num_labels,
+        shapes = sharded.pretrained_shapes(source, cls=cls, num_labels=num_labels,
                                    scan_layers=scan, param_dtype="float32")
     except ValueError as exc:
         raise ValueError(f"init_from={str(source)!r} cannot start a text classifier: {exc} (expected an encoder "
@@ -50,17 +51,18 @@ def describe_classifier(cfg: FinetuneConfig, names: tuple[str, ...]) -> tuple[Tr
     return shapes.config.replace(remat=remat), cfg.tokenizer or source
 
 
-def load_classifier_params(cfg: FinetuneConfig, config: TransformerConfig, shardings: Any) -> dict:
+def load_classifier_params(cfg: FinetuneConfig, config: TransformerConfig, shardings: Any,
+                           cls: type = BertForSequenceClassification) -> dict:
     """The starting classifier's parameters (a pure-dict tree of global arrays laid out by ``shardings``): read from
     ``init_from`` shard by shard (``flaxzoo.models.hub.sharded.load_sharded``: each process reads only the slices its
     devices hold; the head the encoder checkpoint lacks is initialised at ``seed``, said once), or random for
     ``"scratch"``, made under ``jax.jit`` already sharded. No device holds a whole array its sharding splits."""
     if cfg.init_from == SCRATCH:
-        return jax.jit(lambda: nnx.to_pure_dict(nnx.split(BertForSequenceClassification(config, rngs=nnx.Rngs(
-            cfg.seed)), nnx.Param, ...)[1]), out_shardings=shardings)()
+        return jax.jit(lambda: nnx.to_pure_dict(nnx.split(cls(config, rngs=nnx.Rngs(cfg.seed)), nnx.Param, ...)[1]),
+                       out_shardings=shardings)()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        params = sharded.load_sharded(cfg.init_from or packaged_minilm(), cls=BertForSequenceClassification,
+        params = sharded.load_sharded(cfg.init_from or packaged_minilm(), cls=cls,
                               num_labels=config.num_labels, seed=cfg.seed, scan_layers=config.scan_layers,
                               param_dtype="float32", shardings=shardings)
     for warning in caught:  # the head the encoder checkpoint lacks: expected here, said once

@@ -27,7 +27,7 @@ from flaxzoo.train import sharding as shardlib
 from flaxzoo.train.config import execution_defaults
 from flaxzoo.train.finetune.config import SCRATCH, FinetuneConfig
 from flaxzoo.train.finetune.classifier import packaged_minilm, read_num_layers
-from flaxzoo.train.finetune.trainer import is_head
+from flaxzoo.train.finetune.task import is_head
 from flaxzoo.train.optim import make_finetune_optimizer
 from flaxzoo.train.step import make_train_step, new_train_state
 from flaxzoo.train.targets import Target

@@ -60,6 +60,7 @@ from flaxzoo.train.finetune.data import SOURCES
 from flaxzoo.train.precision import training_precision_error
 
 TASK = "classify"
+TASKS = (TASK, "tag")  # a label per text (sequence classification); a tag per word (token classification, NER)
 SCRATCH = "scratch"
 CLASS_WEIGHTS = ("none", "balanced")
 # What LoRA fine-tuning trains in full when lora.train_fully is "": flaxzoo.models.lora's "head", the modules outside the
@@ -75,6 +76,7 @@ class ClassifyDataConfig(Section):
     source: str = checked("bbc_headlines", choice(*SOURCES))
     train_path: str = checked("", TEXT)
     test_path: str = checked("", TEXT)
+    validation_path: str = checked("", TEXT)  # task="tag": a CoNLL file scored at eval_every and the end
     text_field: str = checked("text", TEXT)
     label_field: str = checked("label", TEXT)
     label_names: str = checked("", TEXT)  # comma-separated: the classes and their order ("" = the data's, sorted)
@@ -146,7 +148,7 @@ class FinetuneConfig(Section):
     vocab: VocabConfig
     model: TransformerConfig | None  # "scratch" only
     lora: LoraSettings = dataclasses.field(default_factory=LoraSettings)
-    task: str = checked(TASK, choice(TASK))
+    task: str = checked(TASK, choice(*TASKS))
     init_from: str = checked("", TEXT)
     tokenizer: str = checked("", TEXT)
     epochs: int = checked(8, integer(1))
@@ -196,10 +198,33 @@ class FinetuneConfig(Section):
             raise ConfigError("optim.warmup_steps", f"{self.optim.warmup_steps} and warmup_ratio="
                                                     f"{self.warmup_ratio} are both set; expected one of them (the "
                                                     "other 0)")
+        if self.task == "tag":
+            self._validate_tagging()
+        elif self.data.validation_path:
+            raise ConfigError("data.validation_path", f"{self.data.validation_path!r} applies to task='tag'; expected "
+                                                      "'' (task='classify' holds out data.validation_fraction)")
         if self.lora.enabled and self.init_from == SCRATCH:
             raise ConfigError("lora.rank", f"{self.lora.rank}: LoRA adapts a pretrained encoder, but init_from="
                                            f"'scratch' starts from random weights; expected lora.rank=0 (train every "
                                            "parameter) or a pretrained init_from")
+
+    def _validate_tagging(self) -> None:
+        """``task="tag"``: CoNLL files in, the settings that belong to texts with one label refused by name."""
+        data = self.data
+        if data.source != "files" or not data.test_path:
+            key = "data.source" if data.source != "files" else "data.test_path"
+            raise ConfigError(key, f"{getattr(data, key.split('.')[1])!r}: task='tag' reads CoNLL files; expected "
+                                   "data.source='files' with data.train_path and data.test_path (a token and its tag "
+                                   "per line, blank lines between sentences)")
+        refused = {"class_weights": (self.class_weights, "none"),
+                   "data.validation_fraction": (data.validation_fraction, 0.0),
+                   "data.truncation": (data.truncation, "head"), "vocab.frequent": (self.vocab.frequent, False),
+                   "vocab.tokens": (self.vocab.tokens, "")}
+        for key, (value, default) in refused.items():
+            if value != default:
+                raise ConfigError(key, f"{value!r} applies to task='classify' (one label per text); expected "
+                                       f"{default!r} with task='tag'" + (" (a validation split: data.validation_path)"
+                                                                         if key == "data.validation_fraction" else ""))
 
     @property
     def fully_trained(self) -> tuple[str, ...]:
