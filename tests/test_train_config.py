@@ -23,7 +23,7 @@ from flaxzoo.train.config import ConfigError, MeshConfig, OptimConfig, TrainConf
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 ALL_CONFIGS = sorted(p.stem for p in (REPO / "configs").glob("*.py") if not p.stem.startswith("_"))
-FINETUNE_CONFIGS = ("finetune_cls", "headlines_from_scratch")  # task="classify": train/finetune's config
+FINETUNE_CONFIGS = ("finetune_cls", "finetune_ner", "headlines_from_scratch")  # task "classify" / "tag": train/finetune
 CONFIGS = [name for name in ALL_CONFIGS if name not in FINETUNE_CONFIGS]
 
 
@@ -54,6 +54,19 @@ def test_every_config_resolves(name, devices):
     assert cfg.data.vocab_size <= cfg.model.vocab_size
     assert cfg.objective == cfg.data.objective == ("causal" if cfg.model.causal else "mlm")
     assert json.loads(json.dumps(cfg.to_json_dict()))["steps"] == config.steps  # a checkpoint's meta keeps it
+
+
+@pytest.mark.parametrize("name", FINETUNE_CONFIGS)
+def test_every_finetune_config_resolves(name):
+    from flaxzoo.train.finetune.config import FinetuneConfig
+
+    config = load_config(name)
+    if config.task == "tag":  # CoNLL files are the user's: the config names none
+        with pytest.raises(ConfigError, match="^data.train_path: ''"):
+            FinetuneConfig.from_config_dict(config, 1)
+        config.data.train_path, config.data.test_path = "train.txt", "test.txt"
+    cfg = FinetuneConfig.from_config_dict(config, 1)
+    assert cfg.task == config.task and cfg.mesh.shape == (1, 1, 1)
 
 
 def test_named_configs_have_the_advertised_sizes():

@@ -312,6 +312,9 @@ def compile_config(config: ConfigDict, target: Target, *, step: str = "train",
 
 def _compile_config(config: ConfigDict, target: Target, devices: list[jax.Device], *, step: str,
                     dump_hlo: str | None) -> list[Report]:
+    if config.get("task", None) == "tag":
+        raise ConfigError("task", "'tag': the compile-only build covers pre-training and task='classify'; expected one "
+                                  "of those (token classification is not compiled for a target yet)")
     if config.get("task", None) == "classify":
         report, compiled = compile_finetune(config, target, devices, report=_report)
         if dump_hlo:
