@@ -33,8 +33,8 @@ from flax import nnx
 
 from flaxzoo.models.families import model_classes
 
-__all__ = ["FORMAT", "VERSION", "checkpoint_meta", "find_step_dir", "param_metadata", "read_meta", "restore_params",
-           "save_checkpoint"]
+__all__ = ["FORMAT", "VERSION", "checkpoint_meta", "find_step_dir", "param_metadata", "quiet_orbax", "read_meta",
+           "restore_params", "save_checkpoint"]
 
 FORMAT = "flaxzoo"
 VERSION = 1
@@ -77,7 +77,7 @@ def _ocp():
 
 
 @contextlib.contextmanager
-def _quiet():
+def quiet_orbax():
     """Silence orbax's absl warnings about reading one item directly (no manager-level metadata file there)."""
     from absl import logging as absl_logging
 
@@ -93,7 +93,7 @@ def read_meta(step_dir: pathlib.Path) -> dict[str, Any]:
     """The ``meta`` item of a step, checked to be a flaxzoo checkpoint of a version this code reads."""
     ocp = _ocp()
     step_dir = local_path(step_dir)
-    with _quiet(), ocp.Checkpointer(ocp.JsonCheckpointHandler()) as checkpointer:
+    with quiet_orbax(), ocp.Checkpointer(ocp.JsonCheckpointHandler()) as checkpointer:
         meta = checkpointer.restore(step_dir / META, args=ocp.args.JsonRestore())
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         found = meta.get("format") if isinstance(meta, dict) else type(meta).__name__
@@ -122,7 +122,7 @@ def param_metadata(step_dir: str | pathlib.Path) -> dict[ParamPath, Any]:
     ``state`` item's metadata; no array is read."""
     ocp = _ocp()
     step_dir = local_path(step_dir)
-    with _quiet(), ocp.Checkpointer(ocp.PyTreeCheckpointHandler()) as checkpointer:
+    with quiet_orbax(), ocp.Checkpointer(ocp.PyTreeCheckpointHandler()) as checkpointer:
         tree = checkpointer.metadata(step_dir / STATE)
     tree = getattr(tree, "item_metadata", tree)
     tree = getattr(tree, "tree", tree)
@@ -152,7 +152,7 @@ def restore_params(step_dir: str | pathlib.Path, stored: Mapping[ParamPath, Any]
             node = node.setdefault(k, {})
         node[p[-1]] = jax.ShapeDtypeStruct(tuple(leaf.shape), np.dtype(leaf.dtype), sharding=device)
     item = {"params": target}
-    with _quiet(), ocp.Checkpointer(ocp.PyTreeCheckpointHandler()) as checkpointer:
+    with quiet_orbax(), ocp.Checkpointer(ocp.PyTreeCheckpointHandler()) as checkpointer:
         restored = checkpointer.restore(step_dir / STATE, args=ocp.args.PyTreeRestore(
             item=item, restore_args=ocp.checkpoint_utils.construct_restore_args(item), partial_restore=True))
     return {tuple(_key(k) for k in p): leaf for p, leaf in jax.tree_util.tree_flatten_with_path(restored["params"])[0]}

@@ -12,16 +12,15 @@ either.
 
 from __future__ import annotations
 
-import contextlib
 import math
-from typing import Any, Iterator, Mapping
+from typing import Any, Mapping
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
-from flaxzoo.models.checkpoint import STATE, param_metadata
+from flaxzoo.models.checkpoint import STATE, param_metadata, quiet_orbax
 from flaxzoo.models.families.base import ParamPath, dotted
 from flaxzoo.models.hub.sharded_plan import Prepared, flat_tree, layer_groups
 from flaxzoo.models.layers.stack import is_stacked_path, unstack_layer_values
@@ -63,19 +62,6 @@ def fit(sharding: NamedSharding, spec: tuple[Any, ...], shape: tuple[int, ...]) 
     return NamedSharding(sharding.mesh, PartitionSpec(*out))
 
 
-@contextlib.contextmanager
-def _quiet() -> Iterator[None]:
-    """orbax's absl warnings about reading one item directly, silenced."""
-    from absl import logging as absl_logging
-
-    level = absl_logging.get_verbosity()
-    absl_logging.set_verbosity(absl_logging.ERROR)
-    try:
-        yield
-    finally:
-        absl_logging.set_verbosity(level)
-
-
 def restore(step_dir: Any, targets: Mapping[ParamPath, jax.ShapeDtypeStruct]) -> dict[ParamPath, jax.Array]:
     """The stored parameters ``targets`` names (stored paths), restored by orbax into the targets' shardings."""
     import orbax.checkpoint as ocp  # heavy: imported on use
@@ -87,7 +73,7 @@ def restore(step_dir: Any, targets: Mapping[ParamPath, jax.ShapeDtypeStruct]) ->
             node = node.setdefault(key, {})
         node[path[-1]] = struct
     item = {"params": tree}
-    with _quiet(), ocp.Checkpointer(ocp.PyTreeCheckpointHandler()) as checkpointer:
+    with quiet_orbax(), ocp.Checkpointer(ocp.PyTreeCheckpointHandler()) as checkpointer:
         restored = checkpointer.restore(step_dir / STATE, args=ocp.args.PyTreeRestore(
             item=item, restore_args=ocp.checkpoint_utils.construct_restore_args(item), partial_restore=True))
     return flat_tree(restored["params"])
