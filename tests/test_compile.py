@@ -240,6 +240,29 @@ def test_finetune_config_compiles_the_finetuners_step(minilm_dir):
     assert report.tokens_per_step == 32 * 64  # batch_size x data.max_len
 
 
+def test_tagging_config_compiles_the_taggers_step_without_data_files(minilm_dir, tmp_path):
+    """``configs/finetune_ner.py`` (``task="tag"``) as shipped: it names no CoNLL file, and none is needed; the step
+    is the tagger's (``BertForTokenClassification``, the per-token loss), its head one logit per tag at every
+    position of each device's rows, with the default 9 tags (CoNLL-2003's BIO)."""
+    from flaxzoo.models import BertForTokenClassification
+    from flaxzoo.models.hub.sources import open_source
+    from flaxzoo.train import flops as flopslib
+    from flaxzoo.train.finetune.compile import DEFAULT_TAGS
+
+    need("gpu")  # as the classify compile above (on 2 CPU cores: 32 s for h100x8, 56 s for v5e-8)
+    config = compilelib.load_config("finetune_ner", [f"--config.init_from={minilm_dir}"])
+    assert not config.data.train_path and not config.data.test_path
+    report = compilelib.compile_config(config, targets.parse_target(GPU), dump_hlo=str(tmp_path))[0]
+    assert report.step == "train (fine-tune, task=tag)" and report.fits and report.bytes_per_device > 0
+    assert report.mesh == {"data": 8, "fsdp": 1, "tensor": 1} and report.tokens_per_step == 32 * 128
+    assert DEFAULT_TAGS == 9 and any("compiled with 9" in note for note in report.notes)
+    encoder = open_source(minilm_dir).describe()[0].replace(num_labels=DEFAULT_TAGS)
+    per_token = flopslib.flops_per_token(encoder, 128, BertForTokenClassification)
+    assert report.flops_per_device == pytest.approx(per_token * 32 * 128 / 8)
+    hlo = (tmp_path / f"{GPU}x1_finetune_tag.hlo.txt").read_text()
+    assert re.search(r"\[4,128,9\]", hlo)  # the tag logits: 32 rows / 8 GPUs x max_len 128 x 9 tags
+
+
 def test_lora_config_compiles_in_bfloat16():
     """LoRA on the packaged SmolLM2 with the accelerators' bfloat16 compute and scanned layers: qwix's float32
     adapters once turned the residual stream float32 inside the scan ("carry input and carry output must have equal

@@ -1,18 +1,19 @@
-"""``python -m flaxzoo.train.compile --config configs/X.py --target TARGET [--slices N] [--config.KEY=VALUE ...] [--json]
-[--dump-hlo DIR] [--step train|eval|generate]``
+"""``python -m flaxzoo.train.compile --config configs/X.py --target TARGET [--slices N] [--config.KEY=VALUE ...]
+[--json] [--dump-hlo DIR] [--step train|eval|generate]``
 
 Compiles, on this (CPU) machine, exactly the step ``python -m flaxzoo.train`` would run for the config on the target's
 devices: the same model, mesh, shardings, batch (``segment_ids`` included), optimizer, accumulation, remat, loss
-chunking and precision (``flaxzoo.train.program.StepProgram``), from abstract values only: nothing is allocated and no data
-is read. Fine-tuning configs (``task="classify"``) compile the fine-tuner's step. Targets (``flaxzoo.train.targets``): TPU
-``v4-8``, ``v5e-1/4/8/16/...``, ``v5p-8/16/...``, ``v6e-1/4/8/...`` (``--slices N`` for several slices), GPU ``h100xN``,
-``a100xN``. Needs the ``aot`` extra (``pip install "flaxzoo[aot]"``: libtpu and the CUDA compiler plugin).
+chunking and precision (``flaxzoo.train.program.StepProgram``), from abstract values only: nothing is allocated and no
+data is read. Fine-tuning configs (``task="classify"``, ``task="tag"``) compile the fine-tuner's step
+(``flaxzoo.train.finetune.compile``). Targets (``flaxzoo.train.targets``): TPU ``v4-8``, ``v5e-1/4/8/16/...``,
+``v5p-8/16/...``, ``v6e-1/4/8/...`` (``--slices N`` for several slices), GPU ``h100xN``, ``a100xN``. Needs the
+``aot`` extra (``pip install "flaxzoo[aot]"``: libtpu and the CUDA compiler plugin).
 
 It prints the devices and mesh; per-device memory (arguments, outputs, temporaries, code) against the chip's, with
-fits / does not fit and, when it does not, the largest buffers; model FLOPs per device (analytic, ``flaxzoo.train.flops``:
-XLA's cost analysis counts a loop body once); a roofline lower bound of the step time; the collectives by kind; the
-attention kernel found in the compiled HLO. ``--json``: the same as one JSON line. ``docs/accelerators.md`` says what
-a compile proves and what it does not.
+fits / does not fit and, when it does not, the largest buffers; model FLOPs per device (analytic,
+``flaxzoo.train.flops``: XLA's cost analysis counts a loop body once); a roofline lower bound of the step time; the
+collectives by kind; the attention kernel found in the compiled HLO. ``--json``: the same as one JSON line.
+``docs/accelerators.md`` says what a compile proves and what it does not.
 
 Exit codes: 0 compiled (on GPU also when it does not fit: XLA's GPU compiler does not refuse it, and the report says
 so with the largest buffers), 1 the compile failed (on TPU a program over HBM is refused: the message says how much
@@ -31,7 +32,8 @@ import time
 
 # Several test processes may compile for TPU at once; libtpu refuses a second loader without this.
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
-# The CUDA plugin checks NVIDIA's libraries when JAX starts, and a CPU host has none (flaxzoo.train.targets registers it).
+# The CUDA plugin checks NVIDIA's libraries when JAX starts, and a CPU host has none (flaxzoo.train.targets
+# registers it).
 os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")
 
 import jax  # noqa: E402
@@ -48,6 +50,7 @@ from flaxzoo.train import sharding as shardlib  # noqa: E402
 from flaxzoo.train.__main__ import DEFAULT_CONFIG, resolve_config_argument  # noqa: E402
 from flaxzoo.train.config import ConfigError, TrainConfig  # noqa: E402
 from flaxzoo.train.finetune.compile import compile_finetune  # noqa: E402
+from flaxzoo.train.finetune.config import TASKS as FINETUNE_TASKS  # noqa: E402
 from flaxzoo.train.program import MemoryFigures, StepProgram, choose_remat  # noqa: E402
 from flaxzoo.train.targets import Target, compile_devices, parse_target, persistent_cache_off  # noqa: E402
 
@@ -181,7 +184,8 @@ def compile_pretraining(cfg: TrainConfig, target: Target, devices: list[jax.Devi
     attention = attention_backend(cfg.model, q_len=cfg.seq_len, masked=True, training=step == "train",
                                   platform=platform)
     return [_report(target, step, devices, mesh, compiled, flops_total=per_token * tokens,
-                    flops_source="analytic model FLOPs, flaxzoo.train.flops (6N + 12LTd; XLA counts a scanned layer once)",
+                    flops_source="analytic model FLOPs, flaxzoo.train.flops (6N + 12LTd; XLA counts a scanned layer "
+                                 "once)",
                     tokens=tokens, attention=attention, remat=cfg.model.remat, scan_layers=cfg.model.scan_layers,
                     compile_s=compile_s, notes=notes)]
 
@@ -285,7 +289,8 @@ def table(configs: list[str], target_names: list[str], overrides: list[str], *, 
 
 
 def load_config(config: str, overrides: list[str]) -> ConfigDict:
-    """The ``ConfigDict`` of ``--config`` with ``--config.KEY=VALUE`` overrides, as ``python -m flaxzoo.train`` reads it."""
+    """The ``ConfigDict`` of ``--config`` with ``--config.KEY=VALUE`` overrides, as ``python -m flaxzoo.train`` reads
+    it."""
     argv, error = resolve_config_argument(["compile", f"--config={config}", *overrides])
     if error:
         raise ConfigError("config", error)
@@ -304,7 +309,7 @@ def load_config(config: str, overrides: list[str]) -> ConfigDict:
 
 def compile_config(config: ConfigDict, target: Target, *, step: str = "train",
                    dump_hlo: str | None = None) -> list[Report]:
-    """Compile a ``ConfigDict`` (pre-training or ``task="classify"``) for ``target``; its reports."""
+    """Compile a ``ConfigDict`` (pre-training, ``task="classify"`` or ``task="tag"``) for ``target``; its reports."""
     devices = compile_devices(target)
     with persistent_cache_off():  # compile-only executables can be stored in it but not loaded back
         return _compile_config(config, target, devices, step=step, dump_hlo=dump_hlo)
@@ -312,13 +317,12 @@ def compile_config(config: ConfigDict, target: Target, *, step: str = "train",
 
 def _compile_config(config: ConfigDict, target: Target, devices: list[jax.Device], *, step: str,
                     dump_hlo: str | None) -> list[Report]:
-    if config.get("task", None) == "tag":
-        raise ConfigError("task", "'tag': the compile-only build covers pre-training and task='classify'; expected one "
-                                  "of those (token classification is not compiled for a target yet)")
-    if config.get("task", None) == "classify":
+    task = config.get("task", None)
+    if task in FINETUNE_TASKS:
         report, compiled = compile_finetune(config, target, devices, report=_report)
         if dump_hlo:
-            _dump(dump_hlo, f"{target.name}x{target.slices}_finetune", compiled)
+            _dump(dump_hlo, f"{target.name}x{target.slices}_finetune" + ("" if task == "classify" else f"_{task}"),
+                  compiled)
         return [report]
     cfg = TrainConfig.from_config_dict(config, len(devices), backend=shardlib.platform_of(devices[0]))
     return compile_pretraining(cfg, target, devices, step=step, dump_hlo=dump_hlo)
