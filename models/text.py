@@ -14,8 +14,9 @@ when it has one (``load_tokenizer`` of a sentence-transformers folder sets sente
 
 from __future__ import annotations
 
+import os
 from functools import partial
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -23,14 +24,15 @@ import numpy as np
 import tokenizers
 from flax import nnx
 
+from flaxzoo.models.chat import ChatTemplate, load_chat_template
 from flaxzoo.models.families.bert import BertForSequenceClassification
 from flaxzoo.models.families.gpt2 import GPTForCausalLM
 from flaxzoo.models.generate import eval_split, generate
 from flaxzoo.models.layers.stack import TransformerStack
 
-__all__ = ["Classifier", "PAD_MULTIPLE", "TRUNCATION_STRATEGIES", "classify", "embed", "encode_for_classification",
-           "encode_texts", "generate_text", "pad_batch", "plain_tokenizer", "resolve_max_length", "truncate_ids",
-           "truncating_tokenizer"]
+__all__ = ["Classifier", "PAD_MULTIPLE", "TRUNCATION_STRATEGIES", "chat_prompts", "classify", "embed",
+           "encode_for_classification", "encode_texts", "generate_text", "pad_batch", "plain_tokenizer",
+           "resolve_max_length", "truncate_ids", "truncating_tokenizer"]
 
 PAD_MULTIPLE = 8  # batches are padded to a multiple of this many tokens
 TRUNCATION_STRATEGIES = ("head", "head_tail")
@@ -161,12 +163,20 @@ def embed(model: nnx.Module, tokenizer: tokenizers.Tokenizer, texts: str | Seque
 
 
 # ------------------------------------------------------------------------------------------------ generate_text
-def generate_text(model: nnx.Module, tokenizer: tokenizers.Tokenizer, prompt: str | Sequence[str], *,
-                  max_new_tokens: int = 32, temperature: float = 0.0, top_k: int | None = None,
-                  top_p: float | None = None, eos_token_id: int | Sequence[int] | None = None,
+def generate_text(model: nnx.Module, tokenizer: tokenizers.Tokenizer,
+                  prompt: str | Sequence[str] | None = None, *, max_new_tokens: int = 32,
+                  temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
+                  eos_token_id: int | Sequence[int] | None = None,
                   stop_at_eos: bool = True, add_bos: bool | None = None, rng: jax.Array | None = None,
-                  seed: int | None = None, skip_special_tokens: bool = True) -> str | list[str]:
+                  seed: int | None = None, skip_special_tokens: bool = True,
+                  messages: Sequence[Mapping] | Sequence[Sequence[Mapping]] | None = None,
+                  chat_template: ChatTemplate | str | os.PathLike | None = None) -> str | list[str]:
     """Continue ``prompt`` (one string or a list, batched with left padding) and return only the new text.
+
+    Or, instead of a prompt, answer ``messages``: one conversation (a list of ``{"role", "content"}`` mappings;
+    returns a string) or a list of them (returns a list), each rendered with ``chat_template`` and the header of
+    the assistant's reply (``flaxzoo.models.chat.apply_chat_template(chat_template, conversation,
+    add_generation_prompt=True)``), then continued like a prompt.
 
     Args:
       max_new_tokens, temperature, top_k, top_p, rng, seed: as ``flaxzoo.models.generate`` (temperature 0 = greedy; sampling
@@ -177,11 +187,30 @@ def generate_text(model: nnx.Module, tokenizer: tokenizers.Tokenizer, prompt: st
         none); True: make sure each prompt starts with ``config.bos_token_id``; False: encode without special
         tokens.
       skip_special_tokens: leave special tokens out of the decoded text.
+      messages: a conversation (or a list of them) to answer; pass either ``prompt`` or ``messages``. A rendered
+        conversation already holds the special tokens its template writes (as Hugging Face's tokenized
+        ``apply_chat_template`` does), so ``add_bos=None`` encodes it without the tokenizer's own; True / False as
+        for a prompt.
+      chat_template: with ``messages``: where the model's chat template is (its Hugging Face directory, GGUF file
+        or packaged name, as ``from_pretrained`` takes), the template text, or a ``ChatTemplate``. Required: a
+        ``tokenizers.Tokenizer`` carries no template.
 
-    Returns a string for a string prompt, else a list of strings.
+    Returns a string for a string prompt or one conversation, else a list of strings.
     """
     if not isinstance(model, GPTForCausalLM):
         raise ValueError(f"generate_text needs a causal LM (GPTForCausalLM); got {type(model).__name__}")
+    if messages is not None:
+        if prompt is not None:
+            raise ValueError("generate_text takes a prompt or messages, not both")
+        if chat_template is None:
+            raise ValueError("messages= needs chat_template=: the model's directory, GGUF file or packaged name (or "
+                             "the template text); a tokenizers.Tokenizer carries no chat template")
+        prompt = chat_prompts(messages, chat_template)
+        add_bos = False if add_bos is None else add_bos
+    elif prompt is None:
+        raise ValueError("generate_text needs a prompt (a string or a list of them) or messages=")
+    elif chat_template is not None:
+        raise ValueError("chat_template= is for messages=; a prompt is used as it is")
     single = isinstance(prompt, str)
     prompts = [prompt] if single else list(prompt)
     if not prompts:
@@ -207,6 +236,16 @@ def generate_text(model: nnx.Module, tokenizer: tokenizers.Tokenizer, prompt: st
             row = row[:ends[0]]
         texts.append(tokenizer.decode(row, skip_special_tokens=skip_special_tokens))
     return texts[0] if single else texts
+
+
+def chat_prompts(messages: Sequence[Mapping] | Sequence[Sequence[Mapping]],
+                 chat_template: ChatTemplate | str | os.PathLike) -> str | list[str]:
+    """One conversation rendered for generation (a string), or a list of conversations (a list of strings)."""
+    template = load_chat_template(chat_template)
+    if isinstance(messages, Sequence) and messages and all(
+            isinstance(m, Sequence) and not isinstance(m, (str, bytes)) for m in messages):
+        return [template.render(conversation, add_generation_prompt=True) for conversation in messages]
+    return template.render(messages, add_generation_prompt=True)
 
 
 # ----------------------------------------------------------------------------------------------------- classify
