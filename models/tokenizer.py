@@ -11,7 +11,8 @@ Sources, tried in this order for a directory:
   (``tokenizer.ggml.model = "gpt2"``) is rebuilt from the vocabulary and merges, with the pre-tokenizer llama.cpp
   uses for ``tokenizer.ggml.pre`` (SmolLM's ``"smollm"`` splits every digit off before GPT-2's regex) and BOS added
   only when ``tokenizer.ggml.add_bos_token`` says so (SmolLM2's file says no, as Hugging Face's SmolLM2 tokenizer
-  does);
+  does). A SentencePiece vocabulary (``"llama"``: Llama 2, Mistral, Phi-3, Gemma) is rebuilt as byte-fallback BPE
+  the way transformers' GGUF loader rebuilds it (``models/gguf_tokenizers.py``), BOS added unless the file says no;
 * a Hugging Face Hub id (resolved as ``from_pretrained`` does).
 
 Padding is the caller's: ``padding=False`` (the default) returns each text at its own length even when the file
@@ -30,6 +31,8 @@ from typing import Any, Callable, Mapping
 
 import tokenizers
 from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers, processors
+
+from flaxzoo.models.gguf_tokenizers import sentencepiece_from_gguf
 
 __all__ = ["GGUF_TOKENIZERS", "SENTENCE_CONFIG", "byte_level_bpe_from_gguf", "gguf_tokenizer_kinds", "load_tokenizer",
            "pad_token", "sentence_max_length", "set_padding", "tokenizer_from_gguf", "wordpiece_from_vocab_txt"]
@@ -159,11 +162,16 @@ _GPT2 = ((), True)
 _DIGITS_THEN_GPT2 = ((r"\p{N}",), True)
 _LLAMA3 = ((r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
             r"|\s*[\r\n]+|\s+(?!\S)|\s+",), False)
+# Qwen2 / Qwen2.5 / Qwen3 (and DeepSeek-R1's Qwen distillations): Llama 3's regex with digits split one by one.
+_QWEN2 = ((r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+           r"|\s*[\r\n]+|\s+(?!\S)|\s+",), False)
 GGUF_PRE_TOKENIZERS: dict[str, tuple[tuple[str, ...], bool]] = {
     "default": _GPT2, "gpt2": _GPT2, "gpt-2": _GPT2, "mpt": _GPT2, "olmo": _GPT2, "jais": _GPT2,
     "smollm": _DIGITS_THEN_GPT2, "starcoder": _DIGITS_THEN_GPT2, "refact": _DIGITS_THEN_GPT2,
     "command-r": _DIGITS_THEN_GPT2, "codeshell": _DIGITS_THEN_GPT2, "exaone": _DIGITS_THEN_GPT2,
     "llama3": _LLAMA3, "llama-v3": _LLAMA3, "llama-bpe": _LLAMA3, "smaug-bpe": _LLAMA3, "dbrx": _LLAMA3,
+    "qwen2": _QWEN2, "deepseek-r1-qwen": _QWEN2, "kormo": _QWEN2, "f2llmv2": _QWEN2, "megrez": _QWEN2,
+    "stablelm2": _QWEN2,
 }
 _CONTROL, _USER_DEFINED = 3, 4  # llama.cpp token types
 
@@ -179,9 +187,9 @@ def _gguf_pre_tokenizer(pre: str | None, where: Any) -> pre_tokenizers.PreTokeni
     return steps[0] if len(steps) == 1 else pre_tokenizers.Sequence(steps)
 
 
-def byte_level_bpe_from_gguf(meta: Mapping[str, Any], where: Any) -> tokenizers.Tokenizer:
+def byte_level_bpe_from_gguf(meta: Mapping[str, Any], where: Any, *, architecture: str = "") -> tokenizers.Tokenizer:
     """A GGUF's ``tokenizer.ggml.model = "gpt2"`` vocabulary: byte-level BPE from its tokens and merges, split first
-    as llama.cpp's ``tokenizer.ggml.pre`` says."""
+    as llama.cpp's ``tokenizer.ggml.pre`` says (``architecture`` plays no part)."""
     tokens: list[str] = list(meta["tokens"])
     merges = [tuple(m.split(" ", 1)) for m in meta.get("merges") or []]
     tok = tokenizers.Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges))
@@ -190,11 +198,16 @@ def byte_level_bpe_from_gguf(meta: Mapping[str, Any], where: Any) -> tokenizers.
     return tok
 
 
-# What each GGUF tokenizer kind (``tokenizer.ggml.model``) is rebuilt with; a family's ``GGUFSpec.tokenizers`` says
-# which kinds its files carry.
-GGUF_TOKENIZERS: dict[str, Callable[[Mapping[str, Any], Any], tokenizers.Tokenizer]] = {
+# What each GGUF tokenizer kind (``tokenizer.ggml.model``) is rebuilt with: ``builder(meta, path, architecture=...)``
+# (``meta``: the ``tokenizer.ggml.*`` entries without the prefix); a family's ``GGUFSpec.tokenizers`` says which kinds
+# its files carry.
+GGUF_TOKENIZERS: dict[str, Callable[..., tokenizers.Tokenizer]] = {
     "gpt2": byte_level_bpe_from_gguf,
+    "llama": sentencepiece_from_gguf,
 }
+# Kinds that add BOS when the file has no tokenizer.ggml.add_bos_token (llama.cpp and transformers both do for
+# SentencePiece vocabularies).
+_BOS_BY_DEFAULT = ("llama",)
 
 
 def gguf_tokenizer_kinds(architecture: str) -> tuple[str, ...]:
@@ -214,9 +227,13 @@ def tokenizer_from_gguf(path: str | os.PathLike) -> tuple[tokenizers.Tokenizer, 
     """The tokenizer stored in a GGUF file, and its pad token ``(id, token)`` if the file names one.
 
     The kind (``tokenizer.ggml.model``) must be one the file's family carries and flaxzoo builds
-    (:func:`gguf_tokenizer_kinds`; today byte-level BPE, ``"gpt2"``). Control tokens (``<|im_start|>`` ...) become
-    special added tokens, user-defined ones plain added tokens, as llama.cpp matches both whole. BOS / EOS are added
-    around each text only when ``tokenizer.ggml.add_bos_token`` / ``add_eos_token`` are true.
+    (:func:`gguf_tokenizer_kinds`; byte-level BPE ``"gpt2"``, SentencePiece ``"llama"``). Control tokens
+    (``<|im_start|>`` ...) become special added tokens, user-defined ones plain added tokens, as llama.cpp matches
+    both whole; the file's BOS / EOS / unknown / padding tokens are special too (transformers marks them so), as are
+    the names transformers' SentencePiece classes mark (``<s>``, ``<bos>``, ``<mask>`` ...) when the vocabulary holds
+    them. Only tokens of the vocabulary are added: none is appended after it. BOS / EOS are added around each text
+    when ``tokenizer.ggml.add_bos_token`` / ``add_eos_token`` say so; a SentencePiece file without the BOS flag adds
+    BOS, as llama.cpp and transformers do.
     """
     from flaxzoo.models.gguf import GGUFFile, tokenizer_metadata
 
@@ -230,18 +247,21 @@ def tokenizer_from_gguf(path: str | os.PathLike) -> tuple[tokenizers.Tokenizer, 
         raise ValueError(f"{file.path}: GGUF tokenizer tokenizer.ggml.model={kind!r} is not supported for "
                          f"general.architecture={file.architecture!r}; expected one of {list(kinds)}")
     tokens: list[str] = list(meta["tokens"])
-    tok = GGUF_TOKENIZERS[kind](meta, file.path)
+    tok = GGUF_TOKENIZERS[kind](meta, file.path, architecture=file.architecture)
     types = list(meta.get("token_type") or [])
-    tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
-                            for t, kind in zip(tokens, types) if kind == _CONTROL])
-    tok.add_tokens([AddedToken(t, special=False, normalized=False)
-                    for t, kind in zip(tokens, types) if kind == _USER_DEFINED])
+    in_vocab = [(t, role) for t, role in zip(tokens, types) if tok.token_to_id(t) is not None]
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t, role in in_vocab if role == _CONTROL])
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t, role in in_vocab if role == _USER_DEFINED])
 
     def special(key: str) -> tuple[int, str] | None:
         return None if meta.get(key) is None else (int(meta[key]), tokens[int(meta[key])])
 
+    named = [special(key) for key in ("bos_token_id", "eos_token_id", "unknown_token_id", "padding_token_id")]
+    added = {str(t) for t in tok.get_added_tokens_decoder().values()}
+    tok.add_special_tokens([AddedToken(name, special=True, normalized=False) for _, name in filter(None, named)
+                            if name not in added and tok.token_to_id(name) is not None])
     bos, eos = special("bos_token_id"), special("eos_token_id")
-    first = [bos[1]] if bos and meta.get("add_bos_token") else []
+    first = [bos[1]] if bos and meta.get("add_bos_token", kind in _BOS_BY_DEFAULT) else []
     last = [eos[1]] if eos and meta.get("add_eos_token") else []
     if first or last:
         single = [*first, "$A", *last]
@@ -249,7 +269,7 @@ def tokenizer_from_gguf(path: str | os.PathLike) -> tuple[tokenizers.Tokenizer, 
         ids = {name: i for i, name in (bos, eos) if name in first + last}
         tok.post_processor = processors.TemplateProcessing(single=" ".join(single), pair=" ".join(pair),
                                                            special_tokens=list(ids.items()))
-    else:
+    elif kind == "gpt2":
         tok.post_processor = processors.ByteLevel(trim_offsets=False)
     return tok, special("padding_token_id")
 
