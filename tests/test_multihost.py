@@ -1,7 +1,8 @@
 """Several processes as one job, on loopback only (127.0.0.1): ``python -m flaxzoo.train.launch``, 2 processes x 2 CPU devices
 over Gloo. Meshes whose axes do and do not follow the processes give the one-device losses; checkpoints cross
 process counts; SIGTERM to one process stops both after the same step; a killed process is reported by the other;
-a checkpoint unreadable on one process is judged the same way by all. Marked ``multiprocess``."""
+a checkpoint unreadable on one process is judged the same way by all; LoRA from pretrained weights (a tiny base,
+the packaged SmolLM2-135M GGUF) gives the one-process losses. Marked ``multiprocess``."""
 
 import json
 import os
@@ -330,3 +331,25 @@ def test_lora_from_pretrained_weights_over_two_processes_reads_halves_and_equals
         for name in matrices:
             rows, cols = shapes[name]
             assert reads[name] == rows * cols // 2, (i, name, reads[name], shapes[name])
+
+
+def test_lora_on_the_packaged_smollm2_over_two_processes_equals_one_process(data_dir, tmp_path):
+    """``configs/lora_smollm2.py`` as shipped: ``init_from`` the packaged SmolLM2-135M-Instruct GGUF (each tensor
+    dequantised whole, then laid out over the mesh), FSDP over the 4 devices of 2 processes; the losses equal
+    1 process x 4 devices. Two steps of 4 rows of 32 tokens (the smallest batch fsdp=4 takes), no eval, no sample."""
+    values = overrides("lora", data_dir, steps=2, seq_len=32, batch_size=4, checkpoint_every=0, log_every=1,
+                       eval_every=0, **{"mesh.data": 1, "mesh.fsdp": 4})
+    assert "init_from" not in values  # the config's own: the packaged GGUF
+    start = time.perf_counter()
+    one = subprocess.run([sys.executable, "-m", "multihost_helper", "train", *as_flags("lora", values), "--workdir",
+                          str(tmp_path / "one")], cwd=REPO, env=env(JAX_NUM_CPU_DEVICES="4"), capture_output=True,
+                         text=True, timeout=400)
+    assert one.returncode == 0, one.stdout[-3000:] + one.stderr[-3000:]
+    middle = time.perf_counter()
+    two = launch("--module", "multihost_helper", "--", "train", *as_flags("lora", values), "--workdir",
+                 str(tmp_path / "two"))
+    assert two.returncode == 0, two.stdout[-3000:] + two.stderr[-5000:]
+    print(f"1 process: {middle - start:.0f} s, 2 processes: {time.perf_counter() - middle:.0f} s")
+    assert "devices: 4 x cpu (2 process(es)); mesh data=1 x fsdp=4 x tensor=1" in two.stdout, two.stdout[-3000:]
+    a, b = losses(tmp_path / "one"), losses(tmp_path / "two")
+    assert a.keys() == b.keys() == {1, 2} and max(abs(a[s] - b[s]) for s in a) <= 1e-5, (a, b)
