@@ -13,7 +13,9 @@ from typing import Any
 POSITION_SCHEMES = ("learned", "sinusoidal", "rope", "alibi", "none")
 ROPE_LAYOUTS = ("half", "interleaved")
 NORMS = ("layernorm", "rmsnorm")
-NORM_PLACEMENTS = ("pre", "post")
+NORM_PLACEMENTS = ("pre", "post", "sandwich", "post_branch")
+QK_NORMS = ("none", "head", "full")
+LAYER_TYPES = ("full_attention", "sliding_attention")
 ACTIVATIONS = ("gelu", "gelu_tanh", "relu", "silu")
 DTYPES = ("float32", "bfloat16", "float16")
 REMAT_POLICIES = ("none", "full", "dots")
@@ -64,6 +66,20 @@ class TransformerConfig:
     against it, padding rows start at zero, and their logits are masked out
     (``flaxzoo.models.layers.embeddings.mask_padded_logits``). 1: no padding.
 
+    Decoder-family mechanisms (all off by default): ``norm_placement="sandwich"`` norms each branch's input and its
+    output before the residual add (Gemma 2/3), ``"post_branch"`` only its output (OLMo 2); ``parallel_residual`` adds
+    attention and feed-forward of the same input (GPT-NeoX). ``attention_out_bias`` (None: ``attention_bias``) lets
+    the output projection differ from q/k/v (Qwen2: biased q/k/v, unbiased output). ``qk_norm`` RMS-normalises queries
+    and keys before RoPE, per head (``"head"``: Qwen3, Gemma 3) or over all heads' features (``"full"``: OLMo 2).
+    ``norm_unit_offset`` scales RMSNorms by ``1 + w`` (Gemma); ``embedding_multiplier`` multiplies the token
+    embeddings (Gemma: √hidden). ``rotary_fraction`` rotates only the first ``head_dim · fraction`` features
+    (GPT-NeoX: 0.25). ``rope_scaling`` is a normalised Hugging Face ``rope_scaling`` (``layers/rope_scaling.py``).
+    ``sliding_window`` W lets a query see itself and the W - 1 keys before it, on the layers ``layer_types`` marks
+    ``"sliding_attention"`` (None: every layer, when ``sliding_window`` is set); ``rope_local_theta`` is those layers'
+    RoPE θ, unscaled (Gemma 3; None: they use ``rope_theta`` and ``rope_scaling`` as the others).
+    ``attention_softcap`` / ``final_logit_softcap`` cap scores / logits at ``c · tanh(s / c)`` (Gemma 2).
+    ``query_scale`` replaces the softmax scale ``1 / √head_dim`` (Gemma 2/3: ``query_pre_attn_scalar ** -0.5``).
+
     ``label_names`` are the class names of a classifier head, one per label id (``num_labels`` distinct, non-empty
     strings; Hugging Face's ``id2label``), or None: the labels are their ids.
     """
@@ -107,6 +123,19 @@ class TransformerConfig:
     scan_layers: bool = False
     attention_impl: str = "auto"
     pad_vocab_to: int = 1
+    attention_out_bias: bool | None = None
+    parallel_residual: bool = False
+    qk_norm: str = "none"
+    norm_unit_offset: bool = False
+    embedding_multiplier: float = 1.0
+    rotary_fraction: float = 1.0
+    rope_scaling: tuple[tuple[str, Any], ...] | None = None
+    sliding_window: int | None = None
+    layer_types: tuple[str, ...] | None = None
+    rope_local_theta: float | None = None
+    attention_softcap: float | None = None
+    final_logit_softcap: float | None = None
+    query_scale: float | None = None
 
     def __post_init__(self) -> None:
         if self.num_kv_heads is None:
@@ -138,7 +167,7 @@ class TransformerConfig:
             "position": POSITION_SCHEMES, "rope_layout": ROPE_LAYOUTS, "norm": NORMS,
             "norm_placement": NORM_PLACEMENTS, "activation": ACTIVATIONS,
             "dtype": DTYPES, "param_dtype": DTYPES, "remat": REMAT_POLICIES,
-            "attention_impl": ATTENTION_IMPLS,
+            "attention_impl": ATTENTION_IMPLS, "qk_norm": QK_NORMS,
         }
         # The families live above this module (``flaxzoo.models.families``); which ``model_type`` names a
         # registered family is checked where one is needed (``families.family_of``, the training config).
@@ -175,6 +204,7 @@ class TransformerConfig:
         if isinstance(self.eos_token_id, tuple) and not self.eos_token_id:
             raise FieldError("eos_token_id", "eos_token_id=(): expected a token id, several, or None")
         self._validate_label_names()
+        self._validate_mechanisms()
         for name in ("pad_token_id", "bos_token_id", "eos_token_id"):
             value = getattr(self, name)
             for token in (value if isinstance(value, tuple) else (value,)):
@@ -182,6 +212,66 @@ class TransformerConfig:
                     continue
                 if not isinstance(token, int) or isinstance(token, bool) or not 0 <= token < self.vocab_size:
                     raise FieldError(name, f"{name}={value!r}: expected a token id in [0, {self.vocab_size})")
+
+    def _validate_mechanisms(self) -> None:
+        if self.attention_out_bias is None:
+            object.__setattr__(self, "attention_out_bias", self.attention_bias)
+        if isinstance(self.layer_types, list):  # from JSON
+            object.__setattr__(self, "layer_types", tuple(self.layer_types))
+        if isinstance(self.rope_scaling, list):  # from JSON: [[key, value], ...]
+            object.__setattr__(self, "rope_scaling", tuple(
+                (k, tuple(v) if isinstance(v, list) else v) for k, v in self.rope_scaling))
+        for name in ("parallel_residual", "norm_unit_offset"):
+            if not isinstance(getattr(self, name), bool):
+                raise FieldError(name, f"{name}={getattr(self, name)!r}: expected True or False")
+        for name in ("embedding_multiplier", "attention_softcap", "final_logit_softcap", "query_scale",
+                     "rope_local_theta"):
+            value = getattr(self, name)
+            optional = name != "embedding_multiplier"
+            if (value is None and optional) or (isinstance(value, (int, float)) and not isinstance(value, bool)
+                                                and value > 0):
+                continue
+            raise FieldError(name, f"{name}={value!r}: expected a positive number" + (" or None" if optional else ""))
+        if not isinstance(self.rotary_fraction, (int, float)) or not 0 < self.rotary_fraction <= 1:
+            raise FieldError("rotary_fraction", f"rotary_fraction={self.rotary_fraction!r}: expected a fraction in "
+                             "(0, 1]")
+        if self.position == "rope" and (self.rotary_dim < 2 or self.rotary_dim % 2):
+            raise FieldError("rotary_fraction", f"rotary_fraction={self.rotary_fraction} of head_dim={self.head_dim} "
+                             f"rotates {self.rotary_dim} features: expected an even number >= 2")
+        window = self.sliding_window
+        if window is not None and (not isinstance(window, int) or isinstance(window, bool) or window < 1):
+            raise FieldError("sliding_window", f"sliding_window={window!r}: expected a positive integer or None")
+        if window is not None and not self.causal:
+            raise FieldError("sliding_window", f"sliding_window={window}: only causal (decoder) models have one")
+        if self.layer_types is not None:
+            if len(self.layer_types) != self.num_layers or any(t not in LAYER_TYPES for t in self.layer_types):
+                raise FieldError("layer_types", f"layer_types={self.layer_types!r}: expected num_layers="
+                                 f"{self.num_layers} entries, each one of {LAYER_TYPES}")
+            if "sliding_attention" in self.layer_types and window is None:
+                raise FieldError("layer_types", "layer_types has sliding_attention layers but sliding_window=None: "
+                                 "expected a window size")
+        if self.rope_scaling is not None and self.position != "rope":
+            raise FieldError("rope_scaling", f"rope_scaling={self.rope_scaling!r} needs position='rope'; got "
+                             f"position={self.position!r}")
+
+    @property
+    def rotary_dim(self) -> int:
+        """The features RoPE rotates in each head: ``head_dim · rotary_fraction`` (the rest pass unrotated)."""
+        return int(self.head_dim * self.rotary_fraction)
+
+    @property
+    def sliding_layers(self) -> tuple[bool, ...]:
+        """Per layer, whether it attends through the sliding window."""
+        if self.sliding_window is None:
+            return (False,) * self.num_layers
+        if self.layer_types is None:
+            return (True,) * self.num_layers
+        return tuple(t == "sliding_attention" for t in self.layer_types)
+
+    @property
+    def rope_scaling_dict(self) -> dict[str, Any] | None:
+        """``rope_scaling`` as a dict (None without scaling)."""
+        return None if self.rope_scaling is None else dict(self.rope_scaling)
 
     def _validate_label_names(self) -> None:
         names = self.label_names
@@ -227,6 +317,9 @@ class TransformerConfig:
             changes["head_dim"] = None
         if "num_kv_heads" not in changes and "num_heads" in changes and self.num_kv_heads == self.num_heads:
             changes["num_kv_heads"] = None
+        if "attention_out_bias" not in changes and "attention_bias" in changes and \
+                self.attention_out_bias == self.attention_bias:
+            changes["attention_out_bias"] = None
         if "label_names" not in changes and self.label_names is not None and \
                 changes.get("num_labels", self.num_labels) != len(self.label_names):
             changes["label_names"] = None

@@ -1,4 +1,5 @@
-"""Multi-head attention with grouped-query heads, the call's attention layout, ALiBi biases and a KV cache."""
+"""Multi-head attention with grouped-query heads, the call's attention layout, RoPE (scaled, partial, per-layer θ),
+QK-norm, sliding windows, soft-capping, ALiBi biases and a KV cache."""
 
 from __future__ import annotations
 
@@ -15,7 +16,9 @@ from flaxzoo.models.layers.linear import Dense
 from flaxzoo.models.layers.masking import AttentionLayout
 from flaxzoo.models.layers.partitioning import (ACTIVATION_BATCH, ACTIVATION_HEADS, ACTIVATION_KV_HEADS, ACTIVATION_LENGTH,
                                         constrain)
-from flaxzoo.models.layers.positions import alibi_bias, apply_rope
+from flaxzoo.models.layers.norms import make_norm
+from flaxzoo.models.layers.positions import alibi_bias, rotate
+from flaxzoo.models.layers.rope_scaling import rope_angles_scaled
 
 
 QUERY_HEADS = (ACTIVATION_BATCH, ACTIVATION_LENGTH, ACTIVATION_HEADS, None)  # [batch, seq, heads, head_dim]
@@ -49,7 +52,12 @@ class Attention(nnx.Module):
         self.key = Dense((d,), (kv, hd), axes=("embed", "kv_heads", "head_dim"), init_std=std, **common)
         self.value = Dense((d,), (kv, hd), axes=("embed", "kv_heads", "head_dim"), init_std=std, **common)
         out_std = std / (math.sqrt(2 * config.num_layers) if config.causal else 1.0)
-        self.out = Dense((h, hd), (d,), axes=("heads", "head_dim", "embed"), init_std=out_std, **common)
+        self.out = Dense((h, hd), (d,), axes=("heads", "head_dim", "embed"), init_std=out_std,
+                         **(common | dict(use_bias=config.attention_out_bias)))
+        # QK-norm: per head over head_dim (Qwen3, Gemma 3), or over all heads' features at once (OLMo 2).
+        full = config.qk_norm == "full"
+        self.query_norm = (make_norm(config, rngs, h * hd if full else hd) if config.qk_norm != "none" else None)
+        self.key_norm = (make_norm(config, rngs, kv * hd if full else hd) if config.qk_norm != "none" else None)
         self.probs_dropout = nnx.Dropout(config.attention_dropout, rngs=rngs)
 
     def _dropout_multiplier(self, batch: int, q_len: int, k_len: int) -> jax.Array | None:
@@ -59,8 +67,35 @@ class Attention(nnx.Module):
             return None
         return self.probs_dropout(jnp.ones((batch, self.config.num_heads, q_len, k_len), jnp.float32))
 
+    def _norm_heads(self, norm: nnx.Module | None, x: jax.Array) -> jax.Array:
+        """QK-norm of ``x: [batch, seq, heads, head_dim]`` (the same shape back)."""
+        if norm is None:
+            return x
+        if self.config.qk_norm == "head":
+            return norm(x)
+        return norm(x.reshape(*x.shape[:2], -1)).reshape(x.shape)
+
+    def _rotary(self, positions: jax.Array, sliding: bool | jax.Array) -> tuple[jax.Array, jax.Array]:
+        """``cos``, ``sin`` ``[batch, seq, rotary_dim // 2]`` of ``positions: [batch, seq]``, times the RoPE scaling's
+        attention factor. Sliding-window layers of a config with ``rope_local_theta`` use that θ, unscaled."""
+        config = self.config
+
+        def tables(theta: float, scaling) -> tuple[jax.Array, jax.Array]:
+            angles, factor = rope_angles_scaled(positions, config.rotary_dim, theta, scaling,
+                                                config.max_position_embeddings)
+            return jnp.cos(angles) * factor, jnp.sin(angles) * factor
+
+        global_tables = tables(config.rope_theta, config.rope_scaling)
+        if config.rope_local_theta is None or sliding is False:
+            return global_tables
+        local_tables = tables(config.rope_local_theta, None)
+        if sliding is True:
+            return local_tables
+        return tuple(jnp.where(sliding, local, full) for local, full in zip(local_tables, global_tables))
+
     def __call__(self, x: jax.Array, layout: AttentionLayout, *, cache: KVCache | None = None,
-                 return_weights: bool = False) -> tuple[jax.Array, KVCache | None, jax.Array | None]:
+                 return_weights: bool = False, sliding: bool | jax.Array = False
+                 ) -> tuple[jax.Array, KVCache | None, jax.Array | None]:
         """Attend ``x: [batch, seq, hidden]``.
 
         Args:
@@ -68,31 +103,44 @@ class Attention(nnx.Module):
           cache: when given, this step's keys/values are written at slot ``layout.query_offset`` and the queries
             attend over the whole cache (``k = max_len``; the layout covers the cache slots).
           return_weights: also return the softmax weights ``[batch, heads, q, k]`` (autodiff path).
+          sliding: this layer attends through ``config.sliding_window`` (a Python bool; a traced one when stacked
+            layers of both kinds share a scan: the window then becomes part of a dense mask).
 
         Returns ``(output [batch, seq, hidden], updated cache or None, weights or None)``.
         """
         config = self.config
         query = constrain(self.query(x), QUERY_HEADS)  # [batch, seq, heads, head_dim]
         key, value = constrain(self.key(x), KV_HEADS), constrain(self.value(x), KV_HEADS)
+        query, key = self._norm_heads(self.query_norm, query), self._norm_heads(self.key_norm, key)
         if config.position == "rope":
-            query = apply_rope(query, layout.query_positions, theta=config.rope_theta, layout=config.rope_layout)
-            key = apply_rope(key, layout.query_positions, theta=config.rope_theta, layout=config.rope_layout)
+            cos, sin = self._rotary(layout.query_positions, sliding)
+            query, key = rotate(query, cos, sin, config.rope_layout), rotate(key, cos, sin, config.rope_layout)
+        if config.query_scale is not None:  # the cores scale by 1/√head_dim: make the product query_scale
+            query = query * jnp.asarray(config.query_scale * math.sqrt(config.head_dim), query.dtype)
         if cache is not None:
             start = (0, layout.query_offset, 0, 0)
             cache = KVCache(jax.lax.dynamic_update_slice(cache.key, key.astype(cache.key.dtype), start),
                             jax.lax.dynamic_update_slice(cache.value, value.astype(cache.value.dtype), start))
             key, value = cache.key, cache.value
-        mask = layout.mask(config.causal)
+        windowed = config.sliding_window is not None and sliding is not False
+        traced_window = windowed and not isinstance(sliding, bool)
+        window = config.sliding_window if windowed and not traced_window else None
+        mask = layout.mask(config.causal, window=config.sliding_window if windowed else None,
+                           window_on=sliding if traced_window else True, dense=traced_window)
         is_causal = config.causal and mask is None
         bias = (alibi_bias(config.num_heads, layout.query_positions, layout.key_positions, causal=config.causal)
                 if config.position == "alibi" else None)
         dropout = self._dropout_multiplier(x.shape[0], x.shape[1], key.shape[1])
+        softcap = config.attention_softcap
         if return_weights:
-            context, weights = attention_with_weights(query, key, value, mask, bias, is_causal, dropout)
+            context, weights = attention_with_weights(query, key, value, mask, bias, is_causal, dropout,
+                                                      window=window if is_causal else None, softcap=softcap)
         else:
-            segments = None if layout.query_segments is None else (layout.query_segments, layout.key_segments)
+            # A traced window lives in the dense mask only: no kernel may take the segments without it.
+            segments = (None if layout.query_segments is None or traced_window else
+                        (layout.query_segments, layout.key_segments))
             context = attend(query, key, value, mask=mask, bias=bias, is_causal=is_causal,
                              impl=config.attention_impl, dropout=dropout, segments=segments,
-                             causal_segments=config.causal and mask is not None)
+                             causal_segments=config.causal and mask is not None, window=window, softcap=softcap)
             weights = None
         return self.out(constrain(context, QUERY_HEADS)), cache, weights

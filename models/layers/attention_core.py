@@ -65,35 +65,51 @@ def _to_rows(array: jax.Array, kv_heads: int, groups: int) -> jax.Array:
     return array.reshape(lead, kv_heads, groups * q_len, k_len)
 
 
+def window_mask(q_len: int, k_len: int, window: int | None) -> jax.Array:
+    """``[q, k]`` booleans of bottom-right-aligned causal attention: query ``i`` sees keys ``j <= i + (k - q)`` and,
+    with a ``window``, only ``j > i + (k - q) - window`` (itself and the ``window - 1`` keys before it)."""
+    allowed = jnp.tril(jnp.ones((q_len, k_len), bool), k_len - q_len)
+    if window is not None:
+        allowed &= jnp.triu(jnp.ones((q_len, k_len), bool), k_len - q_len - window + 1)
+    return allowed
+
+
 def _allowed(mask: jax.Array | None, is_causal: bool, kv_heads: int, groups: int, q_len: int,
-             k_len: int) -> jax.Array | None:
-    """Which scores take part (True), broadcastable to ``[batch, kv_heads, groups · q, k]``; None when all do."""
+             k_len: int, window: int | None = None) -> jax.Array | None:
+    """Which scores take part (True), broadcastable to ``[batch, kv_heads, groups · q, k]``; None when all do.
+    ``window`` narrows the causal mask (``is_causal`` only: a given ``mask`` already holds it)."""
     allowed = None
     if mask is not None:
         mask = jnp.broadcast_to(mask.astype(bool), (*mask.shape[:2], q_len, k_len))
         allowed = _to_rows(mask, kv_heads, groups)
     if is_causal:
-        causal_mask = jnp.tril(jnp.ones((q_len, k_len), bool), k_len - q_len)
-        causal_mask = jnp.tile(causal_mask, (groups, 1))
+        causal_mask = jnp.tile(window_mask(q_len, k_len, window), (groups, 1))
         allowed = causal_mask if allowed is None else allowed & causal_mask
     return allowed
 
 
+def soft_cap(scores: jax.Array, cap: float | None) -> jax.Array:
+    """``cap · tanh(scores / cap)`` (Gemma 2's attention and logit soft-capping); ``scores`` unchanged for None."""
+    return scores if cap is None else cap * jnp.tanh(scores / cap)
+
+
 def _scores_to_probs(scores: jax.Array, mask: jax.Array | None, bias: jax.Array | None, is_causal: bool,
-                     groups: int, q_len: int) -> jax.Array:
-    """Softmax over the keys of float32 ``scores: [batch, kv_heads, groups · q, k]`` after the bias and mask."""
+                     groups: int, q_len: int, window: int | None = None, softcap: float | None = None) -> jax.Array:
+    """Softmax over the keys of float32 ``scores: [batch, kv_heads, groups · q, k]`` after the soft cap, the bias
+    and the mask."""
     kv_heads, k_len = scores.shape[1], scores.shape[-1]
+    scores = soft_cap(scores, softcap)
     if bias is not None:
         bias = jnp.broadcast_to(bias.astype(jnp.float32), (*bias.shape[:2], q_len, k_len))
         scores = scores + _to_rows(bias, kv_heads, groups)
-    allowed = _allowed(mask, is_causal, kv_heads, groups, q_len, k_len)
+    allowed = _allowed(mask, is_causal, kv_heads, groups, q_len, k_len, window)
     if allowed is not None:
         scores = jnp.where(allowed, scores, jnp.finfo(jnp.float32).min)
     shifted = jnp.exp(scores - jnp.max(scores, axis=-1, keepdims=True))
     return shifted / jnp.sum(shifted, axis=-1, keepdims=True)
 
 
-def _forward(query, key, value, mask, bias, dropout, is_causal):
+def _forward(query, key, value, mask, bias, dropout, is_causal, window=None, softcap=None):
     """Context ``[batch, q, heads, d]`` and what the backward pass needs, all in the heads-major layout.
 
     ``dropout``: None, or the ``[batch|1, heads|1, q, k]`` multiplier of the attention probabilities (0 for a dropped
@@ -107,7 +123,8 @@ def _forward(query, key, value, mask, bias, dropout, is_causal):
     scores = jnp.einsum("bhqd,bhkd->bhqk", rows, keys, preferred_element_type=jnp.float32)
     # Named so that a remat policy can keep them (models/layers/stack.py): recomputing them costs a forward pass.
     # The output is built from the named value, so a remat backward pass that needs it reuses the kept one.
-    probs = checkpoint_name(_scores_to_probs(scores, mask, bias, is_causal, groups, q_len), "attention_probs")
+    probs = checkpoint_name(_scores_to_probs(scores, mask, bias, is_causal, groups, q_len, window, softcap),
+                            "attention_probs")
     kept = probs if dropout is None else probs * _dropout_rows(dropout, kv_heads, groups, q_len, scores.shape[-1])
     context_rows = checkpoint_name(jnp.einsum("bhqk,bhkd->bhqd", kept.astype(value.dtype), values),
                                    "attention_context")
@@ -120,24 +137,27 @@ def _dropout_rows(dropout: jax.Array, kv_heads: int, groups: int, q_len: int, k_
 
 
 def attention_with_weights(query: jax.Array, key: jax.Array, value: jax.Array, mask: jax.Array | None,
-                           bias: jax.Array | None, is_causal: bool, dropout: jax.Array | None = None
+                           bias: jax.Array | None, is_causal: bool, dropout: jax.Array | None = None, *,
+                           window: int | None = None, softcap: float | None = None
                            ) -> tuple[jax.Array, jax.Array]:
     """``(context [batch, q, heads, d], weights [batch, heads, q, k])``, differentiated by autodiff.
 
     ``query: [batch, q, heads, d]``, ``key`` / ``value: [batch, k, kv_heads, d]``, ``mask``: boolean broadcastable to
     ``[batch, heads, q, k]`` (True = may attend) or None, ``bias``: additive, same broadcast, or None. ``is_causal``
     lets query ``i`` see keys ``<= i + (k - q)`` (bottom-right alignment). ``dropout``: None or the multiplier of the
-    weights, same broadcast (the returned weights are before dropout).
+    weights, same broadcast (the returned weights are before dropout). ``window`` / ``softcap``: as in
+    :func:`attend`.
     """
     context, (_, _, _, probs, _) = _forward(query, key, value, _as_4d(mask), _as_4d(bias), _as_4d(dropout),
-                                            is_causal)
+                                            is_causal, window, softcap)
     batch, kv_heads, grouped_len, k_len = probs.shape
     q_len = query.shape[1]
     return context, probs.reshape(batch, kv_heads * (grouped_len // q_len), q_len, k_len)
 
 
 def softmax_attention(query: jax.Array, key: jax.Array, value: jax.Array, mask: jax.Array | None,
-                      bias: jax.Array | None, is_causal: bool, dropout: jax.Array | None = None) -> jax.Array:
+                      bias: jax.Array | None, is_causal: bool, dropout: jax.Array | None = None, *,
+                      window: int | None = None, softcap: float | None = None) -> jax.Array:
     """``dropout(softmax(q·kᵀ/√d + bias)) · v`` with the closed-form backward pass; arguments as in
     ``attention_with_weights``. Returns ``[batch, q, heads, d]``.
 
@@ -148,7 +168,7 @@ def softmax_attention(query: jax.Array, key: jax.Array, value: jax.Array, mask: 
     q_len = query.shape[1]
     blocks = causal_blocks(q_len) if is_causal and q_len == key.shape[1] and dropout is None else 1
     if blocks == 1:
-        return _softmax_attention(query, key, value, mask, bias, dropout, is_causal)
+        return _softmax_attention(query, key, value, mask, bias, dropout, is_causal, window, softcap)
     size = q_len // blocks
     heads, kv_heads = query.shape[2], key.shape[2]
     # A fully masked row attends uniformly to every key (as jax.nn.dot_product_attention): the mean of all values.
@@ -158,9 +178,9 @@ def softmax_attention(query: jax.Array, key: jax.Array, value: jax.Array, mask: 
         queries, end = slice(j * size, (j + 1) * size), (j + 1) * size
         block_mask = _block(mask, queries, end)
         context = _softmax_attention(query[:, queries], key[:, :end], value[:, :end], block_mask,
-                                     _block(bias, queries, end), None, True)
+                                     _block(bias, queries, end), None, True, window, softcap)
         if block_mask is not None:
-            causal = jnp.tril(jnp.ones((size, end), bool), end - size)
+            causal = window_mask(size, end, window)
             attends = jnp.any(block_mask.astype(bool) & causal, axis=-1)  # [batch|1, heads|1, size]
             context = jnp.where(attends.transpose(0, 2, 1)[..., None], context, uniform.astype(context.dtype))
         contexts.append(context)
@@ -199,17 +219,18 @@ def _as_4d(array: jax.Array | None) -> jax.Array | None:
     return array.reshape((1,) * (4 - array.ndim) + tuple(array.shape))
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(6,))
-def _softmax_attention(query, key, value, mask, bias, dropout, is_causal):
-    return _forward(query, key, value, mask, bias, dropout, is_causal)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8))
+def _softmax_attention(query, key, value, mask, bias, dropout, is_causal, window, softcap):
+    return _forward(query, key, value, mask, bias, dropout, is_causal, window, softcap)[0]
 
 
-def _softmax_attention_forward(query, key, value, mask, bias, dropout, is_causal):
-    context, (rows, keys, values, probs, context_rows) = _forward(query, key, value, mask, bias, dropout, is_causal)
+def _softmax_attention_forward(query, key, value, mask, bias, dropout, is_causal, window, softcap):
+    context, (rows, keys, values, probs, context_rows) = _forward(query, key, value, mask, bias, dropout, is_causal,
+                                                                  window, softcap)
     return context, (rows, keys, values, probs, context_rows, mask, bias, dropout)
 
 
-def _softmax_attention_backward(is_causal, residuals, context_grad):
+def _softmax_attention_backward(is_causal, window, softcap, residuals, context_grad):
     rows, keys, values, probs, context_rows, mask, bias, dropout = residuals  # rows/keys/values: the inputs' dtypes
     batch, q_len, heads, head_dim = context_grad.shape
     kv_heads = keys.shape[1]
@@ -223,17 +244,21 @@ def _softmax_attention_backward(is_causal, residuals, context_grad):
     if multiplier is not None:
         probs_grad = probs_grad * multiplier
     row_dot = jnp.sum(grad_rows.astype(jnp.float32) * context_rows.astype(jnp.float32), axis=-1, keepdims=True)
-    scores_grad = probs * (probs_grad - row_dot)  # d(loss)/d(scaled scores + bias), float32
-    allowed = _allowed(mask, is_causal, kv_heads, groups, q_len, keys.shape[2])
+    biased_grad = probs * (probs_grad - row_dot)  # d(loss)/d(capped scores + bias), float32
+    allowed = _allowed(mask, is_causal, kv_heads, groups, q_len, keys.shape[2], window)
     if allowed is not None:  # masked scores are constants: no gradient (matters in fully masked rows only)
-        scores_grad = jnp.where(allowed, scores_grad, 0.0)
+        biased_grad = jnp.where(allowed, biased_grad, 0.0)
+    scores_grad = biased_grad
+    if softcap is not None:  # d(c·tanh(s/c))/ds = 1 - tanh²(s/c); the raw scores are recomputed, not kept
+        raw = jnp.einsum("bhqd,bhkd->bhqk", rows, keys, preferred_element_type=jnp.float32)
+        scores_grad = biased_grad * (1.0 - jnp.square(jnp.tanh(raw / softcap)))
     scaled_scores_grad = (scores_grad * (1.0 / math.sqrt(head_dim))).astype(rows.dtype)
     query_grad = _sequence_major(jnp.einsum("bhqk,bhkd->bhqd", scaled_scores_grad, keys), q_len)
     # rows hold the query already scaled by 1/√d, which is the factor dK needs.
     key_grad = jnp.einsum("bhqk,bhqd->bhkd", scores_grad.astype(rows.dtype), rows)
     bias_grad = None
     if bias is not None:
-        full = scores_grad.reshape(batch, kv_heads, groups, q_len, -1).reshape(batch, heads, q_len, -1)
+        full = biased_grad.reshape(batch, kv_heads, groups, q_len, -1).reshape(batch, heads, q_len, -1)
         reduce_axes = tuple(axis for axis, size in enumerate(bias.shape) if size == 1 and full.shape[axis] != 1)
         bias_grad = jnp.sum(full, axis=reduce_axes, keepdims=True).reshape(bias.shape).astype(bias.dtype)
     dropout_grad = None if dropout is None else jnp.zeros_like(dropout)
@@ -261,7 +286,7 @@ KERNELS = ("splash", "gpu_flash")  # the Pallas kernels (models/layers/attention
 
 def choose_backend(impl: str, *, dtype, head_dim: int, heads: int, kv_heads: int, q_len: int, k_len: int,
                    masked: bool, biased: bool, is_causal: bool, dropout: bool, platform: str | None = None,
-                   shared_segments: bool = True) -> tuple[str, str]:
+                   shared_segments: bool = True, windowed: bool = False, capped: bool = False) -> tuple[str, str]:
     """Which attention core a call runs: ``("splash" | "gpu_flash" | "cudnn" | "xla" | "softmax", reason)``.
 
     ``platform``: the platform the step is compiled for (default: the one in force, ``partitioning
@@ -282,6 +307,10 @@ def choose_backend(impl: str, *, dtype, head_dim: int, heads: int, kv_heads: int
     also an MLM batch's; an encoder given only ``attention_mask`` has them apart), which the GPU kernel needs. Outside
     a placement (a call that is not a train / eval step) a kernel needs a single device: with several, its custom
     call would have to be partitioned by XLA, which Mosaic kernels refuse, so XLA runs instead.
+
+    ``windowed`` (a sliding window): splash (a local mask), cuDNN and XLA (``local_window_size``, or the dense mask)
+    take it; Pallas' GPU kernel does not. ``capped`` (attention soft-capping): splash takes it, and elsewhere only
+    the closed-form-backward kernel (neither cuDNN nor ``jax.nn.dot_product_attention`` caps scores).
     """
     platform = platform or current_platform()
     if impl not in ATTENTION_IMPLS:
@@ -290,6 +319,8 @@ def choose_backend(impl: str, *, dtype, head_dim: int, heads: int, kv_heads: int
         return "softmax", f"attention_impl={impl!r} on {platform}: the closed-form-backward kernel"
     if dropout:
         return "softmax", "attention dropout is on, which no fused kernel takes: the closed-form-backward kernel"
+    capped_fallback = ("softmax", "attention soft-capping, which only splash and the closed-form-backward kernel "
+                       "take: the closed-form-backward kernel")
     query_shape, key_shape = (1, q_len, heads, head_dim), (1, k_len, kv_heads, head_dim)
     kernel = impl if impl in KERNELS else None
     if impl == "auto":
@@ -298,6 +329,10 @@ def choose_backend(impl: str, *, dtype, head_dim: int, heads: int, kv_heads: int
         interpret = platform != {"splash": "tpu", "gpu_flash": "gpu"}[kernel]
         if biased:
             ok, reason = False, f"{kernel} does not take an additive bias (ALiBi)"
+        elif kernel == "gpu_flash" and windowed:
+            ok, reason = False, "gpu_flash does not take a sliding window"
+        elif kernel == "gpu_flash" and capped:
+            ok, reason = False, "gpu_flash does not take attention soft-capping"
         elif q_len != k_len:
             ok, reason = False, f"{kernel} runs full-sequence calls only (query length {q_len} != key length {k_len})"
         elif not interpret and current_placement() is None and jax.device_count() > 1:
@@ -312,8 +347,12 @@ def choose_backend(impl: str, *, dtype, head_dim: int, heads: int, kv_heads: int
                                                                platform=platform, interpret=interpret)
         if ok:
             return kernel, reason + (" in Pallas interpret mode" if interpret else "")
+        if capped:
+            return capped_fallback
         if impl != "auto" or platform == "tpu":
             return "xla", f"{reason}: XLA"
+    if capped:
+        return capped_fallback
     if platform != "gpu":
         return "xla", f"cuDNN needs a GPU (backend {platform!r})"
     limit = _cudnn_head_dim_limit()
@@ -335,7 +374,8 @@ def choose_backend(impl: str, *, dtype, head_dim: int, heads: int, kv_heads: int
 
 def attend(query: jax.Array, key: jax.Array, value: jax.Array, *, mask: jax.Array | None, bias: jax.Array | None,
            is_causal: bool, impl: str = "auto", dropout: jax.Array | None = None,
-           segments: tuple[jax.Array, jax.Array] | None = None, causal_segments: bool = False) -> jax.Array:
+           segments: tuple[jax.Array, jax.Array] | None = None, causal_segments: bool = False,
+           window: int | None = None, softcap: float | None = None) -> jax.Array:
     """Attention context ``[batch, q, heads, d]`` through the backend ``choose_backend`` picks.
 
     ``query: [batch, q, heads, d]``, ``key`` / ``value: [batch, k, kv_heads, d]``; ``mask`` (True = may attend) and
@@ -343,39 +383,51 @@ def attend(query: jax.Array, key: jax.Array, value: jax.Array, *, mask: jax.Arra
     (bottom-right, on every backend); ``dropout``: None or the probabilities' multiplier (``[batch, heads, q, k]``).
     ``segments``: the ``(query [batch, q], key [batch, k])`` segment ids ``mask`` was built from (a query sees keys
     of its own segment, and with ``causal_segments`` only earlier ones), which the Pallas kernels take instead of
-    the dense mask.
+    the dense mask. ``window``: a causal call's sliding window (a query sees itself and the ``window - 1`` keys
+    before it); a given ``mask`` must already hold it (``AttentionLayout.mask``), and the kernels that take
+    ``segments`` apply it themselves. ``softcap``: scores become ``softcap · tanh(score / softcap)`` before masking.
     """
     q_len, k_len = query.shape[1], key.shape[1]
     backend, _ = choose_backend(impl, dtype=query.dtype, head_dim=query.shape[-1], q_len=q_len, k_len=k_len,
                                 masked=mask is not None, biased=bias is not None, is_causal=is_causal or
                                 causal_segments, dropout=dropout is not None, heads=query.shape[2],
                                 kv_heads=key.shape[2], shared_segments=segments is None or
-                                segments[0] is segments[1])
+                                segments[0] is segments[1], windowed=window is not None, capped=softcap is not None)
     if backend in KERNELS and mask is not None and segments is None:
         if impl in KERNELS:
             raise ValueError(f"attention_impl={impl!r} takes masks as segment ids (models/layers/masking.py); "
                              "this call has a dense mask only")
         backend = "xla"  # a mask not made of segment ids: the kernels cannot take it
     if backend in KERNELS:
-        return _kernel_attention(backend, query, key, value, segments, is_causal or causal_segments)
+        return _kernel_attention(backend, query, key, value, segments, is_causal or causal_segments, window,
+                                 softcap)
     if backend == "softmax":
-        return softmax_attention(query, key, value, mask, bias, is_causal, dropout)
-    if is_causal and q_len != k_len:  # jax.nn aligns its causal mask top-left: give it the bottom-right one
-        causal = jnp.tril(jnp.ones((q_len, k_len), bool), k_len - q_len)
+        return softmax_attention(query, key, value, mask, bias, is_causal, dropout,
+                                 window=window if is_causal else None, softcap=softcap)
+    local = None
+    if is_causal and (q_len != k_len or (window is not None and backend != "cudnn")):
+        # jax.nn aligns its causal mask top-left: give it the bottom-right one (and the window) as a mask
+        causal = window_mask(q_len, k_len, window)
         mask = causal if mask is None else jnp.logical_and(mask, causal)
         is_causal = False
+    elif is_causal and window is not None:
+        local = (window - 1, 0)
     mask, bias = _as_4d(mask), _as_4d(bias)
     if backend == "cudnn":
         try:
-            return jax.nn.dot_product_attention(query, key, value, is_causal=is_causal, implementation="cudnn")
+            return jax.nn.dot_product_attention(query, key, value, is_causal=is_causal, local_window_size=local,
+                                                implementation="cudnn")
         except (NotImplementedError, ValueError) as exc:  # a cuDNN version / device limit found while tracing
             logging.getLogger(__name__).warning("cuDNN attention unavailable (%s); using XLA", exc)
+    if local is not None:
+        mask, is_causal = window_mask(q_len, k_len, window), False
     return jax.nn.dot_product_attention(query, key, value, bias=bias, mask=mask, is_causal=is_causal,
                                         implementation="xla")
 
 
 def _kernel_attention(kernel: str, query: jax.Array, key: jax.Array, value: jax.Array,
-                      segments: tuple[jax.Array, jax.Array] | None, causal: bool) -> jax.Array:
+                      segments: tuple[jax.Array, jax.Array] | None, causal: bool, window: int | None = None,
+                      softcap: float | None = None) -> jax.Array:
     """A Pallas kernel over the call, per device of the mesh in force: a custom call cannot be split by XLA's
     partitioner (it would gather the whole batch onto every device), so under a placement the kernel runs in a
     ``shard_map`` over the batch (``data`` x ``fsdp``) and, where both query and key/value heads divide it, the
@@ -389,7 +441,7 @@ def _kernel_attention(kernel: str, query: jax.Array, key: jax.Array, value: jax.
             if shared:
                 kv_seg = q_seg
             return attention_kernels.splash_attention(q, k, v, q_segments=q_seg, kv_segments=kv_seg, causal=causal,
-                                                      interpret=interpret)
+                                                      interpret=interpret, window=window, softcap=softcap)
         return attention_kernels.gpu_flash_attention(q, k, v, segment_ids=q_seg, causal=causal, interpret=interpret)
 
     q_seg, kv_seg = segments if segments is not None else (None, None)

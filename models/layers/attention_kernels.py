@@ -152,11 +152,15 @@ def _largest_block(length: int, largest: int, smallest: int) -> int:
 
 
 @functools.lru_cache(maxsize=64)
-def _splash_kernel(heads: int, q_len: int, k_len: int, causal_offset: int | None, interpret: bool):
+def _splash_kernel(heads: int, q_len: int, k_len: int, causal_offset: int | None, interpret: bool,
+                   window: int | None = None, softcap: float | None = None):
     """A splash MHA kernel for one example (``[heads, q_len, d]`` queries, padded lengths); ``causal_offset``:
-    query ``i`` sees keys ``<= i + offset``, None for bidirectional."""
+    query ``i`` sees keys ``<= i + offset``, None for bidirectional; ``window``: and only keys ``> i + offset -
+    window`` (a causal sliding window); ``softcap``: splash's logit soft cap."""
     if causal_offset is None:
         head_mask = splash_mask.FullMask((q_len, k_len))
+    elif window is not None:
+        head_mask = splash_mask.LocalMask((q_len, k_len), window_size=(window - 1, 0), offset=causal_offset)
     else:
         head_mask = splash_mask.CausalMask((q_len, k_len), offset=causal_offset)
     block_q = _largest_block(q_len, SPLASH_MAX_BLOCK, SPLASH_LANES)
@@ -166,18 +170,21 @@ def _splash_kernel(heads: int, q_len: int, k_len: int, causal_offset: int | None
                                block_q_dq=block_q, block_kv_dq=block_kv)
     with jax.ensure_compile_time_eval():  # concrete mask-info arrays (cached), also when first built under a jit
         return splash.make_splash_mha(splash_mask.MultiHeadMask([head_mask] * heads), block_sizes=blocks,
-                                      head_shards=1, q_seq_shards=1, interpret=interpret)
+                                      head_shards=1, q_seq_shards=1, interpret=interpret,
+                                      attn_logits_soft_cap=softcap)
 
 
 def splash_attention(query: jax.Array, key: jax.Array, value: jax.Array, *, q_segments: jax.Array | None = None,
-                     kv_segments: jax.Array | None = None, causal: bool, interpret: bool = False) -> jax.Array:
+                     kv_segments: jax.Array | None = None, causal: bool, interpret: bool = False,
+                     window: int | None = None, softcap: float | None = None) -> jax.Array:
     """``softmax(q·kᵀ/√d, masked) · v`` through TPU splash attention: ``[batch, q, heads, head_dim]``.
 
     ``query: [batch, q, heads, head_dim]``, ``key`` / ``value: [batch, k, kv_heads, head_dim]``; ``q_segments:
     [batch, q]`` / ``kv_segments: [batch, k]`` int segment ids (both or neither): a query sees keys of its own
     segment; ``causal``: and keys ``j <= i + (k - q)``. Queries that see no key get the mean of all values (as
-    the XLA reference). ``interpret``: Pallas interpret mode (runs on CPU). Raises ValueError for a call
-    :func:`splash_supported` refuses."""
+    the XLA reference). ``window``: a causal sliding window (a query sees itself and the ``window - 1`` keys before
+    it); ``softcap``: scores become ``softcap · tanh(score / softcap)``. ``interpret``: Pallas interpret mode (runs
+    on CPU). Raises ValueError for a call :func:`splash_supported` refuses."""
     batch, q_len, heads, head_dim = query.shape
     k_len = key.shape[1]
     # The platform is the caller's to choose (a compile-only TPU mesh traces on a CPU host): only the shapes are checked.
@@ -196,7 +203,9 @@ def splash_attention(query: jax.Array, key: jax.Array, value: jax.Array, *, q_se
     if q_segments is not None:
         segment_ids = splash.SegmentIds(q=_pad_seq(q_segments.astype(jnp.int32), q_pad, PAD_SEGMENT),
                                         kv=_pad_seq(kv_segments.astype(jnp.int32), k_pad, PAD_SEGMENT))
-    kernel = _splash_kernel(heads, q_pad, k_pad, k_len - q_len if causal else None, interpret)
+    if window is not None and not causal:
+        raise ValueError(f"window={window}: a sliding window needs causal attention")
+    kernel = _splash_kernel(heads, q_pad, k_pad, k_len - q_len if causal else None, interpret, window, softcap)
     scaled = query * jnp.asarray(1.0 / math.sqrt(head_dim), query.dtype)  # splash does not scale the scores
     q, k, v = (_pad_seq(x, length).transpose(0, 2, 1, 3)  # [batch, heads, seq, d]
                for x, length in ((scaled, q_pad), (key, k_pad), (value, k_pad)))

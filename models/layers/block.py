@@ -1,4 +1,5 @@
-"""One Transformer layer: attention then feed-forward, each in a pre-LN or post-LN residual branch."""
+"""One Transformer layer: attention then feed-forward, each in a residual branch (pre-LN, post-LN, sandwich or
+post-branch norms), or both branches on the same input (parallel residual)."""
 
 from __future__ import annotations
 
@@ -13,23 +14,44 @@ from flaxzoo.models.layers.norms import make_norm, residual
 
 
 class TransformerBlock(nnx.Module):
-    """``x → residual(attention) → residual(feed-forward)``; ``[batch, seq, hidden]`` in and out."""
+    """``x → residual(attention) → residual(feed-forward)``; ``[batch, seq, hidden]`` in and out.
+
+    ``config.parallel_residual``: ``x + attention(attention_norm(x)) + mlp(mlp_norm(x))`` (GPT-NeoX). Sandwich norms
+    (``norm_placement="sandwich"``) add ``attention_post_norm`` / ``mlp_post_norm`` on the branch outputs.
+    """
 
     def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
         self.placement = config.norm_placement
+        self.parallel = config.parallel_residual
         self.attention = Attention(config, rngs=rngs)
         self.attention_norm = make_norm(config, rngs)
         self.mlp = FeedForward(config, rngs=rngs)
         self.mlp_norm = make_norm(config, rngs)
+        sandwich = config.norm_placement == "sandwich"
+        self.attention_post_norm = make_norm(config, rngs) if sandwich else None
+        self.mlp_post_norm = make_norm(config, rngs) if sandwich else None
         self.dropout = nnx.Dropout(config.dropout, rngs=rngs)
 
     def __call__(self, x: jax.Array, layout: AttentionLayout, *, cache: KVCache | None = None,
-                 return_weights: bool = False) -> tuple[jax.Array, KVCache | None, jax.Array | None]:
-        """Returns ``(x [batch, seq, hidden], this layer's updated cache or None, attention weights or None)``."""
-        normed = self.attention_norm(x) if self.placement == "pre" else x
-        attended, cache, weights = self.attention(normed, layout, cache=cache, return_weights=return_weights)
-        x = x + self.dropout(attended)
-        if self.placement == "post":
-            x = self.attention_norm(x)
-        x = residual(x, lambda h: self.dropout(self.mlp(h)), self.mlp_norm, self.placement)
-        return x, cache, weights
+                 return_weights: bool = False, sliding: bool | jax.Array = False
+                 ) -> tuple[jax.Array, KVCache | None, jax.Array | None]:
+        """Returns ``(x [batch, seq, hidden], this layer's updated cache or None, attention weights or None)``.
+
+        ``sliding``: whether this layer attends through the config's sliding window (a traced bool when stacked
+        layers of both kinds run in one scan)."""
+        results = {}
+
+        def attend(h: jax.Array) -> jax.Array:
+            attended, results["cache"], results["weights"] = self.attention(
+                h, layout, cache=cache, return_weights=return_weights, sliding=sliding)
+            return self.dropout(attended)
+
+        def feed_forward(h: jax.Array) -> jax.Array:
+            return self.dropout(self.mlp(h))
+
+        if self.parallel:
+            x = x + attend(self.attention_norm(x)) + feed_forward(self.mlp_norm(x))
+        else:
+            x = residual(x, attend, self.attention_norm, self.placement, self.attention_post_norm)
+            x = residual(x, feed_forward, self.mlp_norm, self.placement, self.mlp_post_norm)
+        return x, results["cache"], results["weights"]

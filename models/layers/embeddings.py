@@ -155,6 +155,8 @@ class InputEmbeddings(nnx.Module):
         """``[batch, seq]`` ids and positions → ``[batch, seq, hidden]``. ``inputs_embeds: [batch, seq, hidden]``, when
         given, is used in place of the token lookup (``input_ids`` is then ignored)."""
         x = self.tokens(input_ids) if inputs_embeds is None else inputs_embeds.astype(self.tokens.dtype)
+        if self.config.embedding_multiplier != 1.0:  # Gemma: √hidden, rounded to the activations' dtype first
+            x = x * jnp.asarray(self.config.embedding_multiplier, x.dtype)
         if self.positions is not None:
             x = x + self.positions(positions).astype(x.dtype)
         if self.sinusoids is not None:
@@ -188,6 +190,7 @@ class LMHead(nnx.Module):
         self.bias = (logical_param(rngs, jax.nn.initializers.zeros, (rows,), ("vocab",),
                                    jnp.dtype(config.param_dtype)) if use_bias else None)
         self.dtype = jnp.dtype(config.dtype)
+        self.softcap = config.final_logit_softcap
 
     def __call__(self, hidden: jax.Array, tokens: TokenEmbedding) -> jax.Array:
         if self.kernel is None:
@@ -197,4 +200,6 @@ class LMHead(nnx.Module):
         logits = constrain(logits, (ACTIVATION_BATCH, ACTIVATION_LENGTH, ACTIVATION_VOCAB)).astype(jnp.float32)
         if self.bias is not None:
             logits = logits + self.bias[...]
+        if self.softcap is not None:  # Gemma 2: c · tanh(logits / c)
+            logits = self.softcap * jnp.tanh(logits / self.softcap)
         return mask_padded_logits(logits, self.vocab_size)

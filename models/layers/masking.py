@@ -38,21 +38,38 @@ class AttentionLayout:
     query_segments: jax.Array | None = None
     key_segments: jax.Array | None = None
 
-    def mask(self, causal: bool) -> jax.Array | None:
+    def mask(self, causal: bool, *, window: int | None = None, window_on: bool | jax.Array = True,
+             dense: bool = False) -> jax.Array | None:
         """Boolean ``[batch, 1, q, k]`` (True = may attend), or None when only plain causality (or nothing)
-        applies: the attention core then uses its own causal path (``is_causal``)."""
-        if self.query_segments is None:
+        applies and ``dense`` is False: the attention core then uses its own causal path (``is_causal``, given
+        ``window`` itself).
+
+        ``window`` (causal only): a query sees itself and the ``window - 1`` key slots before it, where
+        ``window_on`` (a traced bool for a layer of a scan over both kinds of layers) is true."""
+        if self.query_segments is None and not dense:
             return None
-        allowed = self.query_segments[:, :, None] == self.key_segments[:, None, :]
+        q_len, k_len = self.query_positions.shape[1], self.key_positions.shape[1]
+        if self.query_segments is None:
+            allowed = jnp.ones((1, q_len, k_len), bool)
+        else:
+            allowed = self.query_segments[:, :, None] == self.key_segments[:, None, :]
         if causal:
-            allowed = allowed & causal_mask(self.query_positions.shape[1], self.key_positions.shape[1],
-                                            self.query_offset)[None]
+            allowed = allowed & causal_mask(q_len, k_len, self.query_offset)[None]
+            if window is not None:
+                inside = window_band(q_len, k_len, self.query_offset, window)
+                allowed = allowed & (inside | jnp.logical_not(window_on))[None]
         return allowed[:, None]
 
 
 def causal_mask(q_len: int, k_len: int, query_offset: jax.Array | int) -> jax.Array:
     """``[q, k]`` booleans: query ``i`` sees key slots ``<= query_offset + i``."""
     return jnp.arange(k_len)[None, :] <= jnp.arange(q_len)[:, None] + query_offset
+
+
+def window_band(q_len: int, k_len: int, query_offset: jax.Array | int, window: int) -> jax.Array:
+    """``[q, k]`` booleans: key slot ``j > query_offset + i - window`` (query ``i``'s sliding window, with
+    :func:`causal_mask`: itself and the ``window - 1`` slots before it)."""
+    return jnp.arange(k_len)[None, :] > jnp.arange(q_len)[:, None] + query_offset - window
 
 
 def document_positions(real: jax.Array, segments: jax.Array | None = None) -> jax.Array:

@@ -29,27 +29,41 @@ class LayerNorm(nnx.Module):
 
 
 class RMSNorm(nnx.Module):
-    """``x / sqrt(mean(x²) + eps) * scale`` over the last axis (Zhang & Sennrich, 2019), as Llama uses it."""
+    """``x / sqrt(mean(x²) + eps) * scale`` over the last axis (Zhang & Sennrich, 2019), as Llama uses it.
 
-    def __init__(self, features: int, *, eps: float, rngs: nnx.Rngs, dtype=jnp.float32, param_dtype=jnp.float32):
-        self.eps, self.dtype = eps, dtype
-        self.scale = logical_param(rngs, jax.nn.initializers.ones, (features,), ("norm",), param_dtype)
+    ``unit_offset``: the stored scale is an offset from one, ``· (1 + scale)`` (Gemma; it starts at zero)."""
+
+    def __init__(self, features: int, *, eps: float, rngs: nnx.Rngs, dtype=jnp.float32, param_dtype=jnp.float32,
+                 unit_offset: bool = False):
+        self.eps, self.dtype, self.unit_offset = eps, dtype, unit_offset
+        init = jax.nn.initializers.zeros if unit_offset else jax.nn.initializers.ones
+        self.scale = logical_param(rngs, init, (features,), ("norm",), param_dtype)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         x32 = x.astype(jnp.float32)
         y = x32 * jax.lax.rsqrt(jnp.square(x32).mean(-1, keepdims=True) + self.eps)
-        return (y * self.scale[...]).astype(self.dtype)
+        scale = self.scale[...].astype(jnp.float32)
+        return (y * (1.0 + scale if self.unit_offset else scale)).astype(self.dtype)
 
 
-def make_norm(config: TransformerConfig, rngs: nnx.Rngs) -> LayerNorm | RMSNorm:
-    """The norm the config names, over ``hidden_size`` features."""
-    cls = RMSNorm if config.norm == "rmsnorm" else LayerNorm
-    return cls(config.hidden_size, eps=config.norm_eps, rngs=rngs, dtype=jnp.dtype(config.dtype),
-               param_dtype=jnp.dtype(config.param_dtype))
+def make_norm(config: TransformerConfig, rngs: nnx.Rngs, features: int | None = None) -> LayerNorm | RMSNorm:
+    """The norm the config names, over ``features`` (default ``hidden_size``)."""
+    common = dict(eps=config.norm_eps, rngs=rngs, dtype=jnp.dtype(config.dtype),
+                  param_dtype=jnp.dtype(config.param_dtype))
+    features = config.hidden_size if features is None else features
+    if config.norm == "rmsnorm":
+        return RMSNorm(features, unit_offset=config.norm_unit_offset, **common)
+    return LayerNorm(features, **common)
 
 
-def residual(x: jax.Array, sublayer: Callable[[jax.Array], jax.Array], norm: nnx.Module, placement: str) -> jax.Array:
-    """One residual branch: pre-LN ``x + f(norm(x))`` (GPT-2, Llama) or post-LN ``norm(x + f(x))`` (BERT)."""
+def residual(x: jax.Array, sublayer: Callable[[jax.Array], jax.Array], norm: nnx.Module, placement: str,
+             post_norm: nnx.Module | None = None) -> jax.Array:
+    """One residual branch: pre-LN ``x + f(norm(x))`` (GPT-2, Llama), post-LN ``norm(x + f(x))`` (BERT), sandwich
+    ``x + post_norm(f(norm(x)))`` (Gemma 2/3) or post-branch ``x + norm(f(x))`` (OLMo 2)."""
     if placement == "pre":
         return x + sublayer(norm(x))
+    if placement == "sandwich":
+        return x + post_norm(sublayer(norm(x)))
+    if placement == "post_branch":
+        return x + norm(sublayer(x))
     return norm(x + sublayer(x))

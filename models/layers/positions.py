@@ -44,24 +44,36 @@ def rope_angles(positions: jax.Array, head_dim: int, theta: float) -> jax.Array:
     return positions.astype(jnp.float32)[..., None] * inv_freq
 
 
-def apply_rope(x: jax.Array, positions: jax.Array, *, theta: float, layout: str) -> jax.Array:
-    """Rotary position embedding (Su et al., 2021) of ``x: [batch, seq, heads, head_dim]``.
+def rotate(x: jax.Array, cos: jax.Array, sin: jax.Array, layout: str) -> jax.Array:
+    """Rotate the first ``2 · cos.shape[-1]`` features of ``x: [batch, seq, heads, head_dim]`` by the angles whose
+    ``cos`` / ``sin`` are ``[batch, seq, rotary_dim // 2]``; the rest pass unrotated (partial rotary, GPT-NeoX).
 
-    ``layout="half"`` rotates the pairs ``(i, i + head_dim/2)`` (Hugging Face's rotate-half); ``"interleaved"``
+    ``layout="half"`` rotates the pairs ``(i, i + rotary_dim/2)`` (Hugging Face's rotate-half); ``"interleaved"``
     rotates ``(2i, 2i + 1)`` (Meta's original and GGUF). Both give scores that depend only on relative offsets.
     """
-    angles = rope_angles(positions, x.shape[-1], theta)[:, :, None, :]  # [batch, seq, 1, head_dim/2]
-    cos, sin = jnp.cos(angles), jnp.sin(angles)
+    rotary_dim = 2 * cos.shape[-1]
+    cos, sin = cos[:, :, None, :], sin[:, :, None, :]  # [batch, seq, 1, rotary_dim/2]
     x32 = x.astype(jnp.float32)
+    rotated_part, passed = x32[..., :rotary_dim], x32[..., rotary_dim:]
     if layout == "half":
-        first, second = jnp.split(x32, 2, axis=-1)
+        first, second = jnp.split(rotated_part, 2, axis=-1)
         rotated = jnp.concatenate([first * cos - second * sin, second * cos + first * sin], axis=-1)
     elif layout == "interleaved":
-        first, second = x32[..., 0::2], x32[..., 1::2]
-        rotated = jnp.stack([first * cos - second * sin, second * cos + first * sin], axis=-1).reshape(x.shape)
+        first, second = rotated_part[..., 0::2], rotated_part[..., 1::2]
+        rotated = jnp.stack([first * cos - second * sin, second * cos + first * sin],
+                            axis=-1).reshape(rotated_part.shape)
     else:
         raise ValueError(f"rope layout {layout!r}: expected 'half' or 'interleaved'")
+    if passed.shape[-1]:
+        rotated = jnp.concatenate([rotated, passed], axis=-1)
     return rotated.astype(x.dtype)
+
+
+def apply_rope(x: jax.Array, positions: jax.Array, *, theta: float, layout: str) -> jax.Array:
+    """Rotary position embedding (Su et al., 2021) of every feature of ``x: [batch, seq, heads, head_dim]`` at
+    ``positions: [batch, seq]`` (see :func:`rotate`)."""
+    angles = rope_angles(positions, x.shape[-1], theta)
+    return rotate(x, jnp.cos(angles), jnp.sin(angles), layout)
 
 
 def alibi_slopes(num_heads: int) -> np.ndarray:

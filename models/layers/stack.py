@@ -215,14 +215,19 @@ class TransformerStack(nnx.Module):
         """
         config = self.config
 
-        def apply(graphdef, params, rest, h, layer_cache):
+        kinds = config.sliding_layers  # per layer: through the sliding window or not
+        mixed = len(set(kinds)) > 1
+
+        def apply(graphdef, params, rest, h, layer_cache, sliding):
             layer = nnx.merge(graphdef, params, rest)
             h, layer_cache, weights = layer(constrain(h, HIDDEN), layout, cache=layer_cache,
-                                            return_weights=return_weights)
+                                            return_weights=return_weights, sliding=sliding)
             return (constrain(h, HIDDEN), layer_cache, weights), nnx.state(layer, nnx.Not(nnx.Param))
 
         if config.remat != "none" and cache is None and not return_weights:
-            apply = jax.checkpoint(apply, policy=REMAT_POLICIES[config.remat], static_argnums=(0,),
+            # A Python bool ``sliding`` is static; a scan over both kinds passes it traced.
+            apply = jax.checkpoint(apply, policy=REMAT_POLICIES[config.remat],
+                                   static_argnums=(0,) if config.scan_layers and mixed else (0, 5),
                                    prevent_cse=not config.scan_layers)
         mutates = any(isinstance(m, nnx.Dropout) and not m.deterministic and m.rate > 0
                       for _, m in nnx.iter_graph(self.layers))
@@ -230,12 +235,14 @@ class TransformerStack(nnx.Module):
             graphdef, params, rest = nnx.split(self.layers, nnx.Param, ...)
 
             def body(h, layer_state):
-                layer_params, layer_rest, layer_cache = layer_state
+                layer_params, layer_rest, layer_cache, sliding = layer_state
                 (h, layer_cache, weights), new_rest = apply(
-                    graphdef, layer_params, layer_rest, h, None if layer_cache is None else KVCache(*layer_cache))
+                    graphdef, layer_params, layer_rest, h, None if layer_cache is None else KVCache(*layer_cache),
+                    sliding if mixed else kinds[0])
                 return h, (layer_cache, weights, new_rest)
 
-            x, (new_cache, weights, new_rest) = jax.lax.scan(body, x, (params, rest, cache))
+            sliding = jnp.asarray(kinds) if mixed else None
+            x, (new_cache, weights, new_rest) = jax.lax.scan(body, x, (params, rest, cache, sliding))
             if mutates:
                 nnx.update(self.layers, new_rest)
             weights = tuple(weights[i] for i in range(config.num_layers)) if return_weights else None
@@ -245,7 +252,7 @@ class TransformerStack(nnx.Module):
         for i, layer in enumerate(self.layers):
             graphdef, params, rest = nnx.split(layer, nnx.Param, ...)
             layer_cache = None if cache is None else KVCache(keys[i], values[i])
-            (x, layer_cache, weights), new_rest = apply(graphdef, params, rest, x, layer_cache)
+            (x, layer_cache, weights), new_rest = apply(graphdef, params, rest, x, layer_cache, kinds[i])
             if mutates:
                 nnx.update(layer, new_rest)
             if cache is not None:

@@ -1,0 +1,5 @@
+"""mistral: see ``hf.py``."""
+
+from flaxzoo.models.families.mistral.hf import FAMILY
+
+__all__ = ["FAMILY"]

@@ -1,0 +1,42 @@
+"""Qwen3: the Llama layout with RMS-normalised queries and keys per head (QK-norm) before RoPE, and an explicit
+``head_dim`` (often not ``hidden_size / heads``)."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from flaxzoo.models.config import TransformerConfig
+from flaxzoo.models.families.base import Family
+from flaxzoo.models.families.decoder import (PLAIN_MECHANISMS, decoder_config_from_hf, decoder_config_to_hf,
+                                             decoder_weights)
+from flaxzoo.models.families.gpt2.model import GPTForCausalLM, GPTModel
+from flaxzoo.models.families.qwen2.hf import window_layer_types
+
+QWEN3_LAYOUT = dict(causal=True, position="rope", norm="rmsnorm", norm_placement="pre", embedding_norm=False,
+                    final_norm=True, mlp_gated=True, type_vocab_size=0, mlp_bias=False, rotary_fraction=1.0,
+                    **(PLAIN_MECHANISMS | {"qk_norm": "head"}))
+
+
+def qwen3_config_from_hf(hf: Mapping[str, Any]) -> TransformerConfig:
+    return decoder_config_from_hf(hf, "qwen3", QWEN3_LAYOUT, sliding_types=window_layer_types(hf))
+
+
+def qwen3_save_problems(config: TransformerConfig) -> list[str]:
+    if config.attention_out_bias != config.attention_bias:
+        return [f"attention_out_bias={config.attention_out_bias} (Hugging Face qwen3 biases the output projection "
+                f"as q/k/v: attention_bias={config.attention_bias})"]
+    return []
+
+
+def qwen3_config_to_hf(config: TransformerConfig) -> dict[str, Any]:
+    out = decoder_config_to_hf(config)
+    out["max_window_layers"] = next((i for i, s in enumerate(config.sliding_layers) if s), config.num_layers)
+    return out
+
+
+FAMILY = Family(
+    model_type="qwen3", base_prefix="model",
+    architectures={"Qwen3Model": GPTModel, "Qwen3ForCausalLM": GPTForCausalLM},
+    config_from_hf=qwen3_config_from_hf, config_to_hf=qwen3_config_to_hf,
+    weights=lambda config, cls, base: decoder_weights(config, cls, base), layout=QWEN3_LAYOUT,
+    save_problems=qwen3_save_problems)
