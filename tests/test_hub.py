@@ -673,9 +673,10 @@ def test_unsupported_architecture(tmp_path):
     ("gpt2", {"activation_function": "quick_gelu"}, "activation_function"),
     ("bert_mlm", {"position_embedding_type": "relative_key"}, "position_embedding_type"),
     ("bert_mlm", {"is_decoder": True}, "is_decoder"),
-    ("llama", {"rope_parameters": {"rope_type": "linear", "rope_theta": 1e4, "factor": 2.0}}, "rope_type='linear'"),
+    # RoPE scaling types are supported (tests/test_rope_scaling.py); an unknown one, or one missing a key, is named.
+    ("llama", {"rope_parameters": {"rope_type": "mrope", "rope_theta": 1e4, "factor": 2.0}}, "'mrope'"),
     ("llama", {"rope_parameters": None, "rope_theta": 1e4, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}},
-     "rope_scaling"),
+     "original_max_position_embeddings"),
     ("roberta_mlm", {"pad_token_id": None}, r"pad_token_id=None: expected a token id >= 0 \(RoBERTa's positions"),
     ("roberta_mlm", {"hidden_act": "gelu_new"}, r"activation='gelu_tanh': Hugging Face's RobertaForMaskedLM head "
                                                 r"always applies exact GELU"),
