@@ -1,30 +1,18 @@
-"""The decoder families against transformers (PyTorch): logits both ways on left-padded batches in both layer
-layouts, and greedy generation token for token past the sliding window.
-
-Every model is tiny (2-4 layers, vocabulary 512) with its parameters perturbed away from the initialisers, and each
-case turns on the mechanisms its family has (biases, QK-norm, sliding windows, soft-capping, RoPE scaling ...).
-``FAMILY_CASES`` maps a case name to the transformers model it builds; a family's folder adds its cases there.
-"""
+"""The Llama-layout decoder families (Qwen2 / 2.5, Qwen3, Mistral, Llama 3 RoPE) against transformers: logits both
+ways on left-padded batches in both layer layouts, and 24 greedy tokens past the sliding window
+(``tests/family_parity.py``). Each case turns on its family's mechanisms: q/k/v biases without an output bias,
+sliding windows on some or all layers, YaRN and llama3 RoPE scaling, QK-norm with an explicit head_dim."""
 
 from __future__ import annotations
 
 from typing import Callable
 
-import jax.numpy as jnp
-import numpy as np
 import pytest
 import torch
 import transformers
-from flax import nnx
 
-from flaxzoo import models
-from flaxzoo.models.hub import from_pretrained, save_pretrained
-
-VOCAB, ATOL = 512, 1e-4
-transformers.logging.set_verbosity_error()
-
-SMALL = dict(vocab_size=VOCAB, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=96,
-             max_position_embeddings=128, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+from family_parity import (SMALL, check_greedy_generation, check_loads_with_same_logits,
+                           check_saves_with_same_logits, saved_case)
 
 
 def _qwen2() -> torch.nn.Module:
@@ -60,40 +48,6 @@ FAMILY_CASES: dict[str, Callable[[], torch.nn.Module]] = {
 }
 
 
-def perturbed(model: torch.nn.Module) -> torch.nn.Module:
-    generator = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn(p.shape, generator=generator) * 0.05)
-    return model.eval()
-
-
-def left_padded(seq: int = 12, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """Two rows of ids; the second left-padded by 4 (id 0, mask 0)."""
-    ids = np.random.RandomState(seed).randint(3, VOCAB, (2, seq)).astype(np.int64)
-    mask = np.ones((2, seq), np.int64)
-    ids[1, :4], mask[1, :4] = 0, 0
-    return ids, mask
-
-
-@nnx.jit
-def _forward(model, ids, mask):
-    return model(ids, mask)
-
-
-def hf_logits(model: torch.nn.Module, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
-    with torch.no_grad():
-        return model(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask)).logits.numpy()
-
-
-def assert_real_close(ours, theirs, mask) -> None:
-    real = mask.astype(bool)
-    ours, theirs = np.asarray(ours)[real], theirs[real]
-    assert np.isfinite(ours).all()
-    np.testing.assert_allclose(ours, theirs, rtol=0, atol=ATOL)
-    assert np.abs(theirs).max() > 0.05
-
-
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
     """``get(case)`` → (transformers model, its directory), built once per case."""
@@ -102,10 +56,8 @@ def checkpoint(tmp_path_factory):
     def get(case):
         if case not in cache:
             torch.manual_seed(0)
-            model = perturbed(FAMILY_CASES[case]())
             directory = tmp_path_factory.mktemp(case)
-            model.save_pretrained(directory)
-            cache[case] = model, directory
+            cache[case] = saved_case(FAMILY_CASES[case](), directory), directory
         return cache[case]
 
     return get
@@ -114,38 +66,14 @@ def checkpoint(tmp_path_factory):
 @pytest.mark.parametrize("scan", [False, True], ids=["unrolled", "scanned"])
 @pytest.mark.parametrize("case", sorted(FAMILY_CASES))
 def test_transformers_checkpoint_gives_same_logits(checkpoint, case, scan):
-    hf, directory = checkpoint(case)
-    model = from_pretrained(directory, scan_layers=scan)
-    assert model.config.model_type == hf.config.model_type
-    ids, mask = left_padded()
-    assert_real_close(_forward(model, jnp.asarray(ids, jnp.int32), jnp.asarray(mask, jnp.int32)),
-                      hf_logits(hf, ids, mask), mask)
+    check_loads_with_same_logits(*checkpoint(case), scan)
 
 
 @pytest.mark.parametrize("case", sorted(FAMILY_CASES))
 def test_saved_model_loads_in_transformers_with_same_logits(checkpoint, case, tmp_path):
-    hf, directory = checkpoint(case)
-    model = from_pretrained(directory)
-    saved = save_pretrained(model, tmp_path / "saved")
-    again = transformers.AutoModelForCausalLM.from_pretrained(saved).eval()
-    assert type(again) is type(hf)
-    ids, mask = left_padded(seed=1)
-    assert_real_close(_forward(model, jnp.asarray(ids, jnp.int32), jnp.asarray(mask, jnp.int32)),
-                      hf_logits(again, ids, mask), mask)
-    for key in ("sliding_window", "head_dim", "rope_parameters", "layer_types"):
-        if getattr(hf.config, key, None) is not None:
-            assert getattr(again.config, key) == getattr(hf.config, key), key
+    check_saves_with_same_logits(*checkpoint(case), tmp_path / "saved")
 
 
 @pytest.mark.parametrize("case", sorted(FAMILY_CASES))
 def test_greedy_generation_equals_transformers_past_the_window(checkpoint, case):
-    """24 greedy tokens after a left-padded batch of prompts (the windows are 6-8: well past them)."""
-    hf, directory = checkpoint(case)
-    model = from_pretrained(directory)
-    ids, mask = left_padded(seq=10, seed=2)
-    new = 24
-    with torch.no_grad():
-        theirs = hf.generate(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask),
-                             max_new_tokens=new, do_sample=False, eos_token_id=None, pad_token_id=0).numpy()
-    ours = np.asarray(models.generate(model, ids, new, attention_mask=mask))
-    np.testing.assert_array_equal(ours[:, ids.shape[1]:], theirs[:, ids.shape[1]:])
+    check_greedy_generation(*checkpoint(case))
