@@ -364,6 +364,11 @@ def _llama(**kw: Any) -> TransformerConfig:
     return TransformerConfig(**{**base, **kw})
 
 
+def _gemma3_layer_types(num_layers: int, every: int = 6) -> tuple[str, ...]:
+    """Gemma 3's pattern: five sliding-window layers, then one global, repeated."""
+    return tuple("full_attention" if (i + 1) % every == 0 else "sliding_attention" for i in range(num_layers))
+
+
 PRESETS: dict[str, TransformerConfig] = {
     "bert-base-uncased": _bert(hidden_size=768, num_layers=12, num_heads=12, intermediate_size=3072),
     "bert-large-uncased": _bert(hidden_size=1024, num_layers=24, num_heads=16, intermediate_size=4096),
@@ -377,6 +382,42 @@ PRESETS: dict[str, TransformerConfig] = {
         max_position_embeddings=8192, rope_theta=100_000.0, tie_word_embeddings=True, bos_token_id=1,
         eos_token_id=2,
     ),
+    # Published decoder sizes (the Hugging Face config.json values; tests/test_presets.py counts their parameters
+    # against transformers' own models built from the same configs).
+    "qwen2.5-0.5b": _llama(
+        model_type="qwen2", vocab_size=151936, hidden_size=896, num_layers=24, num_heads=14, num_kv_heads=2,
+        intermediate_size=4864, max_position_embeddings=32768, rope_theta=1_000_000.0, norm_eps=1e-6,
+        attention_bias=True, attention_out_bias=False, tie_word_embeddings=True, bos_token_id=151643,
+        eos_token_id=151643),
+    "qwen3-0.6b": _llama(
+        model_type="qwen3", vocab_size=151936, hidden_size=1024, num_layers=28, num_heads=16, num_kv_heads=8,
+        head_dim=128, intermediate_size=3072, max_position_embeddings=40960, rope_theta=1_000_000.0, norm_eps=1e-6,
+        qk_norm="head", tie_word_embeddings=True, bos_token_id=151643, eos_token_id=151645),
+    "mistral-7b": _llama(
+        model_type="mistral", vocab_size=32000, hidden_size=4096, num_layers=32, num_heads=32, num_kv_heads=8,
+        intermediate_size=14336, max_position_embeddings=32768, rope_theta=10_000.0, sliding_window=4096,
+        tie_word_embeddings=False, bos_token_id=1, eos_token_id=2),
+    "gemma-3-270m": _llama(
+        model_type="gemma3_text", vocab_size=262144, hidden_size=640, num_layers=18, num_heads=4, num_kv_heads=1,
+        head_dim=256, intermediate_size=2048, max_position_embeddings=32768, rope_theta=1_000_000.0,
+        rope_local_theta=10_000.0, norm_eps=1e-6, activation="gelu_tanh", norm_placement="sandwich",
+        norm_unit_offset=True, embedding_multiplier=640 ** 0.5, qk_norm="head", query_scale=256 ** -0.5,
+        sliding_window=512, layer_types=_gemma3_layer_types(18), tie_word_embeddings=True, pad_token_id=0,
+        bos_token_id=2, eos_token_id=1),
+    "phi-3-mini": _llama(
+        model_type="phi3", vocab_size=32064, hidden_size=3072, num_layers=32, num_heads=32, num_kv_heads=32,
+        intermediate_size=8192, max_position_embeddings=4096, rope_theta=10_000.0, sliding_window=2047,
+        tie_word_embeddings=False, pad_token_id=32000, bos_token_id=1, eos_token_id=32000),
+    "pythia-160m": _llama(
+        model_type="gpt_neox", vocab_size=50304, hidden_size=768, num_layers=12, num_heads=12,
+        intermediate_size=3072, max_position_embeddings=2048, norm="layernorm", activation="gelu", mlp_gated=False,
+        attention_bias=True, mlp_bias=True, rotary_fraction=0.25, parallel_residual=True,
+        tie_word_embeddings=False, bos_token_id=0, eos_token_id=0),
+    "olmo-2-1b": _llama(
+        model_type="olmo2", vocab_size=100352, hidden_size=2048, num_layers=16, num_heads=16,
+        intermediate_size=8192, max_position_embeddings=4096, rope_theta=500_000.0, norm_eps=1e-6,
+        norm_placement="post_branch", qk_norm="full", tie_word_embeddings=False, pad_token_id=100277,
+        bos_token_id=100257, eos_token_id=100257),
     # Tiny configs for tests and smoke runs.
     "bert-tiny": _bert(vocab_size=1000, hidden_size=64, num_layers=2, num_heads=4, intermediate_size=128,
                        max_position_embeddings=128, dropout=0.0, attention_dropout=0.0),

@@ -1,0 +1,54 @@
+"""The published decoder presets: each one's parameter count (from ``eval_shape``, nothing allocated) equals the
+count of transformers' own model built from the ``config.json`` flaxzoo writes for it (on torch's meta device), and
+the figures the model cards publish."""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import pytest
+import torch
+import transformers
+from flax import nnx
+
+from flaxzoo import models
+from flaxzoo.models import families
+from flaxzoo.models.families.fields import common_to_hf
+
+# Preset → the parameter count its model card gives (transformers counts tied tables once, as flaxzoo does).
+PUBLISHED = {
+    "qwen2.5-0.5b": 494_032_768,
+    "qwen3-0.6b": 596_049_920,
+    "mistral-7b": 7_241_732_096,
+    "gemma-3-270m": 268_098_176,
+    "phi-3-mini": 3_821_079_552,
+    "pythia-160m": 162_322_944,
+    "olmo-2-1b": None,  # the card rounds it ("1B"): checked against transformers only
+}
+
+
+def flaxzoo_count(config: models.TransformerConfig) -> int:
+    cls = families.family_of(config.model_type).class_for("causal_lm")
+    state = nnx.state(models.abstract_model(config, cls), nnx.Param)
+    return sum(math.prod(leaf.shape) for leaf in jax.tree.leaves(state))
+
+
+def transformers_count(config: models.TransformerConfig) -> int:
+    family = families.family_of(config.model_type)
+    cls = family.class_for("causal_lm")
+    hf = family.config_to_hf(config) | common_to_hf(config) | {"model_type": config.model_type,
+                                                               "architectures": [family.hf_architecture(cls)]}
+    hf_config = transformers.AutoConfig.for_model(**hf)
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(hf_config)
+    return sum(p.numel() for p in model.parameters())
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_preset_parameter_count_equals_transformers(name):
+    config = models.get_preset(name)
+    ours = flaxzoo_count(config)
+    assert ours == transformers_count(config)
+    if PUBLISHED[name] is not None:
+        assert ours == PUBLISHED[name]
