@@ -124,7 +124,7 @@ def _field_type(field: dataclasses.Field) -> type:
     args = [a for a in typing.get_args(hint) if a is not type(None)]
     if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
         hint = args[0]
-    return hint
+    return typing.get_origin(hint) or hint  # tuple[str, ...] → tuple
 
 
 def model_fields(preset: str = "", cls: str = "", **fields: Any) -> ConfigDict:
