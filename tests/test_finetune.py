@@ -352,10 +352,33 @@ def test_vocabulary_extension_adds_whole_words_with_the_mean_of_their_pieces(min
 
 
 def test_bfloat16_compute_is_set_and_float16_refused(data_dir, tiny_encoder, minilm_dir, csv_files):
-    cfg = finetune_config(data_dir, tiny_encoder, minilm_dir, csv_files["train"], compute_dtype="bfloat16")
+    cfg = finetune_config(data_dir, tiny_encoder, minilm_dir, csv_files["train"], **{
+        "precision.compute_dtype": "bfloat16"})
     assert cfg.resolved_dtype() == "bfloat16"
-    with pytest.raises(ConfigError, match="compute_dtype: 'float16' is refused for training: float16 needs dynamic loss scaling"):
-        finetune_config(data_dir, tiny_encoder, minilm_dir, csv_files["train"], compute_dtype="float16")
+    with pytest.raises(ConfigError, match="^precision.compute_dtype: 'float16' is refused for training: float16 needs "
+                                          "dynamic loss scaling"):
+        finetune_config(data_dir, tiny_encoder, minilm_dir, csv_files["train"],
+                        **{"precision.compute_dtype": "float16"})
+
+
+def test_precision_keys_are_pretrainings_and_the_old_top_level_keys_name_where_they_moved(
+        data_dir, tiny_encoder, minilm_dir, csv_files):
+    """``precision.remat`` / ``precision.scan_layers`` / ``precision.compute_dtype``, as in pre-training; the top-level
+    keys of earlier versions are refused, each with the key it moved to; ``precision.loss_chunk`` has nothing to
+    chunk in a fine-tune."""
+    cfg = finetune_config(data_dir, tiny_encoder, minilm_dir, csv_files["train"], **{
+        "precision.remat": "full", "precision.scan_layers": True})
+    assert cfg.execution(6, "cpu") == cfg.execution(6, "gpu") == ("full", True)
+    auto = finetune_config(data_dir, tiny_encoder, minilm_dir, csv_files["train"])
+    assert auto.execution(6, "cpu") == ("none", False) and auto.execution(6, "gpu") == ("none", True)
+    assert (auto.resolved_dtype("cpu"), auto.resolved_dtype("tpu")) == ("float32", "bfloat16")
+    for key, value in (("compute_dtype", "bfloat16"), ("remat", "full"), ("scan_layers", True)):
+        with pytest.raises(ConfigError) as info:
+            finetune_config(data_dir, tiny_encoder, minilm_dir, csv_files["train"], **{key: value})
+        assert info.value.key == key and str(info.value).startswith(f"{key}: moved to precision.{key} ")
+        assert f"--config.precision.{key}={value}" in str(info.value) and "\n" not in str(info.value)
+    with pytest.raises(ConfigError, match="^precision.loss_chunk: 64: .*expected 0$"):
+        finetune_config(data_dir, tiny_encoder, minilm_dir, csv_files["train"], **{"precision.loss_chunk": 64})
 
 
 # -------------------------------------------------------------------------------------------------- BBC data
@@ -447,6 +470,14 @@ def test_the_command_line_exits_2_on_bad_input(tmp_path):
                             text=True, timeout=120)
     assert result.returncode == 2, result.stderr
     assert "config error: data.train_path: '': source='files' needs a CSV / TSV / JSONL file" in result.stderr
+    moved = subprocess.run([sys.executable, "-m", "flaxzoo.train", "--config", "finetune_cls", "--workdir",
+                            str(tmp_path / "w"), "--config.compute_dtype=bfloat16"], cwd=REPO, capture_output=True,
+                           text=True, timeout=120)
+    assert moved.returncode == 2, moved.stderr
+    errors = [line for line in moved.stderr.splitlines() if "error" in line]
+    assert errors == ["config error: compute_dtype: moved to precision.compute_dtype (pre-training's key, the same "
+                      "meaning): set --config.precision.compute_dtype=bfloat16 (config files: "
+                      "c.precision.compute_dtype = 'bfloat16')"], moved.stderr
 
 
 def test_a_flaxzoo_mlm_workdir_starts_a_classifier(tmp_path, data_dir, csv_files):

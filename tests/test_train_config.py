@@ -485,10 +485,10 @@ def test_precision_rules_are_one_set_for_every_task():
         expected = training_precision_error(config.precision.compute_dtype, config.precision.param_dtype)[1]
         assert str(info.value) == f"{key}: {expected}"
     finetune = load_config("finetune_cls")
-    finetune.compute_dtype = "float16"
+    finetune.precision.compute_dtype = "float16"  # the same key as pre-training's
     with pytest.raises(ConfigError) as info:
         FinetuneConfig.from_config_dict(finetune)
-    assert str(info.value) == "compute_dtype: " + training_precision_error("float16")[1]
+    assert str(info.value) == "precision.compute_dtype: " + training_precision_error("float16")[1]
     assert "loss scaling" in str(info.value)
 
     config = load_config("default")

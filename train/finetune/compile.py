@@ -30,7 +30,6 @@ from flaxzoo.models.layers.attention_core import attention_backend
 from flaxzoo.models.lora import apply_lora, frozen_and_trainable
 from flaxzoo.train import flops as flopslib
 from flaxzoo.train import sharding as shardlib
-from flaxzoo.train.config import execution_defaults
 from flaxzoo.train.finetune.config import SCRATCH, FinetuneConfig
 from flaxzoo.train.finetune.classifier import packaged_minilm, read_num_layers
 from flaxzoo.train.finetune.tagger import Tagger
@@ -90,10 +89,8 @@ def compile_finetune(config: ConfigDict, target: Target, devices: list[jax.Devic
     # The fine-tuner's rule (FinetuneConfig.execution) for the target's platform: a depth it cannot read before
     # loading (a Hub id) means no remat and unrolled layers.
     depth = model_config.num_layers if cfg.init_from == SCRATCH else read_num_layers(source)
-    remat, scan = execution_defaults(platform, depth) if depth else cfg.execution_without_depth()
-    remat = remat if cfg.remat == "auto" else cfg.remat
-    scan = scan if cfg.scan_layers == "auto" else cfg.scan_layers
-    dtype = cfg.compute_dtype if cfg.compute_dtype != "auto" else ("float32" if platform == "cpu" else "bfloat16")
+    remat, scan = cfg.execution(depth, platform) if depth else cfg.execution_without_depth()
+    dtype = cfg.resolved_dtype(platform)
     model_config = model_config.replace(num_labels=labels, label_names=None, vocab_size=model_config.vocab_size + added,
                                         dtype=dtype, param_dtype="float32", remat=remat, scan_layers=scan,
                                         **({} if cfg.dropout < 0 else {"dropout": cfg.dropout}))

@@ -14,11 +14,14 @@ Keys (``--config.KEY=VALUE``):
 - ``warmup_ratio``: the warmup's share of the steps (``optim.warmup_steps`` is used only when this is 0)
 - ``optim.*``: as for pre-training (``flaxzoo.train.config.OptimConfig``), ``optim.layer_decay`` < 1 gives layer-wise LR
   decay (embeddings lowest, the head highest)
-- ``remat``, ``scan_layers``: as ``precision.remat`` / ``precision.scan_layers`` in pre-training ("auto" decides from
-  the backend and the depth)
-- ``compute_dtype``: ``auto`` (bfloat16 on GPU / TPU, float32 on CPU), ``float32``, ``bfloat16``. bfloat16 keeps
-  float32's exponent range, so its gradients need no loss scaling; ``float16`` is refused, by the rules pre-training
-  follows too (``flaxzoo.train.precision``). Parameters are float32 (the master weights).
+- ``precision.*``: pre-training's section (``flaxzoo.train.config.PrecisionConfig``), the same keys with the same
+  meaning: ``precision.compute_dtype`` ``auto`` (bfloat16 on GPU / TPU, float32 on CPU), ``float32``, ``bfloat16``
+  (bfloat16 keeps float32's exponent range, so its gradients need no loss scaling; ``float16`` is refused, by the
+  rules of ``flaxzoo.train.precision``); ``precision.param_dtype`` ``float32`` (the master weights);
+  ``precision.remat`` / ``precision.scan_layers`` (``auto`` decides from the backend and the depth:
+  :meth:`FinetuneConfig.execution`). ``precision.loss_chunk`` must stay 0: it chunks a language model's vocabulary
+  logits, and a fine-tune's head has none. The top-level ``compute_dtype`` / ``remat`` / ``scan_layers`` of earlier
+  versions are refused with the key they moved to.
 - ``data.*``: :class:`ClassifyDataConfig`; ``vocab.*``: :class:`VocabConfig`; ``model.*``: for ``"scratch"`` only,
   as in pre-training (``flaxzoo.train.config.model_fields``)
 - ``lora.*``: LoRA, as in pre-training (``flaxzoo.train.config.LoraSettings``: ``rank`` 0 = off, ``alpha``, ``targets``,
@@ -47,17 +50,15 @@ import dataclasses
 from typing import Any, ClassVar, Mapping
 
 import jax
-from ml_collections import ConfigDict
+from ml_collections import ConfigDict, FieldReference
 
 from flaxzoo.models import TransformerConfig
 from flaxzoo.models.text import TRUNCATION_STRATEGIES
-from flaxzoo.models.config import REMAT_POLICIES
-from flaxzoo.train.config import (BOOL, TEXT, ConfigError, LoraSettings, MeshConfig, OptimConfig, Section, Spec,
-                                  checked, choice, compilation_cache_path, execution_defaults, integer, model_fields,
-                                  model_from_values, names_list, number, section_dict)
+from flaxzoo.train.config import (BOOL, TEXT, ConfigError, LoraSettings, MeshConfig, OptimConfig, PrecisionConfig,
+                                  Section, Spec, checked, choice, compilation_cache_path, execution_defaults, integer,
+                                  model_fields, model_from_values, names_list, number, section_dict)
 from flaxzoo.train.data.config import default_data_dir
 from flaxzoo.train.finetune.data import SOURCES
-from flaxzoo.train.precision import training_precision_error
 
 TASK = "classify"
 TASKS = (TASK, "tag")  # a label per text (sequence classification); a tag per word (token classification, NER)
@@ -66,6 +67,9 @@ CLASS_WEIGHTS = ("none", "balanced")
 # What LoRA fine-tuning trains in full when lora.train_fully is "": flaxzoo.models.lora's "head", the modules outside the
 # encoder's embeddings and layers (for a BertForSequenceClassification: bert.pooler and classifier).
 DEFAULT_TRAIN_FULLY = ("head",)
+# Top-level keys of earlier versions, now in precision.* (pre-training's names): base_config() keeps each as an unset
+# placeholder, so that a config file or --config.KEY=VALUE that still sets one is told where it went.
+MOVED_TO_PRECISION = ("compute_dtype", "remat", "scan_layers")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -163,9 +167,6 @@ class FinetuneConfig(Section):
     head_lr: float = checked(0.0, number(0.0, note="(the head's peak LR; 0 = optim.lr)"))
     class_weights: str = checked("none", choice(*CLASS_WEIGHTS))
     warmup_ratio: float = checked(0.1, number(0.0, 1.0))
-    compute_dtype: str = checked("auto", choice("auto", "float32", "bfloat16", "float16"))
-    remat: str = checked("auto", choice(*REMAT_POLICIES, also=("auto",)))
-    scan_layers: Any = checked("auto", Spec("bool", also=("auto",)))
     eval_every: int = checked(0, integer(0, note="(steps between validation scores; 0 = only at the end)"))
     checkpoint_every: int = checked(50, integer(0, note="(steps between checkpoints; 0 = only at the end or a stop)"))
     profile_steps: tuple[int, int] | None = checked("", Spec("window"))
@@ -173,13 +174,15 @@ class FinetuneConfig(Section):
     compilation_cache: bool = checked(True, BOOL)
     compilation_cache_dir: str = checked("", TEXT)
     mesh: MeshConfig = dataclasses.field(default_factory=lambda: MeshConfig(data=1))
+    precision: PrecisionConfig = dataclasses.field(default_factory=PrecisionConfig)
 
-    SECTIONS: ClassVar[tuple[str, ...]] = ("optim", "data", "vocab", "model", "lora", "mesh")
+    SECTIONS: ClassVar[tuple[str, ...]] = ("optim", "data", "vocab", "model", "lora", "mesh", "precision")
 
     def _validate(self) -> None:
-        refused = training_precision_error(self.compute_dtype)
-        if refused is not None:
-            raise ConfigError(refused[0], refused[1])
+        if self.precision.loss_chunk:
+            raise ConfigError("precision.loss_chunk", f"{self.precision.loss_chunk}: it chunks a language model's "
+                                                      "vocabulary logits, and a fine-tune's head has a few per row "
+                                                      "or token; expected 0")
         if self.init_from == SCRATCH and not self.tokenizer:
             raise ConfigError("tokenizer", "'': init_from='scratch' needs a tokenizer path (a folder with "
                                            "tokenizer.json / vocab.txt)")
@@ -234,25 +237,30 @@ class FinetuneConfig(Section):
             return ()
         return self.lora.fully_trained or DEFAULT_TRAIN_FULLY
 
-    def resolved_dtype(self) -> str:
-        if self.compute_dtype != "auto":
-            return self.compute_dtype
-        return "float32" if jax.default_backend() == "cpu" else "bfloat16"
+    def resolved_dtype(self, backend: str | None = None) -> str:
+        """``precision.compute_dtype`` with "auto" decided for ``backend`` (default: JAX's): float32 on CPU,
+        bfloat16 on accelerators."""
+        if self.precision.compute_dtype != "auto":
+            return self.precision.compute_dtype
+        return "float32" if (backend or jax.default_backend()) == "cpu" else "bfloat16"
 
-    def execution(self, num_layers: int) -> tuple[str, bool]:
-        """``(remat, scan_layers)`` with "auto" decided: on CPU unrolled layers without remat (MiniLM, batch 32 x 16
-        tokens, 2-core AMD EPYC: 310-325 ms a step against 342-381 with dots + scan); on accelerators as for
-        pre-training (``flaxzoo.train.config.execution_defaults``)."""
-        backend = jax.default_backend()
+    def execution(self, num_layers: int, backend: str | None = None) -> tuple[str, bool]:
+        """``(precision.remat, precision.scan_layers)`` with "auto" decided for ``backend`` (default: JAX's): on CPU
+        unrolled layers without remat (MiniLM, batch 32 x 16 tokens, 2-core AMD EPYC: 310-325 ms a step against
+        342-381 with dots + scan); on accelerators as for pre-training (``flaxzoo.train.config.execution_defaults``)."""
+        backend = backend or jax.default_backend()
         remat, scan = ("none", False) if backend == "cpu" else execution_defaults(backend, num_layers)
-        return (remat if self.remat == "auto" else self.remat,
-                scan if self.scan_layers == "auto" else self.scan_layers)
+        return self._set_or(remat, scan)
 
     def execution_without_depth(self) -> tuple[str, bool]:
-        """``(remat, scan_layers)`` for a checkpoint whose depth is not known before loading (a Hub id): the set
-        values, "auto" meaning no remat and unrolled layers."""
-        return ("none" if self.remat == "auto" else self.remat,
-                False if self.scan_layers == "auto" else self.scan_layers)
+        """``(precision.remat, precision.scan_layers)`` for a checkpoint whose depth is not known before loading (a
+        Hub id): the set values, "auto" meaning no remat and unrolled layers."""
+        return self._set_or("none", False)
+
+    def _set_or(self, remat: str, scan: bool) -> tuple[str, bool]:
+        precision = self.precision
+        return (remat if precision.remat == "auto" else precision.remat,
+                scan if precision.scan_layers == "auto" else precision.scan_layers)
 
     def cache_dir(self) -> str | None:
         return compilation_cache_path(self.compilation_cache, self.compilation_cache_dir)
@@ -274,6 +282,12 @@ class FinetuneConfig(Section):
         """Check every value; raises :class:`ConfigError` naming the dotted key. ``device_count`` (default: every
         device) fills a −1 mesh axis."""
         values = config.to_dict() if isinstance(config, ConfigDict) else dict(config)
+        for key in MOVED_TO_PRECISION:
+            if values.get(key) is not None:
+                raise ConfigError(key, f"moved to precision.{key} (pre-training's key, the same meaning): set "
+                                       f"--config.precision.{key}={values[key]} (config files: "
+                                       f"c.precision.{key} = {values[key]!r})")
+            values.pop(key, None)
         unknown = sorted(set(values) - set(cls.keys()) - set(cls.SECTIONS))
         if unknown:
             raise ConfigError(unknown[0], f"unknown key (value {values[unknown[0]]!r}); expected one of "
@@ -285,6 +299,7 @@ class FinetuneConfig(Section):
         lora = LoraSettings.from_values(values.get("lora", {}))
         mesh = MeshConfig.resolve(values.get("mesh", {"data": -1}),
                                   jax.device_count() if device_count is None else device_count)
+        precision = PrecisionConfig.from_values(values.get("precision", {}))
         model = None
         model_values = values.get("model", {})
         if top.get("init_from") == SCRATCH:
@@ -295,7 +310,7 @@ class FinetuneConfig(Section):
                 raise ConfigError(f"model.{given[0]}", f"{model_values[given[0]]!r} is set but init_from="
                                                        f"{top.get('init_from', '')!r} loads its architecture from the "
                                                        "checkpoint; model.* applies to init_from='scratch' only")
-        return cls(optim=optim, data=data, vocab=vocab, model=model, lora=lora, mesh=mesh, **top)
+        return cls(optim=optim, data=data, vocab=vocab, model=model, lora=lora, mesh=mesh, precision=precision, **top)
 
 
 def base_config() -> ConfigDict:
@@ -310,5 +325,8 @@ def base_config() -> ConfigDict:
     c.model = model_fields("")
     c.lora = section_dict(LoraSettings)
     c.mesh = section_dict(MeshConfig)
+    c.precision = section_dict(PrecisionConfig)
+    for key in MOVED_TO_PRECISION:  # unset: FinetuneConfig.from_config_dict names precision.KEY when one is set
+        c[key] = FieldReference(None, field_type=object)
     return c
 
