@@ -323,6 +323,7 @@ def choose_backend(impl: str, *, dtype, head_dim: int, heads: int, kv_heads: int
                        "take: the closed-form-backward kernel")
     query_shape, key_shape = (1, q_len, heads, head_dim), (1, k_len, kv_heads, head_dim)
     kernel = impl if impl in KERNELS else None
+    refused = ""  # why the platform's kernel did not take the call, for the reason of what runs instead
     if impl == "auto":
         kernel = "splash" if platform == "tpu" else "gpu_flash" if platform == "gpu" and masked else None
     if kernel is not None:
@@ -351,6 +352,7 @@ def choose_backend(impl: str, *, dtype, head_dim: int, heads: int, kv_heads: int
             return capped_fallback
         if impl != "auto" or platform == "tpu":
             return "xla", f"{reason}: XLA"
+        refused = f"{reason}; "
     if capped:
         return capped_fallback
     if platform != "gpu":
@@ -368,7 +370,7 @@ def choose_backend(impl: str, *, dtype, head_dim: int, heads: int, kv_heads: int
     elif is_causal and q_len != k_len:
         why_not = f"causal with query length {q_len} != key length {k_len}"
     if why_not is not None:
-        return "xla", f"cuDNN does not take {why_not}: XLA"
+        return "xla", f"{refused}cuDNN does not take {why_not}: XLA"
     return "cudnn", "cuDNN flash attention"
 
 
