@@ -16,7 +16,7 @@ from typing import Any, Callable, Collection, Mapping
 from flax import nnx
 
 from flaxzoo.models.config import TransformerConfig
-from flaxzoo.models.families import bert, gpt2, llama, mistral, qwen2, qwen3, roberta
+from flaxzoo.models.families import bert, gemma, gpt2, llama, mistral, qwen2, qwen3, roberta
 from flaxzoo.models.families.base import Family, ParamPath
 
 FAMILIES: dict[str, Family] = {}
@@ -182,6 +182,9 @@ register(llama.FAMILY)
 register(qwen2.FAMILY)
 register(qwen3.FAMILY)
 register(mistral.FAMILY)
+register(gemma.GEMMA)
+register(gemma.GEMMA2)
+register(gemma.GEMMA3)
 
 __all__ = ["FAMILIES", "Family", "default_model_class", "factory_for", "family_and_class", "family_of",
            "family_of_class", "gguf_config", "gguf_family", "is_decoder_class", "lora_targets", "model_class",

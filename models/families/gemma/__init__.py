@@ -1,0 +1,6 @@
+"""gemma, gemma2, gemma3_text: see ``hf.py`` (one folder for the Gemma line: the three records share their layout,
+defaults and checks, and differ only in the fields ``hf.py`` lists per generation)."""
+
+from flaxzoo.models.families.gemma.hf import GEMMA, GEMMA2, GEMMA3
+
+__all__ = ["GEMMA", "GEMMA2", "GEMMA3"]
