@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from flaxzoo.models.config import TransformerConfig
 from flaxzoo.models.layers.embeddings import as_index_array, check_token_ids
 from flaxzoo.models.sampling import check_sampling_args, sample_logits
 
@@ -85,6 +86,16 @@ def left_align(input_ids: np.ndarray, attention_mask: np.ndarray, width: int | N
     return aligned.astype(np.int32), valid.astype(np.int32)
 
 
+def _longrope_original(config: TransformerConfig) -> int | None:
+    """A LongRoPE model's ``original_max_position_embeddings`` (None for any other model): the length whose crossing
+    makes :func:`generate` recompute the cache, as transformers' Phi-3 ``generate`` drops its cache there, so that
+    every step's logits are those of the whole sequence so far under one factor set (long past the length)."""
+    scaling = config.rope_scaling_dict if config.position == "rope" else None
+    if not scaling or scaling.get("rope_type") != "longrope":
+        return None
+    return int(scaling["original_max_position_embeddings"])
+
+
 @partial(jax.jit, static_argnames=("graphdef", "capacity", "greedy"))
 def _generate(graphdef, state, input_ids, prompt_mask, max_new_tokens, rng, temperature, top_k, top_p, stop_ids,
               fill, *, capacity, greedy):
@@ -113,8 +124,24 @@ def _generate(graphdef, state, input_ids, prompt_mask, max_new_tokens, rng, temp
         step, _, _, _, done = carry
         return (step < max_new_tokens) & ~done.all()
 
+    original = _longrope_original(model.config)
+    slots = width + capacity - 1
+
+    def recompute(tokens, step, decode_state):
+        """The cache of every token fed so far and ``last`` (``[batch, slots]`` from a fresh state: one call, so the
+        LongRoPE factors of a sequence past ``original``), then ``last``'s slot taken back for the step to feed it."""
+        ids = jnp.concatenate([input_ids, tokens], axis=1)[:, :slots]
+        fed = (jnp.arange(slots) < width + step).astype(jnp.int32)[None, :]
+        mask = jnp.concatenate([prompt_mask, jnp.ones_like(tokens)], axis=1)[:, :slots] * fed
+        _, fresh = model.decode(ids, model.init_state(batch, slots), mask, last_only=True)
+        back = (width + step - 1).astype(jnp.int32)
+        return fresh.replace(valid=fresh.valid.at[:, back].set(0), lengths=fresh.lengths - 1, index=back)
+
     def step_fn(carry):
         step, tokens, last, decode_state, done = carry
+        if original is not None:  # the step crossing the original length recomputes the cache
+            decode_state = jax.lax.cond(jnp.max(decode_state.lengths) == original, partial(recompute, tokens, step),
+                                        lambda state: state, decode_state)
         logits, decode_state = model.decode(last[:, None], decode_state)
         token, done = pick(logits, step, done)
         return step + 1, tokens.at[:, step].set(token), token, decode_state, done

@@ -17,6 +17,7 @@ from flax import nnx
 
 from flaxzoo.models.config import TransformerConfig
 from flaxzoo.models.families import bert, gemma, gpt2, llama, mistral, qwen2, qwen3, roberta
+from flaxzoo.models.families import gpt_neox, olmo2, phi3
 from flaxzoo.models.families.base import Family, ParamPath
 
 FAMILIES: dict[str, Family] = {}
@@ -182,6 +183,9 @@ register(llama.FAMILY)
 register(qwen2.FAMILY)
 register(qwen3.FAMILY)
 register(mistral.FAMILY)
+register(phi3.FAMILY)
+register(gpt_neox.FAMILY)
+register(olmo2.FAMILY)
 register(gemma.GEMMA)
 register(gemma.GEMMA2)
 register(gemma.GEMMA3)

@@ -27,9 +27,10 @@ argument. Every other function here takes either that tuple or a raw dict (norma
 as Hugging Face does: ``max(positions) + 1`` of the call (the whole batch). ``"longrope"`` uses ``short_factor`` for
 ``L <= original_max_position_embeddings`` and ``long_factor`` above; :func:`rope_frequencies` takes ``seq_len`` as a
 Python int, :func:`longrope_inv_freq` and :func:`rope_angles_scaled` select under ``jit``. Either way the choice is
-made per call: when generation crosses the original length, the new tokens get the long factors while the keys
-already in a KV cache keep their short-factor rotation (as in Hugging Face's Phi-3); passing ``seq_len`` (e.g. the
-cache length) to :func:`rope_angles_scaled` fixes one set for a whole generation instead.
+made per call: a cached step past the original length rotates its new tokens with the long factors, not the keys
+already in a KV cache, so ``flaxzoo.models.generate`` recomputes the cache at the step that crosses it (as Hugging
+Face's Phi-3 ``generate`` drops its cache there); passing ``seq_len`` (e.g. the cache length) to
+:func:`rope_angles_scaled` fixes one set for a whole generation instead.
 """
 
 from __future__ import annotations
