@@ -193,13 +193,19 @@ class GGUFSpec:
     describes (``config(file, tensor names)``, in rotate-half terms: the loader switches to ``rope_layout``), the
     GGUF name of each Hugging Face tensor (``names``: (regular expression, replacement) pairs, as llama.cpp's
     ``convert_hf_to_gguf.py`` writes them) and the tokenizer kinds it carries (``tokenizer.ggml.model``; ``"gpt2"``
-    is byte-level BPE)."""
+    is byte-level BPE).
+
+    ``offsets``: (regular expression over Hugging Face names, the constant llama.cpp adds to those tensors on
+    conversion): Gemma's norms are stored as ``1 + w``; the loader subtracts it. ``skipped``: regular expressions of
+    GGUF tensors that are no parameters (Phi-3's LongRoPE factors, which ``config`` reads)."""
 
     architectures: tuple[str, ...]
     config: Callable[[Any, Collection[str]], dict[str, Any]]
     names: tuple[tuple[str, str], ...]
     tokenizers: tuple[str, ...] = ("gpt2",)
     rope_layout: str = "interleaved"  # llama.cpp stores Q and K rows with RoPE pairs interleaved
+    offsets: tuple[tuple[str, float], ...] = ()
+    skipped: tuple[str, ...] = ()
 
     def name(self, hf_name: str) -> str:
         """``"model.layers.3.self_attn.q_proj.weight"`` → ``"blk.3.attn_q.weight"``."""
@@ -207,6 +213,16 @@ class GGUFSpec:
             if re.fullmatch(pattern, hf_name):
                 return re.sub(pattern, replacement, hf_name)
         raise KeyError(f"no GGUF name for the Hugging Face tensor {hf_name}")
+
+    def stored(self, e: Entry) -> Entry:
+        """``e`` reading its tensor as the GGUF file stores it: minus the ``offsets`` constant of its name, if any
+        (plus it on the way back)."""
+        amount = next((value for pattern, value in self.offsets if re.fullmatch(pattern, e.hf)), 0.0)
+        if not amount:
+            return e
+        inner = e.transform
+        return dataclasses.replace(e, transform=Transform(lambda w: inner.to_flax(w - amount),
+                                                          lambda *ws: inner.to_hf(*ws) + amount))
 
 
 def plain(cls: type, params: Collection[ParamPath]) -> Callable[..., nnx.Module]:
@@ -275,8 +291,9 @@ class Family:
                          f"{sorted(c.__name__ for c in self.architectures.values())}")
 
     def gguf_weights(self, config: TransformerConfig, cls: type) -> WeightMap:
-        """The table for ``cls`` under the family's GGUF names. A GGUF has no base-model prefix; the tensors of
-        heads ``cls`` lacks (the output projection, for the base model) are skipped."""
+        """The table for ``cls`` under the family's GGUF names, each tensor as the file stores it
+        (``GGUFSpec.offsets``). A GGUF has no base-model prefix; the tensors of heads ``cls`` lacks (the output
+        projection, for the base model) and the spec's ``skipped`` tensors are skipped."""
         if self.gguf is None:
             raise ValueError(f"Hugging Face {self.model_type} has no GGUF layout in flaxzoo")
         hf = self.weights(config, cls, f"{self.base_prefix}.")
@@ -284,7 +301,9 @@ class Family:
         for other in self.classes:
             full |= {e.hf for e in self.weights(config, other, f"{self.base_prefix}.").entries}
         heads = sorted(full - {e.hf for e in hf.entries})
-        return hf.renamed(self.gguf.name, tuple(re.escape(self.gguf.name(n)) for n in heads))
+        if self.gguf.offsets:
+            hf = dataclasses.replace(hf, entries=[self.gguf.stored(e) for e in hf.entries])
+        return hf.renamed(self.gguf.name, (*(re.escape(self.gguf.name(n)) for n in heads), *self.gguf.skipped))
 
 
 # ------------------------------------------------------------------------------------------- matching a checkpoint

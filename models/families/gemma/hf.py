@@ -30,6 +30,7 @@ from flaxzoo.models.families.decoder import (PRE_NORMS, SANDWICH_NORMS, decoder_
                                              decoder_config_to_hf, decoder_weights, head_dim_of,
                                              rope_from_hf, rope_parameters_to_hf)
 from flaxzoo.models.families.fields import ACTIVATIONS_TO_HF
+from flaxzoo.models.families.gemma.gguf import SPECS as GGUF_SPECS
 from flaxzoo.models.families.gpt2.model import GPTForCausalLM, GPTModel
 
 SLIDING, FULL = "sliding_attention", "full_attention"
@@ -249,7 +250,7 @@ def _family(model_type: str, prefix: str, layout: dict[str, Any], from_hf: Calla
         model_type=model_type, base_prefix="model",
         architectures={f"{prefix}Model": GPTModel, f"{prefix.removesuffix('Text')}ForCausalLM": GPTForCausalLM},
         config_from_hf=from_hf, config_to_hf=to_hf, weights=gemma_weights(norms), layout=layout,
-        save_problems=lambda config: gemma_save_problems(config, model_type))
+        save_problems=lambda config: gemma_save_problems(config, model_type), gguf=GGUF_SPECS[model_type])
 
 
 GEMMA = _family("gemma", "Gemma", GEMMA_LAYOUT, gemma_config_from_hf, gemma_config_to_hf, PRE_NORMS)

@@ -18,6 +18,7 @@ from flaxzoo.models.families.base import Family, WeightMap
 from flaxzoo.models.families.decoder import (PLAIN_MECHANISMS, decoder_config_from_hf, decoder_config_to_hf,
                                              decoder_weights)
 from flaxzoo.models.families.gpt2.model import GPTForCausalLM, GPTModel
+from flaxzoo.models.families.phi3.gguf import SPEC
 
 PHI3_LAYOUT = dict(causal=True, position="rope", norm="rmsnorm", norm_placement="pre", embedding_norm=False,
                    final_norm=True, mlp_gated=True, type_vocab_size=0, attention_bias=False,
@@ -99,4 +100,4 @@ FAMILY = Family(
     model_type="phi3", base_prefix="model",
     architectures={"Phi3Model": GPTModel, "Phi3ForCausalLM": GPTForCausalLM},
     config_from_hf=phi3_config_from_hf, config_to_hf=phi3_config_to_hf, weights=phi3_weights, layout=PHI3_LAYOUT,
-    save_problems=phi3_save_problems)
+    save_problems=phi3_save_problems, gguf=SPEC)

@@ -10,6 +10,7 @@ from flaxzoo.models.families.base import Family
 from flaxzoo.models.families.decoder import (PLAIN_MECHANISMS, decoder_config_from_hf, decoder_config_to_hf,
                                              decoder_weights)
 from flaxzoo.models.families.gpt2.model import GPTForCausalLM, GPTModel
+from flaxzoo.models.families.qwen2.gguf import SPEC
 
 QWEN2_LAYOUT = dict(causal=True, position="rope", norm="rmsnorm", norm_placement="pre", embedding_norm=False,
                     final_norm=True, mlp_gated=True, type_vocab_size=0, attention_bias=True,
@@ -36,4 +37,5 @@ FAMILY = Family(
     model_type="qwen2", base_prefix="model",
     architectures={"Qwen2Model": GPTModel, "Qwen2ForCausalLM": GPTForCausalLM},
     config_from_hf=qwen2_config_from_hf, config_to_hf=qwen2_config_to_hf,
-    weights=lambda config, cls, base: decoder_weights(config, cls, base), layout=QWEN2_LAYOUT)
+    weights=lambda config, cls, base: decoder_weights(config, cls, base), layout=QWEN2_LAYOUT,
+    gguf=SPEC)

@@ -11,6 +11,7 @@ from flaxzoo.models.families.decoder import (PLAIN_MECHANISMS, decoder_config_fr
                                              decoder_weights)
 from flaxzoo.models.families.gpt2.model import GPTForCausalLM, GPTModel
 from flaxzoo.models.families.qwen2.hf import window_layer_types
+from flaxzoo.models.families.qwen3.gguf import SPEC
 
 QWEN3_LAYOUT = dict(causal=True, position="rope", norm="rmsnorm", norm_placement="pre", embedding_norm=False,
                     final_norm=True, mlp_gated=True, type_vocab_size=0, mlp_bias=False, rotary_fraction=1.0,
@@ -39,4 +40,4 @@ FAMILY = Family(
     architectures={"Qwen3Model": GPTModel, "Qwen3ForCausalLM": GPTForCausalLM},
     config_from_hf=qwen3_config_from_hf, config_to_hf=qwen3_config_to_hf,
     weights=lambda config, cls, base: decoder_weights(config, cls, base), layout=QWEN3_LAYOUT,
-    save_problems=qwen3_save_problems)
+    save_problems=qwen3_save_problems, gguf=SPEC)
