@@ -5,6 +5,7 @@ from flaxzoo.models.families.bert import (BertForMaskedLM, BertForSequenceClassi
 from flaxzoo.models.config import PRESETS, TransformerConfig, get_preset
 from flaxzoo.models.generate import generate
 from flaxzoo.models.families.gpt2 import GPTForCausalLM, GPTModel
+from flaxzoo.models.families.gpt2.model import GPTForSequenceClassification
 from flaxzoo.models.layers.attention_core import attention_backend
 from flaxzoo.models.layers.decode_state import DecodeState
 from flaxzoo.models.layers.embeddings import check_token_ids
@@ -12,7 +13,7 @@ from flaxzoo.models.modeling import abstract_model, create_model, default_model_
 
 __all__ = [
     "BertForMaskedLM", "BertForSequenceClassification", "BertForTokenClassification", "BertModel", "EncoderOutput",
-    "DecodeState", "GPTForCausalLM", "GPTModel", "attention_backend", "check_token_ids",
+    "DecodeState", "GPTForCausalLM", "GPTForSequenceClassification", "GPTModel", "attention_backend", "check_token_ids",
     "PRESETS", "TransformerConfig", "abstract_model", "create_model", "default_model_class", "from_pretrained",
     "generate", "get_preset", "param_count", "save_pretrained", "load_tokenizer", "embed", "generate_text",
     "classify", "apply_chat_template",

@@ -16,9 +16,10 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from flaxzoo.models.config import TransformerConfig
-from flaxzoo.models.families.base import (BACKBONE, Array, Transform, WeightMap, causal_lm_head, entry, layout, linear,
-                                          norm, outside)
+from flaxzoo.models.families.base import (BACKBONE, LINEAR, Array, Entry, Transform, WeightMap, causal_lm_head, entry,
+                                          layout, linear, norm, outside)
 from flaxzoo.models.families.fields import ACTIVATIONS_TO_HF, activation, common_from_hf
+from flaxzoo.models.families.gpt2.model import GPTForCausalLM, GPTForSequenceClassification, GPTModel
 from flaxzoo.models.layers.rope_scaling import normalize_rope_scaling
 
 # Hugging Face per-layer norm → flaxzoo block norm, per norm placement.
@@ -97,6 +98,25 @@ def mlp_entries(config: TransformerConfig, hf: str, fz: str, fused_gate_up: str 
     return entries + linear(f"{hf}.mlp.down_proj", f"{fz}.mlp.down", bias)
 
 
+def decoder_architectures(prefix: str) -> dict[str, type]:
+    """A Llama-layout family's Hugging Face classes → flaxzoo classes, the base model first: ``{prefix}Model``,
+    ``{prefix}ForCausalLM`` and ``{prefix}ForSequenceClassification`` (``prefix``: ``"Llama"``, ``"Qwen2"`` ...)."""
+    return {f"{prefix}Model": GPTModel, f"{prefix}ForCausalLM": GPTForCausalLM,
+            f"{prefix}ForSequenceClassification": GPTForSequenceClassification}
+
+
+# The head tensor of each decoder class outside the stack; a checkpoint of another class has its own, skipped on load.
+HEAD_TENSORS = {"causal_lm": r"lm_head\.weight", "sequence_classification": r"score\.weight"}
+
+
+def classification_head(cls: type) -> list[Entry]:
+    """The score of a sequence-classification class (``cls.task == "sequence_classification"``; other classes get
+    nothing): Hugging Face ``score.weight`` ``[num_labels, hidden]`` ↔ ``score.kernel`` ``[hidden, num_labels]``."""
+    if getattr(cls, "task", None) != "sequence_classification":
+        return []
+    return [entry("score.weight", "score.kernel", LINEAR)]
+
+
 def decoder_weights(config: TransformerConfig, cls: type, base: str, *, norms: Mapping[str, str] = PRE_NORMS,
                     fused_qkv: str | None = None, fused_gate_up: str | None = None) -> WeightMap:
     """The table of a Llama-layout decoder for ``cls`` (``base``: ``"model."``, or ``""`` for a bare base-model
@@ -111,10 +131,13 @@ def decoder_weights(config: TransformerConfig, cls: type, base: str, *, norms: M
             entries += norm(f"{hf}.{hf_norm}", f"{fz}.{fz_norm}", bias=False)
         entries += mlp_entries(config, hf, fz, fused_gate_up)
     head, tied = causal_lm_head(config, cls, f"{base}embed_tokens.weight")
-    entries += head
-    # Old checkpoints store the RoPE frequencies.
-    return WeightMap(entries, tied, ignored=(rf"{re.escape(base)}layers\.\d+\.self_attn\.rotary_emb\.inv_freq",),
-                     optional=outside(entries))
+    entries += head + classification_head(cls)
+    # Old checkpoints store the RoPE frequencies; the other classes' heads are skipped (a causal LM loaded as a
+    # classifier: its lm_head; the score is initialised, being optional as every head is).
+    task = getattr(cls, "task", None)
+    others = tuple(pattern for name, pattern in HEAD_TENSORS.items() if name != task)
+    return WeightMap(entries, tied, ignored=(rf"{re.escape(base)}layers\.\d+\.self_attn\.rotary_emb\.inv_freq",
+                                             *others), optional=outside(entries))
 
 
 # ---------------------------------------------------------------------------------------------- RoPE in config.json

@@ -1,5 +1,7 @@
 """The classifier a fine-tune starts from: the packaged all-MiniLM-L6-v2, a pretrained encoder (Hugging Face
-directory or Hub id, a flaxzoo MLM work directory) with a fresh head, or a random one (``init_from="scratch"``)."""
+directory or Hub id, a flaxzoo MLM work directory) with a fresh head, a decoder of a family with a
+sequence-classification class (Llama, Qwen2, Qwen3, Mistral: ``GPTForSequenceClassification``), or a random encoder
+(``init_from="scratch"``)."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from flax import nnx
 from flaxzoo.models import BertForSequenceClassification
 from flaxzoo.models.config import TransformerConfig
 from flaxzoo.models.checkpoint import find_step_dir
+from flaxzoo.models.families import family_of
 from flaxzoo.models.hub.packaged import minilm_dir
 from flaxzoo.models.hub import sharded
 from flaxzoo.models.lora import LoraConfig, LoraError, apply_lora, check_train_fully, frozen_and_trainable
@@ -29,6 +32,23 @@ def packaged_minilm() -> pathlib.Path:
     except FileNotFoundError as exc:
         raise FileNotFoundError(f"init_from='' means the packaged all-MiniLM-L6-v2: {exc}, or set "
                                 "--config.init_from") from None
+
+
+def classifier_class(cfg: FinetuneConfig) -> type:
+    """The class the fine-tune trains, from ``init_from``'s config alone: its family's sequence-classification class
+    for a decoder that has one (``GPTForSequenceClassification``), else ``BertForSequenceClassification`` (a random
+    encoder, an encoder checkpoint, and what :func:`describe_classifier` refuses naming the checkpoint: a decoder
+    without a classifier class, such as GPT-2, or a path that is no checkpoint)."""
+    if cfg.init_from == SCRATCH:
+        return BertForSequenceClassification
+    from flaxzoo.models.hub.sources import open_source
+
+    try:
+        config, _ = open_source(cfg.init_from or packaged_minilm()).describe()
+    except (ValueError, FileNotFoundError):
+        return BertForSequenceClassification
+    own = family_of(config.model_type).class_for("sequence_classification") if config.causal else None
+    return own or BertForSequenceClassification
 
 
 def describe_classifier(cfg: FinetuneConfig, names: tuple[str, ...], cls: type = BertForSequenceClassification
@@ -47,7 +67,8 @@ def describe_classifier(cfg: FinetuneConfig, names: tuple[str, ...], cls: type =
                                    scan_layers=scan, param_dtype="float32")
     except ValueError as exc:
         raise ValueError(f"init_from={str(source)!r} cannot start a text classifier: {exc} (expected an encoder "
-                         "checkpoint: a BERT / RoBERTa directory or Hub id, or a flaxzoo MLM work directory)") from None
+                         "checkpoint: a BERT / RoBERTa directory or Hub id, or a flaxzoo MLM work directory; or a "
+                         "decoder with a sequence-classification class: Llama, Qwen2, Qwen3, Mistral)") from None
     return shapes.config.replace(remat=remat), cfg.tokenizer or source
 
 
@@ -104,11 +125,12 @@ def trainable_filter(lora: LoraConfig | None, cfg: FinetuneConfig) -> nnx.filter
 def check_head_trained(lora: LoraConfig, cfg: FinetuneConfig, abstract: nnx.Module) -> None:
     """Refuse (``ConfigError``) LoRA settings that leave the fresh classifier of the adapted ``abstract`` model
     frozen at its random initialisation."""
-    if "classifier" not in nnx.to_pure_dict(nnx.state(abstract, trainable_filter(lora, cfg))):
+    trained = nnx.to_pure_dict(nnx.state(abstract, trainable_filter(lora, cfg)))
+    if not any(head in trained for head in ("classifier", "score")):  # an encoder's classifier, a decoder's score
         raise ConfigError("lora.train_fully", f"{cfg.lora.train_fully!r} leaves the new classifier frozen at its "
                                               "random initialisation; expected it to include 'head' (or '' for the "
                                               "default 'head', or lora.targets to adapt 'head')")
 
 
-__all__ = ["adapt", "check_head_trained", "describe_classifier", "load_classifier_params", "packaged_minilm",
-           "read_num_layers", "trainable_filter"]
+__all__ = ["adapt", "check_head_trained", "classifier_class", "describe_classifier", "load_classifier_params",
+           "packaged_minilm", "read_num_layers", "trainable_filter"]

@@ -38,7 +38,7 @@ import numpy as np
 from flaxzoo.models import BertForSequenceClassification
 from flaxzoo.models.text import encode_for_classification, pad_batch
 from flaxzoo.train.finetune.config import FinetuneConfig
-from flaxzoo.train.finetune.classifier import packaged_minilm
+from flaxzoo.train.finetune.classifier import classifier_class, packaged_minilm
 from flaxzoo.train.finetune.batching import class_weights, epoch_batches, hold_out_validation
 from flaxzoo.train.finetune.data import LabelledSplit, load_labelled
 from flaxzoo.train.finetune.report import scores, write_report
@@ -53,6 +53,10 @@ class Finetuner(FinetuneTask):
     MODEL = BertForSequenceClassification
     OBJECTIVE = "classify"
     make_predict = staticmethod(make_predict_probabilities)  # [batch, num_labels] class probabilities
+
+    def __init__(self, cfg: FinetuneConfig, workdir: str | pathlib.Path):
+        self.MODEL = classifier_class(cfg)  # a decoder init_from: its GPTForSequenceClassification
+        super().__init__(cfg, workdir)
 
     def _load_data(self) -> tuple[str, ...]:
         """Read and split the labelled texts (``self.data``), say what they are; the label names. Sets

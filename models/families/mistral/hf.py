@@ -7,9 +7,8 @@ from typing import Any, Mapping
 
 from flaxzoo.models.config import TransformerConfig
 from flaxzoo.models.families.base import Family
-from flaxzoo.models.families.decoder import (PLAIN_MECHANISMS, decoder_config_from_hf, decoder_config_to_hf,
-                                             decoder_weights)
-from flaxzoo.models.families.gpt2.model import GPTForCausalLM, GPTModel
+from flaxzoo.models.families.decoder import (PLAIN_MECHANISMS, decoder_architectures, decoder_config_from_hf,
+                                             decoder_config_to_hf, decoder_weights)
 
 MISTRAL_LAYOUT = dict(causal=True, position="rope", norm="rmsnorm", norm_placement="pre", embedding_norm=False,
                       final_norm=True, mlp_gated=True, type_vocab_size=0, attention_bias=False,
@@ -29,6 +28,6 @@ def mistral_config_to_hf(config: TransformerConfig) -> dict[str, Any]:
 
 FAMILY = Family(
     model_type="mistral", base_prefix="model",
-    architectures={"MistralModel": GPTModel, "MistralForCausalLM": GPTForCausalLM},
+    architectures=decoder_architectures("Mistral"),
     config_from_hf=mistral_config_from_hf, config_to_hf=mistral_config_to_hf,
     weights=lambda config, cls, base: decoder_weights(config, cls, base), layout=MISTRAL_LAYOUT)

@@ -7,9 +7,8 @@ from typing import Any, Mapping
 
 from flaxzoo.models.config import TransformerConfig
 from flaxzoo.models.families.base import Family
-from flaxzoo.models.families.decoder import (PLAIN_MECHANISMS, decoder_config_from_hf, decoder_config_to_hf,
-                                             decoder_weights)
-from flaxzoo.models.families.gpt2.model import GPTForCausalLM, GPTModel
+from flaxzoo.models.families.decoder import (PLAIN_MECHANISMS, decoder_architectures, decoder_config_from_hf,
+                                             decoder_config_to_hf, decoder_weights)
 from flaxzoo.models.families.qwen2.gguf import SPEC
 
 QWEN2_LAYOUT = dict(causal=True, position="rope", norm="rmsnorm", norm_placement="pre", embedding_norm=False,
@@ -35,7 +34,7 @@ def qwen2_config_to_hf(config: TransformerConfig) -> dict[str, Any]:
 
 FAMILY = Family(
     model_type="qwen2", base_prefix="model",
-    architectures={"Qwen2Model": GPTModel, "Qwen2ForCausalLM": GPTForCausalLM},
+    architectures=decoder_architectures("Qwen2"),
     config_from_hf=qwen2_config_from_hf, config_to_hf=qwen2_config_to_hf,
     weights=lambda config, cls, base: decoder_weights(config, cls, base), layout=QWEN2_LAYOUT,
     gguf=SPEC)

@@ -7,9 +7,8 @@ from typing import Any, Mapping
 
 from flaxzoo.models.config import TransformerConfig
 from flaxzoo.models.families.base import Family
-from flaxzoo.models.families.decoder import (PLAIN_MECHANISMS, decoder_config_from_hf, decoder_config_to_hf,
-                                             decoder_weights)
-from flaxzoo.models.families.gpt2.model import GPTForCausalLM, GPTModel
+from flaxzoo.models.families.decoder import (PLAIN_MECHANISMS, decoder_architectures, decoder_config_from_hf,
+                                             decoder_config_to_hf, decoder_weights)
 from flaxzoo.models.families.qwen2.hf import window_layer_types
 from flaxzoo.models.families.qwen3.gguf import SPEC
 
@@ -37,7 +36,7 @@ def qwen3_config_to_hf(config: TransformerConfig) -> dict[str, Any]:
 
 FAMILY = Family(
     model_type="qwen3", base_prefix="model",
-    architectures={"Qwen3Model": GPTModel, "Qwen3ForCausalLM": GPTForCausalLM},
+    architectures=decoder_architectures("Qwen3"),
     config_from_hf=qwen3_config_from_hf, config_to_hf=qwen3_config_to_hf,
     weights=lambda config, cls, base: decoder_weights(config, cls, base), layout=QWEN3_LAYOUT,
     save_problems=qwen3_save_problems, gguf=SPEC)
