@@ -236,9 +236,9 @@ def test_gguf_tokenizer_follows_the_file(tmp_path):
     write_tokenizer_gguf(tmp_path / "pre.gguf", pre="made-up")
     with pytest.raises(ValueError, match=r"tokenizer\.ggml\.pre='made-up' is not supported"):
         load_tokenizer(tmp_path / "pre.gguf")
-    write_tokenizer_gguf(tmp_path / "spm.gguf", model="llama")
-    with pytest.raises(ValueError, match=r"tokenizer\.ggml\.model='llama' is not supported"):
-        load_tokenizer(tmp_path / "spm.gguf")
+    write_tokenizer_gguf(tmp_path / "t5.gguf", model="t5")
+    with pytest.raises(ValueError, match=r"tokenizer\.ggml\.model='t5' is not supported"):
+        load_tokenizer(tmp_path / "t5.gguf")
 
 
 def test_gguf_tokenizer_kinds_come_from_the_family(tmp_path, monkeypatch):
@@ -326,7 +326,7 @@ def test_damaged_gguf_header_is_a_clear_error(tmp_path, damage, match):
 
 # ---------------------------------------------------------------------------------------------------- bad input
 @pytest.mark.parametrize("case, match", [
-    ("falcon", r"unsupported GGUF architecture 'falcon'.*\['llama'\]"),
+    ("falcon", r"unsupported GGUF architecture 'falcon'.*\[.*'llama'.*\]"),
     ("q8_k", r"unsupported GGUF tensor type\(s\): blk\.0\.ffn_up\.weight \(Q8_K\)"),
     ("i32", r"unsupported GGUF tensor type\(s\): blk\.1\.attn_v\.weight \(I32\)"),
     ("rope_scaling", r"llama\.rope\.scaling\.type='linear'"),

@@ -86,4 +86,4 @@ def config_from_gguf(file: GGUFFile, names: Collection[str]) -> dict[str, Any]:
     }
 
 
-SPEC = GGUFSpec(architectures=("llama",), config=config_from_gguf, names=NAMES, tokenizers=("gpt2",))
+SPEC = GGUFSpec(architectures=("llama",), config=config_from_gguf, names=NAMES, tokenizers=("gpt2", "llama"))
