@@ -48,8 +48,36 @@ def _mistral() -> torch.nn.Module:
         **SMALL, num_hidden_layers=2, num_labels=LABELS, sliding_window=6))
 
 
+def _gemma2() -> torch.nn.Module:
+    return transformers.Gemma2ForSequenceClassification(transformers.Gemma2Config(
+        **SMALL, num_hidden_layers=2, num_labels=LABELS, head_dim=16, sliding_window=6, query_pre_attn_scalar=16))
+
+
+def _gemma3() -> torch.nn.Module:
+    return transformers.Gemma3TextForSequenceClassification(transformers.Gemma3TextConfig(
+        **SMALL, num_hidden_layers=2, num_labels=LABELS, head_dim=16, sliding_window=6,
+        layer_types=["sliding_attention", "full_attention"]))
+
+
+def _phi3() -> torch.nn.Module:
+    return transformers.Phi3ForSequenceClassification(transformers.Phi3Config(
+        **SMALL, num_hidden_layers=2, num_labels=LABELS, sliding_window=6))
+
+
+def _gpt_neox() -> torch.nn.Module:
+    small = {k: v for k, v in SMALL.items() if k != "num_key_value_heads"}
+    return transformers.GPTNeoXForSequenceClassification(transformers.GPTNeoXConfig(
+        **small, num_hidden_layers=2, num_labels=LABELS))
+
+
+def _olmo2() -> torch.nn.Module:
+    return transformers.Olmo2ForSequenceClassification(transformers.Olmo2Config(
+        **SMALL, num_hidden_layers=2, num_labels=LABELS))
+
+
 CASES: dict[str, Callable[[], torch.nn.Module]] = {"llama": _llama, "qwen2": _qwen2, "qwen3": _qwen3,
-                                                   "mistral": _mistral}
+                                                   "mistral": _mistral, "gemma2": _gemma2, "gemma3": _gemma3,
+                                                   "phi3": _phi3, "gpt_neox": _gpt_neox, "olmo2": _olmo2}
 
 
 @pytest.fixture(scope="module")

@@ -31,7 +31,7 @@ from flaxzoo.models.families.decoder import (PRE_NORMS, SANDWICH_NORMS, decoder_
                                              rope_from_hf, rope_parameters_to_hf)
 from flaxzoo.models.families.fields import ACTIVATIONS_TO_HF
 from flaxzoo.models.families.gemma.gguf import SPECS as GGUF_SPECS
-from flaxzoo.models.families.gpt2.model import GPTForCausalLM, GPTModel
+from flaxzoo.models.families.gpt2.model import GPTForCausalLM, GPTForSequenceClassification, GPTModel
 
 SLIDING, FULL = "sliding_attention", "full_attention"
 
@@ -244,11 +244,12 @@ def gemma3_config_to_hf(config: TransformerConfig) -> dict[str, Any]:
 
 def _family(model_type: str, prefix: str, layout: dict[str, Any], from_hf: Callable[[Mapping[str, Any]], Any],
             to_hf: Callable[[TransformerConfig], dict[str, Any]], norms: Mapping[str, str]) -> Family:
-    """One generation's record: ``{prefix}Model`` and its causal LM (``prefix`` without ``Text``) as flaxzoo's
-    ``GPTModel`` / ``GPTForCausalLM``."""
+    """One generation's record: ``{prefix}Model``, its causal LM (``prefix`` without ``Text``) and its sequence
+    classifier as flaxzoo's ``GPTModel`` / ``GPTForCausalLM`` / ``GPTForSequenceClassification``."""
     return Family(
         model_type=model_type, base_prefix="model",
-        architectures={f"{prefix}Model": GPTModel, f"{prefix.removesuffix('Text')}ForCausalLM": GPTForCausalLM},
+        architectures={f"{prefix}Model": GPTModel, f"{prefix.removesuffix('Text')}ForCausalLM": GPTForCausalLM,
+                       f"{prefix}ForSequenceClassification": GPTForSequenceClassification},
         config_from_hf=from_hf, config_to_hf=to_hf, weights=gemma_weights(norms), layout=layout,
         save_problems=lambda config: gemma_save_problems(config, model_type), gguf=GGUF_SPECS[model_type])
 

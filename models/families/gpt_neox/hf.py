@@ -16,9 +16,9 @@ from typing import Any, Mapping
 from flaxzoo.models.config import TransformerConfig
 from flaxzoo.models.families.base import (BACKBONE, LINEAR, Entry, Family, WeightMap, entry, layout, linear, norm,
                                           outside)
-from flaxzoo.models.families.decoder import PLAIN_MECHANISMS, rope_from_hf, rope_to_hf
+from flaxzoo.models.families.decoder import PLAIN_MECHANISMS, classification_head, rope_from_hf, rope_to_hf
 from flaxzoo.models.families.fields import ACTIVATIONS_TO_HF, activation, common_from_hf, full_width_heads
-from flaxzoo.models.families.gpt2.model import GPTForCausalLM, GPTModel
+from flaxzoo.models.families.gpt2.model import GPTForCausalLM, GPTForSequenceClassification, GPTModel
 
 GPT_NEOX_LAYOUT = dict(causal=True, position="rope", norm="layernorm", norm_placement="pre", embedding_norm=False,
                        final_norm=True, mlp_gated=False, mlp_bias=True, type_vocab_size=0, sliding_window=None,
@@ -62,10 +62,11 @@ def gpt_neox_weights(config: TransformerConfig, cls: type, base: str) -> WeightM
                     *linear(f"{hf}.mlp.dense_h_to_4h", f"{fz}.mlp.up", True),
                     *linear(f"{hf}.mlp.dense_4h_to_h", f"{fz}.mlp.down", True)]
     head, tied = gpt_neox_head(config, cls, base)
-    entries += head
-    # Old checkpoints store the causal-mask buffers and the RoPE frequencies.
+    entries += head + classification_head(cls)
+    # Old checkpoints store the causal-mask buffers and the RoPE frequencies; the other class's head is skipped.
     buffers = rf"{re.escape(base)}layers\.\d+\.attention\.(bias|masked_bias|rotary_emb\.inv_freq)"
-    return WeightMap(entries, tied, ignored=(buffers,), optional=outside(entries))
+    other = re.escape(HEAD) if getattr(cls, "task", None) == "sequence_classification" else r"score\.weight"
+    return WeightMap(entries, tied, ignored=(buffers, other), optional=outside(entries))
 
 
 def gpt_neox_rename(name: str) -> str:
@@ -124,6 +125,7 @@ def gpt_neox_config_to_hf(config: TransformerConfig) -> dict[str, Any]:
 
 FAMILY = Family(
     model_type="gpt_neox", base_prefix="gpt_neox",
-    architectures={"GPTNeoXModel": GPTModel, "GPTNeoXForCausalLM": GPTForCausalLM},
+    architectures={"GPTNeoXModel": GPTModel, "GPTNeoXForCausalLM": GPTForCausalLM,
+                   "GPTNeoXForSequenceClassification": GPTForSequenceClassification},
     config_from_hf=gpt_neox_config_from_hf, config_to_hf=gpt_neox_config_to_hf, weights=gpt_neox_weights,
     layout=GPT_NEOX_LAYOUT, save_problems=gpt_neox_save_problems, rename=gpt_neox_rename)

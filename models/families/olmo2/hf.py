@@ -11,7 +11,7 @@ from flaxzoo.models.config import TransformerConfig
 from flaxzoo.models.families.base import Family, WeightMap
 from flaxzoo.models.families.decoder import (PLAIN_MECHANISMS, POST_BRANCH_NORMS, decoder_config_from_hf,
                                              decoder_config_to_hf, decoder_weights, head_dim_of, rope_from_hf)
-from flaxzoo.models.families.gpt2.model import GPTForCausalLM, GPTModel
+from flaxzoo.models.families.gpt2.model import GPTForCausalLM, GPTForSequenceClassification, GPTModel
 
 OLMO2_LAYOUT = dict(causal=True, position="rope", norm="rmsnorm", norm_placement="post_branch", embedding_norm=False,
                     final_norm=True, mlp_gated=True, type_vocab_size=0, mlp_bias=False, rotary_fraction=1.0,
@@ -47,6 +47,7 @@ def olmo2_config_to_hf(config: TransformerConfig) -> dict[str, Any]:
 
 FAMILY = Family(
     model_type="olmo2", base_prefix="model",
-    architectures={"Olmo2Model": GPTModel, "Olmo2ForCausalLM": GPTForCausalLM},
+    architectures={"Olmo2Model": GPTModel, "Olmo2ForCausalLM": GPTForCausalLM,
+                   "Olmo2ForSequenceClassification": GPTForSequenceClassification},
     config_from_hf=olmo2_config_from_hf, config_to_hf=olmo2_config_to_hf, weights=olmo2_weights,
     layout=OLMO2_LAYOUT, save_problems=olmo2_save_problems)

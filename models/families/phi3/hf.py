@@ -17,7 +17,7 @@ from flaxzoo.models.config import TransformerConfig
 from flaxzoo.models.families.base import Family, WeightMap
 from flaxzoo.models.families.decoder import (PLAIN_MECHANISMS, decoder_config_from_hf, decoder_config_to_hf,
                                              decoder_weights)
-from flaxzoo.models.families.gpt2.model import GPTForCausalLM, GPTModel
+from flaxzoo.models.families.gpt2.model import GPTForCausalLM, GPTForSequenceClassification, GPTModel
 from flaxzoo.models.families.phi3.gguf import SPEC
 
 PHI3_LAYOUT = dict(causal=True, position="rope", norm="rmsnorm", norm_placement="pre", embedding_norm=False,
@@ -98,6 +98,7 @@ def phi3_config_to_hf(config: TransformerConfig) -> dict[str, Any]:
 
 FAMILY = Family(
     model_type="phi3", base_prefix="model",
-    architectures={"Phi3Model": GPTModel, "Phi3ForCausalLM": GPTForCausalLM},
+    architectures={"Phi3Model": GPTModel, "Phi3ForCausalLM": GPTForCausalLM,
+                   "Phi3ForSequenceClassification": GPTForSequenceClassification},
     config_from_hf=phi3_config_from_hf, config_to_hf=phi3_config_to_hf, weights=phi3_weights, layout=PHI3_LAYOUT,
     save_problems=phi3_save_problems, gguf=SPEC)
