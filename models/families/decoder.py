@@ -30,7 +30,8 @@ POST_BRANCH_NORMS = {"post_attention_layernorm": "attention_norm", "post_feedfor
 
 # The mechanism fields a family that does not use them needs at their defaults to be written back.
 PLAIN_MECHANISMS: dict[str, Any] = dict(
-    parallel_residual=False, qk_norm="none", norm_unit_offset=False, embedding_multiplier=1.0, rope_local_theta=None, attention_softcap=None, final_logit_softcap=None, query_scale=None)
+    parallel_residual=False, qk_norm="none", norm_unit_offset=False, embedding_multiplier=1.0, rope_local_theta=None,
+    attention_softcap=None, final_logit_softcap=None, query_scale=None)
 
 
 def _concat(parts: Sequence[Array]) -> Array:

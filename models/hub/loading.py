@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import pathlib
-from typing import Any, Callable, Collection, Mapping
+from typing import Any, Callable, Collection
 
 import jax
 import numpy as np
