@@ -3,8 +3,11 @@ a left-padded batch in both layer layouts, and greedy generation token for token
 
 from __future__ import annotations
 
+from typing import Callable, Mapping
+
 import jax.numpy as jnp
 import numpy as np
+import pytest
 import torch
 import transformers
 from flax import nnx
@@ -96,3 +99,22 @@ def check_greedy_generation(hf: torch.nn.Module, directory, new: int = 24) -> No
                              max_new_tokens=new, do_sample=False, eos_token_id=None, pad_token_id=0).numpy()
     ours = np.asarray(models.generate(model, ids, new, attention_mask=mask))
     np.testing.assert_array_equal(ours[:, ids.shape[1]:], theirs[:, ids.shape[1]:])
+
+
+def checkpoint_fixture(cases: Mapping[str, Callable[[], torch.nn.Module]]):
+    """The module fixture ``checkpoint`` of a family test file: ``checkpoint(case)`` → (transformers model, its saved
+    directory), each of ``cases`` built (seeded) and saved once."""
+    @pytest.fixture(scope="module", name="checkpoint")
+    def checkpoint(tmp_path_factory):
+        cache = {}
+
+        def get(case):
+            if case not in cache:
+                torch.manual_seed(0)
+                directory = tmp_path_factory.mktemp(case)
+                cache[case] = saved_case(cases[case](), directory), directory
+            return cache[case]
+
+        return get
+
+    return checkpoint

@@ -15,7 +15,8 @@ import torch
 import transformers
 
 from family_parity import (SMALL, check_greedy_generation, check_loads_with_same_logits,
-                           check_saves_with_same_logits, saved_case)
+                           check_saves_with_same_logits, checkpoint_fixture)
+
 from flaxzoo import models
 from flaxzoo.models import families
 from flaxzoo.models.hub import save_pretrained
@@ -59,19 +60,7 @@ FAMILY_CASES: dict[str, Callable[[], torch.nn.Module]] = {
 }
 
 
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    """``get(case)`` → (transformers model, its directory), built once per case."""
-    cache = {}
-
-    def get(case):
-        if case not in cache:
-            torch.manual_seed(0)
-            directory = tmp_path_factory.mktemp(case)
-            cache[case] = saved_case(FAMILY_CASES[case](), directory), directory
-        return cache[case]
-
-    return get
+checkpoint = checkpoint_fixture(FAMILY_CASES)
 
 
 @pytest.mark.parametrize("scan", [False, True], ids=["unrolled", "scanned"])

@@ -8,8 +8,8 @@ from typing import Any, Mapping
 from flaxzoo.models.config import TransformerConfig
 from flaxzoo.models.families.base import Family
 from flaxzoo.models.families.decoder import (PLAIN_MECHANISMS, decoder_architectures, decoder_config_from_hf,
-                                             decoder_config_to_hf, decoder_weights)
-from flaxzoo.models.families.qwen2.hf import window_layer_types
+                                             decoder_weights)
+from flaxzoo.models.families.qwen2.hf import qwen2_config_to_hf, window_layer_types
 from flaxzoo.models.families.qwen3.gguf import SPEC
 
 QWEN3_LAYOUT = dict(causal=True, position="rope", norm="rmsnorm", norm_placement="pre", embedding_norm=False,
@@ -28,15 +28,9 @@ def qwen3_save_problems(config: TransformerConfig) -> list[str]:
     return []
 
 
-def qwen3_config_to_hf(config: TransformerConfig) -> dict[str, Any]:
-    out = decoder_config_to_hf(config)
-    out["max_window_layers"] = next((i for i, s in enumerate(config.sliding_layers) if s), config.num_layers)
-    return out
-
-
 FAMILY = Family(
     model_type="qwen3", base_prefix="model",
     architectures=decoder_architectures("Qwen3"),
-    config_from_hf=qwen3_config_from_hf, config_to_hf=qwen3_config_to_hf,
+    config_from_hf=qwen3_config_from_hf, config_to_hf=qwen2_config_to_hf,
     weights=lambda config, cls, base: decoder_weights(config, cls, base), layout=QWEN3_LAYOUT,
     save_problems=qwen3_save_problems, gguf=SPEC)
