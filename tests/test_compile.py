@@ -278,3 +278,21 @@ def test_dump_hlo_writes_the_compiled_program(cli_compile):
     report, text = cli_compile(GPU, *GPU_BF16)
     assert "HloModule" in text and hlolib.attention_kernels(text) == ["gpu_flash"]
     assert report["attention"] == "gpu_flash"
+
+
+@pytest.mark.parametrize("preset", ["qwen2.5-0.5b", "qwen3-0.6b", "mistral-7b", "gemma-3-270m", "phi-3-mini",
+                                    "pythia-160m", "olmo-2-1b"])
+def test_every_decoder_family_compiles_for_tpu(preset):
+    """Each new decoder family's train step (its preset's mechanisms: biases, QK-norm, sliding windows per layer,
+    sandwich / post-branch norms, parallel residual, partial rotary) at the tiny sizes, FSDP over a v5e-8."""
+    need("tpu")
+    from flaxzoo.models import get_preset
+
+    config = compilelib.load_config("default", [*TINY, *FSDP8, f"--config.model.preset={preset}",
+                                                "--config.model.vocab_size=1024", "--config.model.num_kv_heads=1",
+                                                "--config.model.head_dim=64", "--config.model.bos_token_id=1",
+                                                "--config.model.eos_token_id=2", "--config.model.pad_token_id=0"])
+    if get_preset(preset).layer_types is not None:  # the preset's pattern is per layer: keep one of each kind
+        config.model.layer_types = ("sliding_attention", "full_attention")
+    report = compilelib.compile_config(config, targets.parse_target(TPU))[0]
+    assert report.fits and report.mesh["fsdp"] == 8 and report.flops_per_device > 0
