@@ -258,16 +258,19 @@ def save_word_tokenizer(directory) -> None:
     tokenizer.save(str(directory / "tokenizer.json"))
 
 
-def test_a_decoder_classifier_finetunes_on_the_engine(tmp_path):
-    """``init_from`` = a tiny transformers Llama classifier directory (its tokenizer with it): the fine-tuner trains
-    ``GPTForSequenceClassification`` on right-padded batches, and its work directory loads as that classifier with
-    the label names, whose export gives transformers' logits."""
+@pytest.mark.parametrize("case", ["llama", "gemma2", "gpt_neox"])
+def test_a_decoder_classifier_finetunes_on_the_engine(tmp_path, case):
+    """``init_from`` = a tiny transformers classifier directory of the family (its tokenizer with it): the fine-tuner
+    trains ``GPTForSequenceClassification`` on right-padded batches, and its work directory loads as that classifier
+    with the label names, whose export gives transformers' logits (Llama's table; Gemma 2's sandwich norms, soft caps
+    and window; GPT-NeoX's own tensor names and parallel residual)."""
     from flaxzoo.train.finetune.config import FinetuneConfig, base_config
     from flaxzoo.train.finetune.trainer import Finetuner
 
     torch.manual_seed(4)
-    source = tmp_path / "llama_cls"
-    _llama().eval().save_pretrained(source)
+    source = tmp_path / f"{case}_cls"
+    original = CASES[case]().eval()
+    original.save_pretrained(source)
     save_word_tokenizer(source)
     c = base_config()
     c.init_from, c.epochs, c.batch_size, c.eval_batch_size, c.log_every = str(source), 3, 16, 16, 1
@@ -290,7 +293,7 @@ def test_a_decoder_classifier_finetunes_on_the_engine(tmp_path):
     assert model.config.label_names == ("film", "money", "sport") and model.config.pad_token_id == PAD
     hf = transformers.AutoModelForSequenceClassification.from_pretrained(
         save_pretrained(model, tmp_path / "export")).eval()
-    assert type(hf).__name__ == "LlamaForSequenceClassification"
+    assert type(hf) is type(original)
     ids, mask = padded("right", seed=5)
     np.testing.assert_allclose(np.asarray(forward(model, jnp.asarray(ids, jnp.int32), jnp.asarray(mask, jnp.int32))),
                                hf_logits(hf, ids, mask), atol=ATOL)
