@@ -87,6 +87,13 @@ def constrain(x: jax.Array, logical: Sequence[str | None]) -> jax.Array:
 
 
 def current_platform() -> str:
-    """The platform the model is being traced for: the placement's devices', else ``jax.default_backend()``."""
+    """The platform the model is being traced for: the placement's devices', else the default device's
+    (``jax.default_device(...)``: a CPU model in a GPU process must not get the GPU's kernels), else
+    ``jax.default_backend()``."""
     placement = _PLACEMENT.get()
-    return placement.platform if placement is not None else jax.default_backend()
+    if placement is not None:
+        return placement.platform
+    device = jax.config.jax_default_device
+    if device is not None:
+        return device if isinstance(device, str) else device.platform
+    return jax.default_backend()
