@@ -310,13 +310,20 @@ class TransformerConfig:
         ``get_preset("gpt2-tiny", num_heads=8)`` would keep 4 KV heads of width 16 (silently grouped-query attention
         over 128 features of a 64-wide model) and an indivisible ``hidden_size`` would not be reported.
         Likewise ``label_names`` that no longer fit a new ``num_labels`` (a head re-sized for another task) become
-        None unless ``changes`` sets them.
+        None unless ``changes`` sets them, and a per-layer ``layer_types`` pattern follows a new ``num_layers`` (its
+        first layers; repeated from the start when deeper).
         """
         if "head_dim" not in changes and ({"hidden_size", "num_heads"} & changes.keys()) and \
                 self.head_dim == self.hidden_size // self.num_heads:
             changes["head_dim"] = None
         if "num_kv_heads" not in changes and "num_heads" in changes and self.num_kv_heads == self.num_heads:
             changes["num_kv_heads"] = None
+        if "layer_types" not in changes and self.layer_types is not None and \
+                changes.get("num_layers", self.num_layers) != self.num_layers:
+            # another depth keeps the per-layer pattern: its first layers, repeated from the start when deeper
+            n = changes["num_layers"]
+            if isinstance(n, int) and not isinstance(n, bool) and n > 0:
+                changes["layer_types"] = tuple(self.layer_types[i % len(self.layer_types)] for i in range(n))
         if "attention_out_bias" not in changes and "attention_bias" in changes and \
                 self.attention_out_bias == self.attention_bias:
             changes["attention_out_bias"] = None

@@ -52,3 +52,13 @@ def test_preset_parameter_count_equals_transformers(name):
     assert ours == transformers_count(config)
     if PUBLISHED[name] is not None:
         assert ours == PUBLISHED[name]
+
+
+def test_another_depth_keeps_the_layer_pattern():
+    """Gemma 3's five sliding layers then a global one: 7 layers repeat the pattern from the start, 2 keep its
+    first two; a pattern given with the new depth wins."""
+    config = models.get_preset("gemma-3-270m")
+    seven = config.replace(num_layers=7).layer_types
+    assert seven == ("sliding_attention",) * 5 + ("full_attention", "sliding_attention")
+    assert config.replace(num_layers=2).layer_types == ("sliding_attention",) * 2
+    assert config.replace(num_layers=2, layer_types=("full_attention",) * 2).layer_types == ("full_attention",) * 2
