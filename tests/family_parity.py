@@ -74,11 +74,11 @@ def check_loads_with_same_logits(hf: torch.nn.Module, directory, scan: bool) -> 
     return model
 
 
-def check_saves_with_same_logits(hf: torch.nn.Module, directory, out, keys=("sliding_window", "head_dim",
-                                                                             "rope_parameters", "layer_types")):
-    """flaxzoo → transformers: the saved directory loads as ``hf``'s class with flaxzoo's logits, and the config
-    ``keys`` transformers reads equal the original's."""
-    model = from_pretrained(directory)
+def check_saves_with_same_logits(hf: torch.nn.Module, directory, out, scan: bool = False,
+                                 keys=("sliding_window", "head_dim", "rope_parameters", "layer_types")):
+    """flaxzoo → transformers: the saved directory (of a model with stacked layers with ``scan``) loads as ``hf``'s
+    class with flaxzoo's logits, and the config ``keys`` transformers reads equal the original's."""
+    model = from_pretrained(directory, scan_layers=scan)
     saved = save_pretrained(model, out)
     again = transformers.AutoModelForCausalLM.from_pretrained(saved).eval()
     assert type(again) is type(hf)

@@ -59,9 +59,10 @@ def test_transformers_checkpoint_gives_same_logits(checkpoint, case, scan):
     check_loads_with_same_logits(*checkpoint(case), scan)
 
 
+@pytest.mark.parametrize("scan", [False, True], ids=["unrolled", "scanned"])
 @pytest.mark.parametrize("case", sorted(FAMILY_CASES))
-def test_saved_model_loads_in_transformers_with_same_logits(checkpoint, case, tmp_path):
-    check_saves_with_same_logits(*checkpoint(case), tmp_path / "saved")
+def test_saved_model_loads_in_transformers_with_same_logits(checkpoint, case, scan, tmp_path):
+    check_saves_with_same_logits(*checkpoint(case), tmp_path / "saved", scan)
 
 
 @pytest.mark.parametrize("case", sorted(FAMILY_CASES))
