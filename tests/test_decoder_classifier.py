@@ -17,7 +17,7 @@ import torch
 import transformers
 from flax import nnx
 
-from family_parity import SMALL, VOCAB, perturbed
+from family_parity import SMALL, VOCAB, checkpoint_fixture, forward, hf_logits, perturbed
 from flaxzoo import models
 from flaxzoo.models import GPTForCausalLM, GPTForSequenceClassification
 from flaxzoo.models.families import FAMILIES
@@ -80,21 +80,7 @@ CASES: dict[str, Callable[[], torch.nn.Module]] = {"llama": _llama, "qwen2": _qw
                                                    "phi3": _phi3, "gpt_neox": _gpt_neox, "olmo2": _olmo2}
 
 
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    """``get(case)`` → (transformers classifier, its directory), built once per case."""
-    cache = {}
-
-    def get(case):
-        if case not in cache:
-            torch.manual_seed(0)
-            directory = tmp_path_factory.mktemp(case)
-            model = perturbed(CASES[case]())
-            model.save_pretrained(directory)
-            cache[case] = model, directory
-        return cache[case]
-
-    return get
+checkpoint = checkpoint_fixture(CASES)
 
 
 def padded(side: str, seed: int, seq: int = 12) -> tuple[np.ndarray, np.ndarray]:
@@ -105,16 +91,6 @@ def padded(side: str, seed: int, seq: int = 12) -> tuple[np.ndarray, np.ndarray]
         cut = slice(0, n) if side == "left" else slice(seq - n, seq)
         ids[row, cut], mask[row, cut] = PAD, 0
     return ids, mask
-
-
-@nnx.jit
-def forward(model, ids, mask):
-    return model(ids, mask)
-
-
-def hf_logits(model: torch.nn.Module, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
-    with torch.no_grad():
-        return model(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask)).logits.numpy()
 
 
 def max_difference(model: nnx.Module, hf: torch.nn.Module, seed: int) -> dict[str, float]:

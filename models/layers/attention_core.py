@@ -36,6 +36,7 @@ from jax.ad_checkpoint import checkpoint_name
 
 from flaxzoo.models.config import ATTENTION_IMPLS
 from flaxzoo.models.layers import attention_kernels
+from flaxzoo.models.layers.masking import causal_mask, window_band
 from flaxzoo.models.layers.partitioning import (ACTIVATION_BATCH, ACTIVATION_HEADS, ACTIVATION_KV_HEADS, current_placement,
                                         current_platform)
 
@@ -68,9 +69,9 @@ def _to_rows(array: jax.Array, kv_heads: int, groups: int) -> jax.Array:
 def window_mask(q_len: int, k_len: int, window: int | None) -> jax.Array:
     """``[q, k]`` booleans of bottom-right-aligned causal attention: query ``i`` sees keys ``j <= i + (k - q)`` and,
     with a ``window``, only ``j > i + (k - q) - window`` (itself and the ``window - 1`` keys before it)."""
-    allowed = jnp.tril(jnp.ones((q_len, k_len), bool), k_len - q_len)
+    allowed = causal_mask(q_len, k_len, k_len - q_len)
     if window is not None:
-        allowed &= jnp.triu(jnp.ones((q_len, k_len), bool), k_len - q_len - window + 1)
+        allowed &= window_band(q_len, k_len, k_len - q_len, window)
     return allowed
 
 
