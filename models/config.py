@@ -80,6 +80,10 @@ class TransformerConfig:
     ``attention_softcap`` / ``final_logit_softcap`` cap scores / logits at ``c · tanh(s / c)`` (Gemma 2).
     ``query_scale`` replaces the softmax scale ``1 / √head_dim`` (Gemma 2/3: ``query_pre_attn_scalar ** -0.5``).
 
+    ``pooler_activation`` is the activation of an encoder's [CLS] pooler, ``act(dense(h[:, 0]))``: ``"tanh"`` (BERT,
+    RoBERTa, ALBERT), ``"relu"`` (DistilBERT's pre-classifier), ``"gelu"`` (ELECTRA's and DeBERTa's heads), or any
+    name of ``activation``.
+
     ``label_names`` are the class names of a classifier head, one per label id (``num_labels`` distinct, non-empty
     strings; Hugging Face's ``id2label``), or None: the labels are their ids.
     """
@@ -136,6 +140,7 @@ class TransformerConfig:
     attention_softcap: float | None = None
     final_logit_softcap: float | None = None
     query_scale: float | None = None
+    pooler_activation: str = "tanh"
 
     def __post_init__(self) -> None:
         if self.num_kv_heads is None:
@@ -168,6 +173,7 @@ class TransformerConfig:
             "norm_placement": NORM_PLACEMENTS, "activation": ACTIVATIONS,
             "dtype": DTYPES, "param_dtype": DTYPES, "remat": REMAT_POLICIES,
             "attention_impl": ATTENTION_IMPLS, "qk_norm": QK_NORMS,
+            "pooler_activation": ("tanh", *ACTIVATIONS),
         }
         # The families live above this module (``flaxzoo.models.families``); which ``model_type`` names a
         # registered family is checked where one is needed (``families.family_of``, the training config).

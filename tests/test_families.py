@@ -54,9 +54,8 @@ def test_the_families_and_their_lookups():
                                                                             llama.FAMILY]
     assert {"qwen2", "qwen3", "mistral", "gemma", "gemma2", "gemma3_text", "phi3", "gpt_neox", "olmo2"} <= \
         set(families.FAMILIES)
-    assert sorted(families.model_classes()) == ["BertForMaskedLM", "BertForSequenceClassification",
-                                                "BertForTokenClassification", "BertModel", "GPTForCausalLM",
-                                                "GPTForSequenceClassification", "GPTModel"]
+    assert {"BertForMaskedLM", "BertForQuestionAnswering", "BertForSequenceClassification", "BertForTokenClassification",
+            "BertModel", "GPTForCausalLM", "GPTForSequenceClassification", "GPTModel"} <= set(families.model_classes())
     assert families.family_and_class({"model_type": "roberta", "architectures": ["RobertaForMaskedLM"]}, None) == \
         (roberta.FAMILY, models.BertForMaskedLM)
     assert families.family_and_class({"architectures": ["GPT2LMHeadModel"]}, None) == (gpt2.FAMILY, GPTForCausalLM)
@@ -68,7 +67,7 @@ def test_the_families_and_their_lookups():
     assert families.default_model_class(models.get_preset("bert-tiny")) is models.BertForMaskedLM
     assert families.default_model_class(models.get_preset("gpt2-tiny")) is GPTForCausalLM
     assert [c.task for c in bert.FAMILY.classes] == ["base", "masked_lm", "sequence_classification",
-                                                     "token_classification"]
+                                                     "token_classification", "question_answering"]
     assert llama.FAMILY.base_class is GPTModel and llama.FAMILY.block is TransformerBlock
     with pytest.raises(ValueError, match=r"model_type='t5': expected one of \['bert', .*'gpt2', .*'llama', .*'roberta'"):
         families.family_of("t5")
@@ -78,7 +77,7 @@ def test_every_class_keeps_its_stack_at_backbone():
     config = models.get_preset("bert-tiny").replace(num_layers=1)
     for cls in bert.FAMILY.classes:
         roots = {path[0] for path, _ in nnx.to_flat_state(nnx.state(models.abstract_model(config, cls), nnx.Param))}
-        assert BACKBONE in roots and roots <= {BACKBONE, "pooler", "classifier", "transform", "transform_norm",
+        assert BACKBONE in roots and roots <= {BACKBONE, "pooler", "classifier", "transform", "transform_norm", "qa_outputs",
                                                "decoder"}, (cls.__name__, roots)
 
 

@@ -661,8 +661,8 @@ def test_unsupported_architecture(tmp_path):
     with pytest.raises(ValueError, match=r"unsupported model_type 't5'.*T5ForConditionalGeneration.*"
                                          r"bert: BertModel.*gpt2: GPT2Model, GPT2LMHeadModel.*LlamaForCausalLM"):
         from_pretrained(directory)
-    directory = write_config(tmp_path / "qa", {"architectures": ["BertForQuestionAnswering"], "model_type": "bert"})
-    with pytest.raises(ValueError, match=r"unsupported architecture 'BertForQuestionAnswering'.*"
+    directory = write_config(tmp_path / "mc", {"architectures": ["BertForMultipleChoice"], "model_type": "bert"})
+    with pytest.raises(ValueError, match=r"unsupported architecture 'BertForMultipleChoice'.*"
                                          r"BertForSequenceClassification, BertForTokenClassification"):
         from_pretrained(directory)
 

@@ -2,8 +2,9 @@
 config)."""
 
 from flaxzoo.models.families.bert.hf import FAMILY
-from flaxzoo.models.families.bert.model import (BertForMaskedLM, BertForSequenceClassification,
-                                                BertForTokenClassification, BertModel, EncoderOutput)
+from flaxzoo.models.families.bert.model import (BertForMaskedLM, BertForQuestionAnswering,
+                                                BertForSequenceClassification,
+                                                BertForTokenClassification, BertModel, EncoderOutput, SpanLogits)
 
-__all__ = ["FAMILY", "BertForMaskedLM", "BertForSequenceClassification", "BertForTokenClassification", "BertModel",
-           "EncoderOutput"]
+__all__ = ["FAMILY", "BertForMaskedLM", "BertForQuestionAnswering", "BertForSequenceClassification",
+           "BertForTokenClassification", "BertModel", "EncoderOutput", "SpanLogits"]

@@ -12,8 +12,9 @@ from typing import Any, Mapping
 
 from flaxzoo.models.config import TransformerConfig
 from flaxzoo.models.families.base import BACKBONE, Entry, Family, WeightMap, entry, layout, linear, norm, outside
-from flaxzoo.models.families.bert.model import (BertForMaskedLM, BertForSequenceClassification,
-                                                BertForTokenClassification, BertModel, encoder_factory)
+from flaxzoo.models.families.bert.model import (BertForMaskedLM, BertForQuestionAnswering,
+                                                BertForSequenceClassification, BertForTokenClassification, BertModel,
+                                                encoder_factory)
 from flaxzoo.models.families.fields import ACTIVATIONS_TO_HF, activation, common_from_hf, full_width_heads, refuse
 
 ENCODER_LAYOUT = dict(causal=False, position="learned", norm="layernorm", norm_placement="post", embedding_norm=True,
@@ -59,6 +60,15 @@ def mlm_head(config: TransformerConfig, base: str, *, dense: str, layer_norm: st
     return entries + linear(decoder, "decoder", True), {}, {bias: f"{decoder}.bias"}
 
 
+def qa_head(cls: type, ignored: list[str]) -> list[Entry]:
+    """The span head ``qa_outputs`` (the same name in every encoder family) for ``BertForQuestionAnswering``; for
+    other classes its tensors are added to ``ignored``."""
+    if cls is BertForQuestionAnswering:
+        return linear("qa_outputs", "qa_outputs", True)
+    ignored.append(r"qa_outputs\.(weight|bias)")
+    return []
+
+
 def weight_map(entries: list[Entry], ignored: list[str], tied: dict[str, str] | None = None,
                unused: dict[str, str] | None = None) -> WeightMap:
     """A ``WeightMap`` whose optional tensors are those outside the backbone (the pooler and the heads)."""
@@ -81,6 +91,7 @@ def bert_weights(config: TransformerConfig, cls: type, base: str) -> WeightMap:
         entries += linear("classifier", "classifier", True)
     else:
         ignored.append(r"classifier\.(weight|bias)")
+    entries += qa_head(cls, ignored)
     if cls is BertForMaskedLM:
         head, tied, unused = mlm_head(config, base, dense="cls.predictions.transform.dense",
                                       layer_norm="cls.predictions.transform.LayerNorm",
@@ -138,7 +149,8 @@ FAMILY = Family(
     model_type="bert", base_prefix="bert",
     architectures={"BertModel": BertModel, "BertForMaskedLM": BertForMaskedLM,
                    "BertForSequenceClassification": BertForSequenceClassification,
-                   "BertForTokenClassification": BertForTokenClassification},
+                   "BertForTokenClassification": BertForTokenClassification,
+                   "BertForQuestionAnswering": BertForQuestionAnswering},
     config_from_hf=lambda hf: encoder_config_from_hf({"pad_token_id": 0} | dict(hf), "bert"),
     config_to_hf=encoder_config_to_hf, weights=bert_weights, layout=ENCODER_LAYOUT | {"position_offset": 0},
     save_problems=lambda config: encoder_save_problems(config, "bert"),

@@ -21,6 +21,14 @@ from flaxzoo.models.layers.norms import make_norm
 from flaxzoo.models.layers.model import LanguageModel, StackModel
 
 
+class SpanLogits(NamedTuple):
+    """A question-answering head's scores: ``start_logits``, ``end_logits``, each ``[batch, seq]`` (float32), the
+    logit of each token being the first / last of the answer span."""
+
+    start_logits: jax.Array
+    end_logits: jax.Array
+
+
 class EncoderOutput(NamedTuple):
     """``last_hidden_state: [batch, seq, hidden]``, ``pooler_output: [batch, hidden]`` (None without a pooler),
     ``attention_weights``: per layer ``[batch, heads, seq, seq]`` when asked for."""
@@ -36,10 +44,11 @@ def _dense(config: TransformerConfig, out_features: int, axes, rngs: nnx.Rngs) -
                  param_dtype=jnp.dtype(config.param_dtype))
 
 
-def pool(pooler: Dense, hidden: jax.Array) -> jax.Array:
-    """BERT's pooler: ``tanh(dense(hidden[:, 0]))``, the [CLS] summary; ``[batch, seq, hidden]`` → ``[batch,
-    hidden]``."""
-    return jnp.tanh(pooler(hidden[:, 0]))
+def pool(pooler: Dense, hidden: jax.Array, activation: str = "tanh") -> jax.Array:
+    """The [CLS] pooler ``act(dense(hidden[:, 0]))`` (BERT: tanh; the config's ``pooler_activation``);
+    ``[batch, seq, hidden]`` → ``[batch, hidden]``."""
+    act = jnp.tanh if activation == "tanh" else ACTIVATION_FUNCTIONS[activation]
+    return act(pooler(hidden[:, 0]))
 
 
 class BertModel(StackModel):
@@ -57,7 +66,8 @@ class BertModel(StackModel):
                  segment_ids: jax.Array | None = None, return_attention_weights: bool = False) -> EncoderOutput:
         out = self.backbone(input_ids, attention_mask, token_type_ids, position_ids, segment_ids=segment_ids,
                             return_attention_weights=return_attention_weights)
-        pooled = pool(self.pooler, out.hidden) if self.pooler is not None else None
+        pooled = (pool(self.pooler, out.hidden, self.config.pooler_activation) if self.pooler is not None
+                  else None)
         return EncoderOutput(out.hidden, pooled, out.attention_weights)
 
 
@@ -106,7 +116,7 @@ class BertForSequenceClassification(StackModel):
                  segment_ids: jax.Array | None = None) -> jax.Array:
         """``[batch, seq]`` → logits ``[batch, num_labels]`` (float32)."""
         hidden = self.hidden_states(input_ids, attention_mask, token_type_ids, position_ids, segment_ids=segment_ids)
-        pooled = pool(self.pooler, hidden)
+        pooled = pool(self.pooler, hidden, self.config.pooler_activation)
         return self.classifier(self.dropout(pooled)).astype(jnp.float32)
 
 
@@ -127,3 +137,23 @@ class BertForTokenClassification(StackModel):
         """``[batch, seq]`` → per-token logits ``[batch, seq, num_labels]`` (float32)."""
         hidden = self.hidden_states(input_ids, attention_mask, token_type_ids, position_ids, segment_ids=segment_ids)
         return self.classifier(self.dropout(hidden)).astype(jnp.float32)
+
+
+class BertForQuestionAnswering(StackModel):
+    """Encoder (no pooler) + a linear layer giving each token two scores, the answer span's start and end
+    (extractive question answering, SQuAD: Devlin et al., 2019, section 4.2)."""
+
+    task = "question_answering"
+    causal = False
+
+    def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
+        super().__init__(config, rngs=rngs)
+        self.qa_outputs = _dense(config, 2, ("embed", None), rngs)
+
+    def __call__(self, input_ids: jax.Array, attention_mask: jax.Array | None = None,
+                 token_type_ids: jax.Array | None = None, position_ids: jax.Array | None = None, *,
+                 segment_ids: jax.Array | None = None) -> SpanLogits:
+        """``[batch, seq]`` → :class:`SpanLogits` (``[batch, seq]`` each, float32)."""
+        hidden = self.hidden_states(input_ids, attention_mask, token_type_ids, position_ids, segment_ids=segment_ids)
+        scores = self.qa_outputs(hidden).astype(jnp.float32)
+        return SpanLogits(scores[..., 0], scores[..., 1])

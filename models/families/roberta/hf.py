@@ -7,7 +7,8 @@ RoBERTa is BERT's encoder (same layer names, under ``roberta.``) with positions 
   ``decoder`` (its head always applies exact GELU);
 * ``RobertaForSequenceClassification``'s ``classifier.dense`` ↔ the pooler, ``classifier.out_proj`` ↔ ``classifier``
   (the same ``tanh(dense(h[:, 0]))`` then a linear layer; Hugging Face's classifier model has no pooler of its own);
-* ``RobertaForTokenClassification``'s ``classifier`` ↔ ``classifier``.
+* ``RobertaForTokenClassification``'s ``classifier`` ↔ ``classifier``;
+* ``RobertaForQuestionAnswering``'s ``qa_outputs`` ↔ ``qa_outputs``.
 """
 
 from __future__ import annotations
@@ -18,10 +19,11 @@ from typing import Any, Mapping
 from flaxzoo.models.config import TransformerConfig
 from flaxzoo.models.families.base import Family, WeightMap, linear
 from flaxzoo.models.families.bert.hf import (ENCODER_LAYOUT, encoder_config_from_hf, encoder_config_to_hf,
-                                             encoder_entries, encoder_save_problems, mlm_head, tf_layernorm_names,
-                                             weight_map)
-from flaxzoo.models.families.bert.model import (BertForMaskedLM, BertForSequenceClassification,
-                                                BertForTokenClassification, BertModel, encoder_factory)
+                                             encoder_entries, encoder_save_problems, mlm_head, qa_head,
+                                             tf_layernorm_names, weight_map)
+from flaxzoo.models.families.bert.model import (BertForMaskedLM, BertForQuestionAnswering,
+                                                BertForSequenceClassification, BertForTokenClassification, BertModel,
+                                                encoder_factory)
 
 
 def roberta_weights(config: TransformerConfig, cls: type, base: str) -> WeightMap:
@@ -42,6 +44,7 @@ def roberta_weights(config: TransformerConfig, cls: type, base: str) -> WeightMa
         entries += linear("classifier", "classifier", True)
     if cls not in (BertForSequenceClassification, BertForTokenClassification):
         ignored.append(r"classifier\..*")
+    entries += qa_head(cls, ignored)
     if cls is BertForMaskedLM:
         if config.activation != "gelu":
             raise ValueError(f"activation={config.activation!r}: Hugging Face's RobertaForMaskedLM head always "
@@ -77,7 +80,8 @@ FAMILY = Family(
     model_type="roberta", base_prefix="roberta",
     architectures={"RobertaModel": BertModel, "RobertaForMaskedLM": BertForMaskedLM,
                    "RobertaForSequenceClassification": BertForSequenceClassification,
-                   "RobertaForTokenClassification": BertForTokenClassification},
+                   "RobertaForTokenClassification": BertForTokenClassification,
+                   "RobertaForQuestionAnswering": BertForQuestionAnswering},
     config_from_hf=roberta_config_from_hf, config_to_hf=encoder_config_to_hf, weights=roberta_weights,
     layout=ENCODER_LAYOUT, save_problems=roberta_save_problems, factory=encoder_factory,
     rename=tf_layernorm_names)
