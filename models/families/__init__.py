@@ -18,6 +18,7 @@ from flax import nnx
 from flaxzoo.models.config import TransformerConfig
 from flaxzoo.models.families import bert, gemma, gpt2, llama, mistral, qwen2, qwen3, roberta
 from flaxzoo.models.families import gpt_neox, olmo2, phi3
+from flaxzoo.models.families import distilbert, xlm_roberta
 from flaxzoo.models.families.base import Family, ParamPath
 
 FAMILIES: dict[str, Family] = {}
@@ -189,6 +190,8 @@ register(olmo2.FAMILY)
 register(gemma.GEMMA)
 register(gemma.GEMMA2)
 register(gemma.GEMMA3)
+register(distilbert.FAMILY)
+register(xlm_roberta.FAMILY)
 
 __all__ = ["FAMILIES", "Family", "default_model_class", "factory_for", "family_and_class", "family_of",
            "family_of_class", "gguf_config", "gguf_family", "is_decoder_class", "lora_targets", "model_class",

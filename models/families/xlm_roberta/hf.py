@@ -1,0 +1,34 @@
+"""XLM-RoBERTa: Hugging Face ``xlm-roberta`` ↔ the flaxzoo BERT classes, through RoBERTa's table and config.
+
+Hugging Face's XLM-RoBERTa classes are RoBERTa's, renamed: the same tensor names under the same ``roberta.`` prefix
+(``lm_head.*``, ``classifier.dense`` / ``classifier.out_proj``, ``qa_outputs``), the same ``config.json`` fields and
+positions offset by ``pad_token_id + 1``. Only the ``model_type`` and the class names differ, so the record is
+RoBERTa's with those replaced (``roberta/hf.py`` documents the table).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+from flaxzoo.models.config import TransformerConfig
+from flaxzoo.models.families import roberta
+from flaxzoo.models.families.bert.model import (BertForMaskedLM, BertForQuestionAnswering,
+                                                BertForSequenceClassification, BertForTokenClassification, BertModel)
+from flaxzoo.models.families.roberta.hf import roberta_config_from_hf
+
+MODEL_TYPE = "xlm-roberta"
+
+
+def xlm_roberta_config_from_hf(hf: Mapping[str, Any]) -> TransformerConfig:
+    """RoBERTa's translation (``position_offset = pad_token_id + 1``) under ``model_type="xlm-roberta"``."""
+    return roberta_config_from_hf(hf).replace(model_type=MODEL_TYPE)
+
+
+FAMILY = dataclasses.replace(
+    roberta.FAMILY, model_type=MODEL_TYPE,
+    architectures={"XLMRobertaModel": BertModel, "XLMRobertaForMaskedLM": BertForMaskedLM,
+                   "XLMRobertaForSequenceClassification": BertForSequenceClassification,
+                   "XLMRobertaForTokenClassification": BertForTokenClassification,
+                   "XLMRobertaForQuestionAnswering": BertForQuestionAnswering},
+    config_from_hf=xlm_roberta_config_from_hf)
