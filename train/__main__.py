@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 
-    if config.get("task", None) in ("classify", "tag"):
+    if config.get("task", None) in ("classify", "tag", "qa"):
         return finetune_main(config, workdir)
 
     from flaxzoo.train.checkpoint import CheckpointError
@@ -216,8 +216,9 @@ def next_steps(workdir: str, argv: list[str], *, stopped: bool) -> str:
 
 
 def finetune_main(config, workdir: str) -> int:
-    """``task="classify"`` / ``"tag"`` configs (``configs/finetune_cls.py``, ``configs/finetune_ner.py``): fine-tune
-    an encoder into a text classifier or a token tagger."""
+    """``task="classify"`` / ``"tag"`` / ``"qa"`` configs (``configs/finetune_cls.py``, ``configs/finetune_ner.py``,
+    ``configs/finetune_qa.py``): fine-tune an encoder into a text classifier, a token tagger or an extractive
+    question answerer."""
     from flaxzoo.train.checkpoint import CheckpointError
     from flaxzoo.train.config import ConfigError
     from flaxzoo.train.finetune.config import FinetuneConfig
@@ -232,6 +233,8 @@ def finetune_main(config, workdir: str) -> int:
     try:
         if cfg.task == "tag":
             from flaxzoo.train.finetune.tagger import Tagger as Finetuner
+        elif cfg.task == "qa":
+            from flaxzoo.train.finetune.qa import QuestionAnswering as Finetuner
         finetuner = Finetuner(cfg, workdir)
     except ConfigError as exc:
         print(f"config error: {exc}", file=sys.stderr)

@@ -149,8 +149,28 @@ def token_classification_loss(model: nnx.Module, batch: Batch, *, loss_chunk: in
     return token_cross_entropy(logits, labels, labels != IGNORE_INDEX, with_accuracy)
 
 
+def span_loss(model: nnx.Module, batch: Batch, *, loss_chunk: int = 0,
+              with_accuracy: bool | jax.Array = True) -> Sums:
+    """Extractive QA loss of a ``...ForQuestionAnswering`` (``SpanLogits``) on ``{"input_ids", "attention_mask",
+    "token_type_ids"?}`` ``[batch, seq]`` and ``"start_positions"``, ``"end_positions"``, ``"example_weights"``
+    ``[batch]``: per row the mean of the start and end cross-entropies over the row's tokens (BERT's SQuAD loss;
+    padding positions excluded), summed with the row weights (0 for the rows completing a batch). A hit: both
+    argmaxes right."""
+    del loss_chunk
+    mask = batch["attention_mask"].astype(bool)
+    spans = model(batch["input_ids"], batch["attention_mask"], batch.get("token_type_ids"))
+    weights = batch["example_weights"].astype(jnp.float32)
+    losses, hits = 0.0, 1.0
+    for logits, target in ((spans.start_logits, batch["start_positions"]), (spans.end_logits, batch["end_positions"])):
+        logits = jnp.where(mask, logits.astype(jnp.float32), -1e9)
+        losses = losses + optax.softmax_cross_entropy_with_integer_labels(logits, target) / 2
+        hits = hits * (jnp.argmax(jax.lax.stop_gradient(logits), axis=-1) == target).astype(jnp.float32)
+    return jnp.sum(losses * weights), jnp.sum(weights), jnp.sum(hits * weights)
+
+
 LOSSES: dict[str, Callable[..., Sums]] = {"causal": causal_lm_loss, "mlm": masked_lm_loss,
-                                          "classify": classification_loss, "token_classify": token_classification_loss}
+                                          "classify": classification_loss, "token_classify": token_classification_loss,
+                                          "span": span_loss}
 
 
 def global_norm(tree: Any) -> jax.Array:
@@ -341,5 +361,18 @@ def make_predict_probabilities(graphdef: nnx.GraphDef, placement: ActivationPlac
         with placed(placement):
             logits = model(batch["input_ids"], batch.get("attention_mask"), batch.get("token_type_ids"))
         return jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
+
+    return predict
+
+
+def make_predict_spans(graphdef: nnx.GraphDef, placement: ActivationPlacement | None = None) -> Callable:
+    """``predict(params, rest, batch) -> [batch, 2, seq]`` start and end logits (float32) of a question-answering
+    model, dropout off. Not yet jitted. ``placement``: as in :func:`make_train_step`."""
+    def predict(params: Any, rest: Any, batch: Batch) -> jax.Array:
+        model = nnx.merge(graphdef, params, rest, copy=True)
+        model.eval()
+        with placed(placement):
+            spans = model(batch["input_ids"], batch.get("attention_mask"), batch.get("token_type_ids"))
+        return jnp.stack([spans.start_logits, spans.end_logits], axis=1).astype(jnp.float32)
 
     return predict

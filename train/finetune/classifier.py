@@ -13,7 +13,7 @@ from typing import Any
 import jax
 from flax import nnx
 
-from flaxzoo.models import BertForSequenceClassification
+from flaxzoo.models import BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification
 from flaxzoo.models.config import TransformerConfig
 from flaxzoo.models.checkpoint import find_step_dir
 from flaxzoo.models.families import family_of
@@ -34,21 +34,41 @@ def packaged_minilm() -> pathlib.Path:
                                 "--config.init_from") from None
 
 
-def classifier_class(cfg: FinetuneConfig) -> type:
-    """The class the fine-tune trains, from ``init_from``'s config alone: its family's sequence-classification class
-    for a decoder that has one (``GPTForSequenceClassification``), else ``BertForSequenceClassification`` (a random
-    encoder, an encoder checkpoint, and what :func:`describe_classifier` refuses naming the checkpoint: a decoder
-    without a classifier class, such as GPT-2, or a path that is no checkpoint)."""
+def bert_class(task: str) -> type:
+    """BERT's class for a fine-tuning ``task`` (``"sequence_classification"``, ``"token_classification"``,
+    ``"question_answering"``): what a random encoder and a family without its own class train."""
+    classes = {"sequence_classification": BertForSequenceClassification,
+               "token_classification": BertForTokenClassification, "question_answering": BertForQuestionAnswering}
+    if task not in classes:
+        raise ValueError(f"task={task!r}: expected one of {sorted(classes)}")
+    return classes[task]
+
+
+def task_class(config: TransformerConfig, task: str) -> type:
+    """The class a checkpoint of ``config`` trains for ``task``: its family's own (a DeBERTa's, a Llama's
+    ``GPTForSequenceClassification``), else BERT's (:func:`bert_class`: a family without one; for a decoder this is
+    refused later, naming the checkpoint)."""
+    try:
+        own = family_of(config.model_type).class_for(task)
+    except ValueError:  # a model_type no family registers
+        own = None
+    return own or bert_class(task)
+
+
+def classifier_class(cfg: FinetuneConfig, task: str = "sequence_classification") -> type:
+    """The class the fine-tune trains for ``task``, from ``init_from``'s config alone (:func:`task_class`): its
+    family's class for the task (an encoder family's own heads, a decoder's ``GPTForSequenceClassification``), else
+    BERT's (a random encoder, and what :func:`describe_classifier` refuses naming the checkpoint: a decoder without a
+    class for the task, such as GPT-2, or a path that is no checkpoint)."""
     if cfg.init_from == SCRATCH:
-        return BertForSequenceClassification
+        return bert_class(task)
     from flaxzoo.models.hub.sources import open_source
 
     try:
         config, _ = open_source(cfg.init_from or packaged_minilm()).describe()
     except (ValueError, FileNotFoundError):
-        return BertForSequenceClassification
-    own = family_of(config.model_type).class_for("sequence_classification") if config.causal else None
-    return own or BertForSequenceClassification
+        return bert_class(task)
+    return task_class(config, task)
 
 
 def describe_classifier(cfg: FinetuneConfig, names: tuple[str, ...], cls: type = BertForSequenceClassification
@@ -126,11 +146,12 @@ def check_head_trained(lora: LoraConfig, cfg: FinetuneConfig, abstract: nnx.Modu
     """Refuse (``ConfigError``) LoRA settings that leave the fresh classifier of the adapted ``abstract`` model
     frozen at its random initialisation."""
     trained = nnx.to_pure_dict(nnx.state(abstract, trainable_filter(lora, cfg)))
-    if not any(head in trained for head in ("classifier", "score")):  # an encoder's classifier, a decoder's score
+    # an encoder's classifier, a decoder's score, a question-answering span head
+    if not any(head in trained for head in ("classifier", "score", "qa_outputs")):
         raise ConfigError("lora.train_fully", f"{cfg.lora.train_fully!r} leaves the new classifier frozen at its "
                                               "random initialisation; expected it to include 'head' (or '' for the "
                                               "default 'head', or lora.targets to adapt 'head')")
 
 
-__all__ = ["adapt", "check_head_trained", "classifier_class", "describe_classifier", "load_classifier_params",
-           "packaged_minilm", "read_num_layers", "trainable_filter"]
+__all__ = ["adapt", "bert_class", "check_head_trained", "classifier_class", "describe_classifier",
+           "load_classifier_params", "packaged_minilm", "read_num_layers", "task_class", "trainable_filter"]

@@ -1,5 +1,5 @@
-"""The fine-tuner's train step (``task="classify"`` and ``task="tag"``) compiled for compile-only devices:
-``python -m flaxzoo.train.compile``.
+"""The fine-tuner's train step (``task="classify"``, ``task="tag"`` and ``task="qa"``) compiled for compile-only
+devices: ``python -m flaxzoo.train.compile``.
 
 The step is the one the fine-tuning task runs (``flaxzoo.train.finetune.trainer.Finetuner`` /
 ``flaxzoo.train.finetune.tagger.Tagger``): ``flaxzoo.train.step.make_train_step`` with the task's objective
@@ -8,7 +8,10 @@ The step is the one the fine-tuning task runs (``flaxzoo.train.finetune.trainer.
 optimizer (layer decay, the head's own schedule), its parameters replicated and its batch split over every device,
 as the fine-tuner places them: ``input_ids``, ``attention_mask`` ``[batch_size, data.max_len]`` and, for
 ``classify``, ``labels``, ``example_weights`` ``[batch_size]``; for ``tag``, ``labels`` ``[batch_size,
-data.max_len]`` (a tag per position).
+data.max_len]`` (a tag per position); for ``qa``, ``token_type_ids`` ``[batch_size, data.max_len]`` (a model
+with segment embeddings) and ``start_positions``, ``end_positions``, ``example_weights`` ``[batch_size]``
+(``flaxzoo.train.finetune.qa.QuestionAnswering``, ``objective="span"``). The model class is the family's own for
+the task (``flaxzoo.train.finetune.classifier.task_class``), as the fine-tuner's.
 No data is read: what depends on it is taken at its bound or a stated default: ``num_labels`` (0: the data's
 classes) as ``len(data.label_names)`` or 2 for ``classify``, as :data:`DEFAULT_TAGS` (CoNLL-2003's BIO tags) for
 ``tag``; ``vocab.frequent`` adds its ``vocab.max_new`` rows; data files the config names are not opened, and a
@@ -31,7 +34,8 @@ from flaxzoo.models.lora import apply_lora, frozen_and_trainable
 from flaxzoo.train import flops as flopslib
 from flaxzoo.train import sharding as shardlib
 from flaxzoo.train.finetune.config import SCRATCH, FinetuneConfig
-from flaxzoo.train.finetune.classifier import packaged_minilm, read_num_layers
+from flaxzoo.train.finetune.classifier import bert_class, packaged_minilm, read_num_layers, task_class
+from flaxzoo.train.finetune.qa import QuestionAnswering
 from flaxzoo.train.finetune.tagger import Tagger
 from flaxzoo.train.finetune.task import FinetuneTask, is_head
 from flaxzoo.train.finetune.trainer import Finetuner
@@ -40,7 +44,8 @@ from flaxzoo.train.step import make_train_step, new_train_state
 from flaxzoo.train.targets import Target
 
 STEPS = 1000  # the schedule's length does not change the compiled step
-TASK_CLASSES: dict[str, type[FinetuneTask]] = {"classify": Finetuner, "tag": Tagger}
+TASK_CLASSES: dict[str, type[FinetuneTask]] = {"classify": Finetuner, "tag": Tagger, "qa": QuestionAnswering}
+MODEL_TASKS = {"classify": "sequence_classification", "tag": "token_classification", "qa": "question_answering"}
 DEFAULT_LABELS = 2  # task="classify" with num_labels=0 and no data.label_names
 DEFAULT_TAGS = 9  # task="tag" with num_labels=0: CoNLL-2003's BIO tags (O and B- / I- of PER, LOC, ORG, MISC)
 NOT_READ = "(not read: compile only)"  # the data path a file-reading config names none of
@@ -52,14 +57,20 @@ def without_data(config: ConfigDict) -> dict[str, Any]:
     values = config.to_dict()
     data = values.get("data", {})
     if data.get("source") == "files":
-        needed = ("train_path", "test_path") if values.get("task") == "tag" else ("train_path",)
+        needed = ("train_path", "test_path") if values.get("task") in ("tag", "qa") else ("train_path",)
         values["data"] = {**data, **{key: data.get(key) or NOT_READ for key in needed}}
     return values
 
 
-def abstract_batch_shapes(task: str, batch: int, seq: int) -> dict[str, tuple[tuple[int, ...], Any]]:
-    """``{key: (shape, dtype)}`` of one training batch of ``task`` as its fine-tuner builds it."""
+def abstract_batch_shapes(task: str, batch: int, seq: int,
+                          token_types: bool = False) -> dict[str, tuple[tuple[int, ...], Any]]:
+    """``{key: (shape, dtype)}`` of one training batch of ``task`` as its fine-tuner builds it (``token_types``:
+    ``qa``'s batches for a model with segment embeddings carry ``token_type_ids``)."""
     tokens = {"input_ids": ((batch, seq), jnp.int32), "attention_mask": ((batch, seq), jnp.int32)}
+    if task == "qa":  # flaxzoo.train.finetune.spans.span_batch
+        types = {"token_type_ids": ((batch, seq), jnp.int32)} if token_types else {}
+        return {**tokens, **types, "start_positions": ((batch,), jnp.int32), "end_positions": ((batch,), jnp.int32),
+                "example_weights": ((batch,), jnp.float32)}
     if task == "tag":  # a tag per position (IGNORE_INDEX where none is scored): flaxzoo.train.finetune.tokens
         return {**tokens, "labels": ((batch, seq), jnp.int32)}
     return {**tokens, "labels": ((batch,), jnp.int32), "example_weights": ((batch,), jnp.float32)}
@@ -78,9 +89,11 @@ def compile_finetune(config: ConfigDict, target: Target, devices: list[jax.Devic
         model_config = cfg.model
     else:
         model_config, _ = open_source(source).describe()
+    model_class = bert_class(MODEL_TASKS[cfg.task]) if cfg.init_from == SCRATCH else task_class(
+        model_config, MODEL_TASKS[cfg.task])
     default = DEFAULT_TAGS if cfg.task == "tag" else (len(cfg.data.class_names) or DEFAULT_LABELS)
-    labels = cfg.num_labels or default
-    if not cfg.num_labels:
+    labels = 2 if cfg.task == "qa" else cfg.num_labels or default  # qa: the span head's start and end
+    if not cfg.num_labels and cfg.task != "qa":
         notes.append(f"num_labels follows the data: compiled with {labels}"
                      + (" (CoNLL-2003's BIO tags; --config.num_labels=N for yours)" if cfg.task == "tag" else ""))
     added = len(cfg.vocab.given) + (cfg.vocab.max_new if cfg.vocab.frequent else 0)
@@ -98,7 +111,7 @@ def compile_finetune(config: ConfigDict, target: Target, devices: list[jax.Devic
     trainable = frozen_and_trainable(cfg.fully_trained) if lora else nnx.Param
 
     def build() -> nnx.Module:
-        model = task.MODEL(model_config, rngs=nnx.Rngs(cfg.seed))
+        model = model_class(model_config, rngs=nnx.Rngs(cfg.seed))
         return apply_lora(model, lora, seed=cfg.seed) if lora else model
 
     graphdef, params, rest = nnx.split(nnx.eval_shape(build), trainable, ...)
@@ -119,14 +132,15 @@ def compile_finetune(config: ConfigDict, target: Target, devices: list[jax.Devic
     state = abstract(jax.eval_shape(lambda p: new_train_state(p, tx, cfg.seed), params), replicated)
     batch, seq = cfg.batch_size, cfg.data.max_len
     abstract_batch = {k: jax.ShapeDtypeStruct(shape, dtype, sharding=rows)
-                      for k, (shape, dtype) in abstract_batch_shapes(cfg.task, batch, seq).items()}
+                      for k, (shape, dtype) in abstract_batch_shapes(cfg.task, batch, seq,
+                                                                     model_config.type_vocab_size > 1).items()}
     step = jax.jit(make_train_step(graphdef, tx, schedule, objective=task.OBJECTIVE,
                                    placement=shardlib.activation_placement(mesh)), donate_argnums=(0,))
     start = time.perf_counter()
     compiled = step.lower(state, abstract(rest, replicated), abstract_batch).compile()
     compile_s = time.perf_counter() - start
     trained = sum(x.size for x in jax.tree.leaves(params)) if lora else None
-    per_token = flopslib.flops_per_token(model_config, seq, task.MODEL, trained=trained)
+    per_token = flopslib.flops_per_token(model_config, seq, model_class, trained=trained)
     attention = attention_backend(model_config, q_len=seq, masked=True, training=True, platform=platform,
                                   shared_segments=False)  # attention_mask only: query and key segments differ
     name = "train (fine-tune)" if cfg.task == "classify" else f"train (fine-tune, task={cfg.task})"

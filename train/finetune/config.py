@@ -22,6 +22,10 @@ Keys (``--config.KEY=VALUE``):
   :meth:`FinetuneConfig.execution`). ``precision.loss_chunk`` must stay 0: it chunks a language model's vocabulary
   logits, and a fine-tune's head has none. The top-level ``compute_dtype`` / ``remat`` / ``scan_layers`` of earlier
   versions are refused with the key they moved to.
+- ``task``: ``"classify"`` (a label per text), ``"tag"`` (a tag per word: CoNLL files), ``"qa"`` (extractive
+  question answering: SQuAD-style JSON in ``data.train_path`` / ``data.test_path``, windows of ``data.max_len``
+  pieces every ``data.doc_stride`` context pieces, questions cut to ``data.max_query_length`` pieces, answers of at
+  most ``data.max_answer_length`` pieces: ``flaxzoo.train.finetune.qa``)
 - ``data.*``: :class:`ClassifyDataConfig`; ``vocab.*``: :class:`VocabConfig`; ``model.*``: for ``"scratch"`` only,
   as in pre-training (``flaxzoo.train.config.model_fields``)
 - ``lora.*``: LoRA, as in pre-training (``flaxzoo.train.config.LoraSettings``: ``rank`` 0 = off, ``alpha``, ``targets``,
@@ -61,7 +65,9 @@ from flaxzoo.train.data.config import default_data_dir
 from flaxzoo.train.finetune.data import SOURCES
 
 TASK = "classify"
-TASKS = (TASK, "tag")  # a label per text (sequence classification); a tag per word (token classification, NER)
+# a label per text (sequence classification); a tag per word (token classification, NER); an answer span per
+# question (extractive question answering, SQuAD)
+TASKS = (TASK, "tag", "qa")
 SCRATCH = "scratch"
 CLASS_WEIGHTS = ("none", "balanced")
 # What LoRA fine-tuning trains in full when lora.train_fully is "": flaxzoo.models.lora's "head", the modules outside the
@@ -94,6 +100,11 @@ class ClassifyDataConfig(Section):
     max_len: int = checked(128, integer(3))
     truncation: str = checked("head", choice(*TRUNCATION_STRATEGIES))
     head_tokens: int = checked(0, integer(0, note="(0 = a quarter of max_len - 2)"))
+    # task="qa" (BERT's run_squad.py settings): context pieces between the starts of a long context's windows, the
+    # question's pieces kept, the longest answer predicted (pieces)
+    doc_stride: int = checked(128, integer(1))
+    max_query_length: int = checked(64, integer(1))
+    max_answer_length: int = checked(30, integer(1))
 
     def _validate(self) -> None:
         if self.source == "files" and not self.train_path:
@@ -201,7 +212,7 @@ class FinetuneConfig(Section):
             raise ConfigError("optim.warmup_steps", f"{self.optim.warmup_steps} and warmup_ratio="
                                                     f"{self.warmup_ratio} are both set; expected one of them (the "
                                                     "other 0)")
-        if self.task == "tag":
+        if self.task in ("tag", "qa"):
             self._validate_tagging()
         elif self.data.validation_path:
             raise ConfigError("data.validation_path", f"{self.data.validation_path!r} applies to task='tag'; expected "
@@ -212,22 +223,28 @@ class FinetuneConfig(Section):
                                            "parameter) or a pretrained init_from")
 
     def _validate_tagging(self) -> None:
-        """``task="tag"``: CoNLL files in, the settings that belong to texts with one label refused by name."""
-        data = self.data
+        """``task="tag"``: CoNLL files in; ``task="qa"``: SQuAD-style JSON files in; the settings that belong to
+        texts with one label refused by name."""
+        data, task = self.data, self.task
+        files = ("CoNLL files", "(a token and its tag per line, blank lines between sentences)") if task == "tag" else (
+            "SQuAD-style JSON files", "(the training and the evaluation questions)")
         if data.source != "files" or not data.test_path:
             key = "data.source" if data.source != "files" else "data.test_path"
-            raise ConfigError(key, f"{getattr(data, key.split('.')[1])!r}: task='tag' reads CoNLL files; expected "
-                                   "data.source='files' with data.train_path and data.test_path (a token and its tag "
-                                   "per line, blank lines between sentences)")
+            raise ConfigError(key, f"{getattr(data, key.split('.')[1])!r}: task={task!r} reads {files[0]}; expected "
+                                   f"data.source='files' with data.train_path and data.test_path {files[1]}")
+        if task == "qa" and data.validation_path:
+            raise ConfigError("data.validation_path", f"{data.validation_path!r}: task='qa' scores data.test_path "
+                                                      "(the dev file) at the end; expected ''")
         refused = {"class_weights": (self.class_weights, "none"),
                    "data.validation_fraction": (data.validation_fraction, 0.0),
                    "data.truncation": (data.truncation, "head"), "vocab.frequent": (self.vocab.frequent, False),
                    "vocab.tokens": (self.vocab.tokens, "")}
         for key, (value, default) in refused.items():
             if value != default:
+                hint = " (a validation split: data.validation_path)" if (
+                    key == "data.validation_fraction" and task == "tag") else ""
                 raise ConfigError(key, f"{value!r} applies to task='classify' (one label per text); expected "
-                                       f"{default!r} with task='tag'" + (" (a validation split: data.validation_path)"
-                                                                         if key == "data.validation_fraction" else ""))
+                                       f"{default!r} with task={task!r}{hint}")
 
     @property
     def fully_trained(self) -> tuple[str, ...]:

@@ -7,7 +7,8 @@ checkpoints, resume, meshes, several processes, LoRA, layer-wise LR decay, freez
   its tag per line, blank lines between sentences; ``flaxzoo.train.finetune.tokens.read_conll``);
 - the words are encoded pre-tokenised and each word's tag goes to its first word piece, the other pieces and the
   special tokens ignored (Hugging Face's ``run_ner.py`` alignment);
-- the model is a ``BertForTokenClassification`` (no pooler: the head is the per-token classifier), trained on the
+- the model is the family's token classifier (``BertForTokenClassification`` for BERT, RoBERTa and a random
+  encoder; no pooler: the head is the per-token classifier), trained on the
   mean cross-entropy over the labelled pieces (``train/step.py`` ``token_classify``);
 - the scores are seqeval's (conlleval's chunks, micro entity F1, per-type F1, token accuracy) on the word-level tag
   sequences: ``eval/metrics.json``, and each test sentence with its true and predicted tags in
@@ -18,11 +19,14 @@ from __future__ import annotations
 
 import itertools
 import json
+import pathlib
 from typing import Any
 
 import numpy as np
 
 from flaxzoo.models import BertForTokenClassification
+from flaxzoo.train.finetune.classifier import classifier_class
+from flaxzoo.train.finetune.config import FinetuneConfig
 from flaxzoo.train.finetune.tokens import (encode_tagged, entity_scores, load_tagged, tagged_batches_in_order,
                                            tagged_epoch_batches, word_sequences)
 from flaxzoo.train.finetune.task import FinetuneTask
@@ -36,6 +40,10 @@ class Tagger(FinetuneTask):
     MODEL = BertForTokenClassification
     OBJECTIVE = "token_classify"
     make_predict = staticmethod(make_predict_masked)  # [batch, seq] argmax label ids
+
+    def __init__(self, cfg: FinetuneConfig, workdir: str | pathlib.Path):
+        self.MODEL = classifier_class(cfg, "token_classification")  # the family's own, BERT's by default
+        super().__init__(cfg, workdir)
 
     def _load_data(self) -> tuple[str, ...]:
         data = self.cfg.data
