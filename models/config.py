@@ -386,6 +386,12 @@ PRESETS: dict[str, TransformerConfig] = {
     "bert-base-uncased": _bert(hidden_size=768, num_layers=12, num_heads=12, intermediate_size=3072),
     "bert-large-uncased": _bert(hidden_size=1024, num_layers=24, num_heads=16, intermediate_size=4096),
     "all-minilm-l6-v2": _bert(hidden_size=384, num_layers=6, num_heads=12, intermediate_size=1536),
+    # Hugging Face's config.json values; tests/test_presets.py counts them against transformers' base models.
+    "distilbert-base-uncased": _bert(model_type="distilbert", hidden_size=768, num_layers=6, num_heads=12,
+                                     intermediate_size=3072, type_vocab_size=0, pooler_activation="relu"),
+    "xlm-roberta-base": _bert(model_type="xlm-roberta", vocab_size=250002, hidden_size=768, num_layers=12,
+                              num_heads=12, intermediate_size=3072, max_position_embeddings=514, type_vocab_size=1,
+                              norm_eps=1e-5, pad_token_id=1, bos_token_id=0, eos_token_id=2, position_offset=2),
     "gpt2": _gpt2(hidden_size=768, num_layers=12, num_heads=12, intermediate_size=3072),
     "gpt2-medium": _gpt2(hidden_size=1024, num_layers=24, num_heads=16, intermediate_size=4096),
     "gpt2-large": _gpt2(hidden_size=1280, num_layers=36, num_heads=20, intermediate_size=5120),

@@ -62,3 +62,27 @@ def test_another_depth_keeps_the_layer_pattern():
     assert seven == ("sliding_attention",) * 5 + ("full_attention", "sliding_attention")
     assert config.replace(num_layers=2).layer_types == ("sliding_attention",) * 2
     assert config.replace(num_layers=2, layer_types=("full_attention",) * 2).layer_types == ("full_attention",) * 2
+
+
+# Encoder presets → the published parameter count of Hugging Face's base model (DistilBertModel: no pooler;
+# XLMRobertaModel: with its pooler).
+ENCODERS_PUBLISHED = {"distilbert-base-uncased": 66_362_880, "xlm-roberta-base": 278_043_648}
+
+
+@pytest.mark.parametrize("name", sorted(ENCODERS_PUBLISHED))
+def test_encoder_preset_count_equals_transformers_base_model(name):
+    """flaxzoo's base model as a Hugging Face base checkpoint of the family builds it (the family's factory: a pooler
+    only where the table has one) against transformers' ``AutoModel`` of the config.json flaxzoo writes."""
+    config = models.get_preset(name)
+    family = families.family_of(config.model_type)
+    cls = family.base_class
+    params = [path for entry in family.weights(config, cls, "").entries for path in entry.paths]
+    state = nnx.state(models.abstract_model(config, family.factory(cls, params)), nnx.Param)
+    ours = sum(math.prod(leaf.shape) for leaf in jax.tree.leaves(state))
+    hf = family.config_to_hf(config) | common_to_hf(config) | {"model_type": config.model_type,
+                                                               "architectures": [family.hf_architecture(cls)]}
+    with torch.device("meta"):
+        model = transformers.AutoModel.from_config(transformers.AutoConfig.for_model(**hf))
+    assert type(model).__name__ == family.hf_architecture(cls)
+    assert ours == sum(p.numel() for p in model.parameters()) == ENCODERS_PUBLISHED[name]
+    assert family.config_from_hf(hf) == config  # the preset is what its config.json reads back as
