@@ -84,6 +84,15 @@ class TransformerConfig:
     RoBERTa, ALBERT), ``"relu"`` (DistilBERT's pre-classifier), ``"gelu"`` (ELECTRA's and DeBERTa's heads), or any
     name of ``activation``.
 
+    ``embedding_size`` E factorises the embeddings (ALBERT, ELECTRA; Lan et al., 2020): the token, position and
+    token-type tables and the embedding norm are E wide, and a linear projection (with bias) maps them to
+    ``hidden_size`` before the first layer; an MLM head's transform then maps hidden → E so its decoder can be tied to
+    the ``[vocab, E]`` token table. None: no projection, the tables are ``hidden_size`` wide (E == ``hidden_size``
+    still gets the projection, as ALBERT has one whatever its sizes). ``shared_layers`` shares ONE block's parameters
+    across all ``num_layers`` layers (ALBERT's cross-layer sharing): the block is stored once, at
+    ``backbone.shared_layer``, and applied ``num_layers`` times, by a Python loop or (``scan_layers``) a ``lax.scan``
+    that closes over its parameters.
+
     ``label_names`` are the class names of a classifier head, one per label id (``num_labels`` distinct, non-empty
     strings; Hugging Face's ``id2label``), or None: the labels are their ids.
     """
@@ -141,6 +150,8 @@ class TransformerConfig:
     final_logit_softcap: float | None = None
     query_scale: float | None = None
     pooler_activation: str = "tanh"
+    embedding_size: int | None = None
+    shared_layers: bool = False
 
     def __post_init__(self) -> None:
         if self.num_kv_heads is None:
@@ -186,6 +197,12 @@ class TransformerConfig:
             raise FieldError("head_dim", f"head_dim={self.head_dim}: RoPE needs an even head dimension")
         if self.position == "sinusoidal" and self.hidden_size % 2 != 0:
             raise FieldError("hidden_size", f"hidden_size={self.hidden_size}: sinusoidal positions need an even width")
+        if self.embedding_size is not None and (not isinstance(self.embedding_size, int) or
+                                                isinstance(self.embedding_size, bool) or self.embedding_size < 1):
+            raise FieldError("embedding_size", f"embedding_size={self.embedding_size!r}: expected a positive integer "
+                             "(the factorised embedding width) or None (the tables are hidden_size wide)")
+        if not isinstance(self.shared_layers, bool):
+            raise FieldError("shared_layers", f"shared_layers={self.shared_layers!r}: expected True or False")
         if not isinstance(self.scan_layers, bool):
             raise FieldError("scan_layers", f"scan_layers={self.scan_layers!r}: expected True or False")
         for name in ("dropout", "attention_dropout"):
@@ -259,6 +276,11 @@ class TransformerConfig:
         if self.rope_scaling is not None and self.position != "rope":
             raise FieldError("rope_scaling", f"rope_scaling={self.rope_scaling!r} needs position='rope'; got "
                              f"position={self.position!r}")
+
+    @property
+    def embedding_width(self) -> int:
+        """The width of the embedding tables: ``embedding_size``, or ``hidden_size`` when it is None."""
+        return self.hidden_size if self.embedding_size is None else self.embedding_size
 
     @property
     def rotary_dim(self) -> int:

@@ -18,6 +18,7 @@ from flax import nnx
 from flaxzoo.models.config import TransformerConfig
 from flaxzoo.models.families import bert, gemma, gpt2, llama, mistral, qwen2, qwen3, roberta
 from flaxzoo.models.families import gpt_neox, olmo2, phi3
+from flaxzoo.models.families import albert, electra
 from flaxzoo.models.families import distilbert, xlm_roberta
 from flaxzoo.models.families.base import Family, ParamPath
 
@@ -190,6 +191,8 @@ register(olmo2.FAMILY)
 register(gemma.GEMMA)
 register(gemma.GEMMA2)
 register(gemma.GEMMA3)
+register(albert.FAMILY)
+register(electra.FAMILY)
 register(distilbert.FAMILY)
 register(xlm_roberta.FAMILY)
 

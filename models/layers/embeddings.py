@@ -9,7 +9,7 @@ import numpy as np
 from flax import nnx
 
 from flaxzoo.models.config import TransformerConfig
-from flaxzoo.models.layers.linear import logical_param, take_rows
+from flaxzoo.models.layers.linear import Dense, logical_param, take_rows
 from flaxzoo.models.layers.norms import make_norm
 from flaxzoo.models.layers.partitioning import ACTIVATION_BATCH, ACTIVATION_LENGTH, ACTIVATION_VOCAB, HIDDEN, constrain
 from flaxzoo.models.layers.positions import LearnedPositions, sinusoidal_table
@@ -130,30 +130,37 @@ class TokenEmbedding(nnx.Module):
 
 
 class InputEmbeddings(nnx.Module):
-    """Token embedding + absolute positions (learned or sinusoidal) + token types, then an optional norm (BERT)."""
+    """Token embedding + absolute positions (learned or sinusoidal) + token types, then an optional norm (BERT).
+
+    Factorised (``config.embedding_size`` E set: ALBERT, ELECTRA): the tables and the norm are E wide and
+    ``project`` (E → hidden, with bias) follows the dropout."""
 
     def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
         self.config = config
         dtype, param_dtype = jnp.dtype(config.dtype), jnp.dtype(config.param_dtype)
         std = config.initializer_range
-        self.tokens = TokenEmbedding(config.vocab_size, config.hidden_size, rngs=rngs, init_std=std, dtype=dtype,
+        width = config.embedding_width
+        self.tokens = TokenEmbedding(config.vocab_size, width, rngs=rngs, init_std=std, dtype=dtype,
                                      param_dtype=param_dtype, rows=config.padded_vocab_size)
-        self.positions = (LearnedPositions(config.max_position_embeddings, config.hidden_size, rngs=rngs,
+        self.positions = (LearnedPositions(config.max_position_embeddings, width, rngs=rngs,
                                            init_std=std, param_dtype=param_dtype)
                           if config.position == "learned" else None)
-        self.sinusoids = (nnx.Variable(jnp.asarray(sinusoidal_table(config.max_position_embeddings,
-                                                                    config.hidden_size)))
+        self.sinusoids = (nnx.Variable(jnp.asarray(sinusoidal_table(config.max_position_embeddings, width)))
                           if config.position == "sinusoidal" else None)
         self.token_types = (logical_param(rngs, jax.nn.initializers.normal(std),
-                                          (config.type_vocab_size, config.hidden_size), (None, "embed"), param_dtype)
+                                          (config.type_vocab_size, width), (None, "embed"), param_dtype)
                             if config.type_vocab_size else None)
-        self.norm = make_norm(config, rngs) if config.embedding_norm else None
+        self.norm = make_norm(config, rngs, width) if config.embedding_norm else None
         self.dropout = nnx.Dropout(config.dropout, rngs=rngs)
+        self.project = (Dense((width,), (config.hidden_size,), axes=(None, "embed"), use_bias=True, rngs=rngs,
+                              init_std=std, dtype=dtype, param_dtype=param_dtype)
+                        if config.embedding_size is not None else None)
 
     def __call__(self, input_ids: jax.Array | None, positions: jax.Array, token_type_ids: jax.Array | None = None,
                  *, inputs_embeds: jax.Array | None = None) -> jax.Array:
-        """``[batch, seq]`` ids and positions → ``[batch, seq, hidden]``. ``inputs_embeds: [batch, seq, hidden]``, when
-        given, is used in place of the token lookup (``input_ids`` is then ignored)."""
+        """``[batch, seq]`` ids and positions → ``[batch, seq, hidden]``. ``inputs_embeds: [batch, seq, E]`` (E:
+        ``config.embedding_width``), when given, is used in place of the token lookup (``input_ids`` is then
+        ignored)."""
         x = self.tokens(input_ids) if inputs_embeds is None else inputs_embeds.astype(self.tokens.dtype)
         if self.config.embedding_multiplier != 1.0:  # Gemma: √hidden, rounded to the activations' dtype first
             x = x * jnp.asarray(self.config.embedding_multiplier, x.dtype)
@@ -166,7 +173,10 @@ class InputEmbeddings(nnx.Module):
             x = x + take_rows(self.token_types[...], types).astype(x.dtype)
         if self.norm is not None:
             x = self.norm(x)
-        return constrain(self.dropout(x), HIDDEN)
+        x = self.dropout(x)
+        if self.project is not None:
+            x = self.project(x)
+        return constrain(x, HIDDEN)
 
 
 class LMHead(nnx.Module):
@@ -176,16 +186,18 @@ class LMHead(nnx.Module):
     (= ``vocab_size`` unless ``config.pad_vocab_to`` pads it). The logits of the padding ids ``[vocab_size,
     padded_vocab)`` are ``PADDED_LOGIT`` (``mask_padded_logits``): softmax, argmax, sampling and cross-entropy never
     pick them, and ``logits[..., :vocab_size]`` are the unpadded model's. The untied kernel is
-    ``[hidden, padded_vocab]`` and the bias ``[padded_vocab]``, their padding entries starting at zero.
+    ``[hidden, padded_vocab]`` and the bias ``[padded_vocab]``, their padding entries starting at zero. ``features``
+    (default ``hidden_size``) is the input width: an MLM head over factorised embeddings takes ``embedding_size``.
     """
 
-    def __init__(self, config: TransformerConfig, *, use_bias: bool, rngs: nnx.Rngs):
+    def __init__(self, config: TransformerConfig, *, use_bias: bool, rngs: nnx.Rngs, features: int | None = None):
         vocab, rows = config.vocab_size, config.padded_vocab_size
+        features = config.hidden_size if features is None else features
         self.vocab_size = vocab
         self.kernel = (None if config.tie_word_embeddings else
                        logical_param(rngs, zero_rows_from(jax.nn.initializers.normal(config.initializer_range),
                                                           vocab, axis=1),
-                                     (config.hidden_size, rows), ("embed", "vocab"),
+                                     (features, rows), ("embed", "vocab"),
                                      jnp.dtype(config.param_dtype)))
         self.bias = (logical_param(rngs, jax.nn.initializers.zeros, (rows,), ("vocab",),
                                    jnp.dtype(config.param_dtype)) if use_bias else None)

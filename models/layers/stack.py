@@ -103,8 +103,12 @@ class TransformerStack(nnx.Module):
         other layers passes its own."""
         self.config = config
         self.embeddings = InputEmbeddings(config, rngs=rngs)
-        blocks = [block(config, rngs=rngs) for _ in range(config.num_layers)]
-        self.layers = stack_modules(blocks) if config.scan_layers else nnx.List(blocks)
+        if config.shared_layers:  # ALBERT: one block's parameters for every layer, in both layouts
+            self.shared_layer = block(config, rngs=rngs)
+            self.layers = None
+        else:
+            blocks = [block(config, rngs=rngs) for _ in range(config.num_layers)]
+            self.layers = stack_modules(blocks) if config.scan_layers else nnx.List(blocks)
         self.final_norm = make_norm(config, rngs) if config.final_norm else None
 
     def check_inputs(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None, *,
@@ -115,9 +119,9 @@ class TransformerStack(nnx.Module):
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("pass exactly one of input_ids [batch, seq] and inputs_embeds [batch, seq, hidden]")
         if inputs_embeds is not None:
-            if inputs_embeds.ndim != 3 or inputs_embeds.shape[-1] != config.hidden_size:
+            if inputs_embeds.ndim != 3 or inputs_embeds.shape[-1] != config.embedding_width:
                 raise ValueError(f"inputs_embeds has shape {tuple(inputs_embeds.shape)}: expected "
-                                 f"[batch, seq, {config.hidden_size}]")
+                                 f"[batch, seq, {config.embedding_width}]")
             shape = tuple(inputs_embeds.shape[:2])
         else:
             shape = tuple(input_ids.shape)
@@ -229,8 +233,29 @@ class TransformerStack(nnx.Module):
             apply = jax.checkpoint(apply, policy=REMAT_POLICIES[config.remat],
                                    static_argnums=(0,) if config.scan_layers and mixed else (0, 5),
                                    prevent_cse=not config.scan_layers)
+        blocks = self.shared_layer if config.shared_layers else self.layers
         mutates = any(isinstance(m, nnx.Dropout) and not m.deterministic and m.rate > 0
-                      for _, m in nnx.iter_graph(self.layers))
+                      for _, m in nnx.iter_graph(blocks))
+        if config.shared_layers and config.scan_layers:
+            # One block's parameters, closed over by a scan of num_layers steps (no stacked copy); its other state
+            # (dropout RNG counters) is carried from step to step.
+            graphdef, params, rest = nnx.split(self.shared_layer, nnx.Param, ...)
+
+            def shared_body(carry, layer_state):
+                h, layer_rest = carry
+                layer_cache, sliding = layer_state
+                (h, layer_cache, weights), new_rest = apply(
+                    graphdef, params, layer_rest, h, None if layer_cache is None else KVCache(*layer_cache),
+                    sliding if mixed else kinds[0])
+                return (h, new_rest), (layer_cache, weights)
+
+            sliding = jnp.asarray(kinds) if mixed else None
+            (x, new_rest), (new_cache, weights) = jax.lax.scan(shared_body, (x, rest), (cache, sliding),
+                                                               length=config.num_layers)
+            if mutates:
+                nnx.update(self.shared_layer, new_rest)
+            weights = tuple(weights[i] for i in range(config.num_layers)) if return_weights else None
+            return x, (None if new_cache is None else (new_cache.key, new_cache.value)), weights
         if config.scan_layers:
             graphdef, params, rest = nnx.split(self.layers, nnx.Param, ...)
 
@@ -249,7 +274,7 @@ class TransformerStack(nnx.Module):
             return x, (None if new_cache is None else (new_cache.key, new_cache.value)), weights
         keys, values = cache if cache is not None else (None, None)
         all_weights = []
-        for i, layer in enumerate(self.layers):
+        for i, layer in enumerate([blocks] * config.num_layers if config.shared_layers else blocks):
             graphdef, params, rest = nnx.split(layer, nnx.Param, ...)
             layer_cache = None if cache is None else KVCache(keys[i], values[i])
             (x, layer_cache, weights), new_rest = apply(graphdef, params, rest, x, layer_cache, kinds[i])

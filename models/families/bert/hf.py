@@ -18,7 +18,8 @@ from flaxzoo.models.families.bert.model import (BertForMaskedLM, BertForQuestion
 from flaxzoo.models.families.fields import ACTIVATIONS_TO_HF, activation, common_from_hf, full_width_heads, refuse
 
 ENCODER_LAYOUT = dict(causal=False, position="learned", norm="layernorm", norm_placement="post", embedding_norm=True,
-                      final_norm=False, mlp_gated=False, attention_bias=True, mlp_bias=True)
+                      final_norm=False, mlp_gated=False, attention_bias=True, mlp_bias=True, embedding_size=None,
+                      shared_layers=False)
 CLASSIFIERS = (BertForSequenceClassification, BertForTokenClassification)
 
 

@@ -81,16 +81,20 @@ def encoder_factory(cls: type, params: Collection[tuple]) -> Callable[..., nnx.M
 
 
 class BertForMaskedLM(LanguageModel):
-    """Encoder + transform (dense, activation, norm) + decoder tied to the token table, with a vocabulary bias."""
+    """Encoder + transform (dense, activation, norm) + decoder tied to the token table, with a vocabulary bias.
+
+    The transform maps hidden → ``config.embedding_width`` (the token table's width: ``hidden_size`` unless the
+    embeddings are factorised, as ALBERT's and ELECTRA's generator's are)."""
 
     task = "masked_lm"
     causal = False
 
     def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
         super().__init__(config, rngs=rngs)
-        self.transform = _dense(config, config.hidden_size, ("embed", None), rngs)
-        self.transform_norm = make_norm(config, rngs)
-        self.decoder = LMHead(config, use_bias=True, rngs=rngs)
+        width = config.embedding_width
+        self.transform = _dense(config, width, ("embed", None), rngs)
+        self.transform_norm = make_norm(config, rngs, width)
+        self.decoder = LMHead(config, use_bias=True, rngs=rngs, features=width)
 
     def logits(self, hidden: jax.Array) -> jax.Array:
         """The MLM head alone: ``[batch, n, hidden]`` encoder states → ``[batch, n, vocab]`` logits (float32), e.g. for
