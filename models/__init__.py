@@ -16,13 +16,15 @@ __all__ = [
     "DecodeState", "GPTForCausalLM", "GPTForSequenceClassification", "GPTModel", "attention_backend", "check_token_ids",
     "PRESETS", "TransformerConfig", "abstract_model", "create_model", "default_model_class", "from_pretrained",
     "generate", "get_preset", "param_count", "save_pretrained", "load_tokenizer", "embed", "generate_text",
-    "classify", "apply_chat_template",
+    "classify", "apply_chat_template", "SentenceConfig", "SentenceEncoder", "search", "similarity",
 ]
 
 # Loaded on first use: file formats, tokenizers and orbax are not needed to build and run a model.
 _LAZY = {"from_pretrained": "flaxzoo.models.hub", "save_pretrained": "flaxzoo.models.hub", "load_tokenizer": "flaxzoo.models.tokenizer",
          "embed": "flaxzoo.models.text", "generate_text": "flaxzoo.models.text", "classify": "flaxzoo.models.text",
-         "apply_chat_template": "flaxzoo.models.chat"}
+         "apply_chat_template": "flaxzoo.models.chat", "SentenceEncoder": "flaxzoo.models.text",
+         "SentenceConfig": "flaxzoo.models.sentence", "search": "flaxzoo.models.sentence",
+         "similarity": "flaxzoo.models.sentence"}
 
 
 def __getattr__(name):

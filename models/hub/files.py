@@ -140,6 +140,8 @@ def read_config(directory: pathlib.Path) -> dict[str, Any]:
 HUB_ALLOW_PATTERNS = (
     "config.json", SAFETENSORS, "model-*.safetensors", SAFETENSORS_INDEX, "tokenizer.json", "tokenizer_config.json",
     "special_tokens_map.json", "vocab.txt", "vocab.json", "merges.txt", "generation_config.json",
+    # sentence-transformers' pipeline (flaxzoo.models.sentence): its module list, Transformer and Pooling settings
+    "modules.json", "sentence_bert_config.json", "*_Pooling/config.json",
 )
 _HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]*(/[A-Za-z0-9][A-Za-z0-9_.\-]*)?")
 
