@@ -408,6 +408,12 @@ PRESETS: dict[str, TransformerConfig] = {
     "bert-base-uncased": _bert(hidden_size=768, num_layers=12, num_heads=12, intermediate_size=3072),
     "bert-large-uncased": _bert(hidden_size=1024, num_layers=24, num_heads=16, intermediate_size=4096),
     "all-minilm-l6-v2": _bert(hidden_size=384, num_layers=6, num_heads=12, intermediate_size=1536),
+    # Factorised embeddings (embedding_size 128); ALBERT shares one block across its 12 layers.
+    "albert-base-v2": _bert(model_type="albert", vocab_size=30000, hidden_size=768, num_layers=12, num_heads=12,
+                            intermediate_size=3072, embedding_size=128, shared_layers=True, activation="gelu_tanh",
+                            dropout=0.0, attention_dropout=0.0, bos_token_id=2, eos_token_id=3),
+    "electra-small-discriminator": _bert(model_type="electra", hidden_size=256, num_layers=12, num_heads=4,
+                                         intermediate_size=1024, embedding_size=128, pooler_activation="gelu"),
     # Hugging Face's config.json values; tests/test_presets.py counts them against transformers' base models.
     "distilbert-base-uncased": _bert(model_type="distilbert", hidden_size=768, num_layers=6, num_heads=12,
                                      intermediate_size=3072, type_vocab_size=0, pooler_activation="relu"),

@@ -16,7 +16,8 @@ from flaxzoo.models import BertForMaskedLM, BertModel
 from flaxzoo.models.config import TransformerConfig
 from flaxzoo.models.families import FAMILIES, family_and_class
 from flaxzoo.models.families.electra import ElectraForPreTraining
-from flaxzoo.models.hub import from_pretrained, save_pretrained
+from flaxzoo.models.hub import from_pretrained
+from flaxzoo.models.hub.pretrained import check_saveable
 from flaxzoo.models.lora import LoraConfig, apply_lora, dense_modules
 from flaxzoo.models.quantize import is_quantized, module_at, projection_paths, quantize_model
 from tests.encoder_parity import check_both_ways, right_padded, token_types
@@ -103,10 +104,12 @@ def test_albert_groupings_other_than_one_are_refused():
 def test_unsaveable_configs_are_named():
     config = FAMILIES["albert"].config_from_hf(albert_config().to_dict())
     with pytest.raises(ValueError, match="embedding_size=None"):
-        save_pretrained(BertModel(config.replace(embedding_size=None), rngs=nnx.Rngs(0)), "/nonexistent")
+        check_saveable(config.replace(embedding_size=None), FAMILIES["albert"])
     electra = FAMILIES["electra"].config_from_hf(electra_config(hidden_act="relu").to_dict())
     with pytest.raises(ValueError, match="always applies exact GELU"):
-        save_pretrained(BertForMaskedLM(electra, rngs=nnx.Rngs(0)), "/nonexistent")
+        FAMILIES["electra"].weights(electra, BertForMaskedLM, "electra.")
+    with pytest.raises(ValueError, match=r"embedding_size=32 == hidden_size"):
+        check_saveable(electra.replace(activation="gelu", embedding_size=32), FAMILIES["electra"])
     with pytest.raises(ValueError, match="embedding_size=0: expected a positive integer"):
         electra.replace(embedding_size=0)
     with pytest.raises(ValueError, match="shared_layers=1: expected True or False"):

@@ -54,6 +54,29 @@ def test_preset_parameter_count_equals_transformers(name):
         assert ours == PUBLISHED[name]
 
 
+# Factorised-embedding presets → the count of Hugging Face's base model (AlbertModel with its pooler; ElectraModel
+# has none: 13,483,008 by the sizes and by transformers' model, 65,792 = 256 · 256 + 256 fewer than the 13,548,800
+# sometimes quoted, which is no ElectraModel's count).
+FACTORISED_PUBLISHED = {"albert-base-v2": 11_683_584, "electra-small-discriminator": 13_483_008}
+
+
+@pytest.mark.parametrize("name", sorted(FACTORISED_PUBLISHED))
+def test_factorised_preset_count_equals_transformers_base_model(name):
+    config = models.get_preset(name)
+    family = families.family_of(config.model_type)
+    cls = family.base_class
+    params = [path for entry in family.weights(config, cls, "").entries for path in entry.paths]
+    state = nnx.state(models.abstract_model(config, family.factory(cls, params)), nnx.Param)
+    ours = sum(math.prod(leaf.shape) for leaf in jax.tree.leaves(state))
+    hf = family.config_to_hf(config) | common_to_hf(config) | {"model_type": config.model_type,
+                                                               "architectures": [family.hf_architecture(cls)]}
+    with torch.device("meta"):
+        model = transformers.AutoModel.from_config(transformers.AutoConfig.for_model(**hf))
+    assert type(model).__name__ == family.hf_architecture(cls)
+    assert ours == sum(p.numel() for p in model.parameters()) == FACTORISED_PUBLISHED[name]
+    assert family.config_from_hf(hf) == config  # the preset is what its config.json reads back as
+
+
 def test_another_depth_keeps_the_layer_pattern():
     """Gemma 3's five sliding layers then a global one: 7 layers repeat the pattern from the start, 2 keep its
     first two; a pattern given with the new depth wins."""
