@@ -20,6 +20,7 @@ ACTIVATIONS = ("gelu", "gelu_tanh", "relu", "silu")
 DTYPES = ("float32", "bfloat16", "float16")
 REMAT_POLICIES = ("none", "full", "dots")
 ATTENTION_IMPLS = ("auto", "softmax", "fused", "splash", "gpu_flash")
+CLASSIFIER_POOLINGS = ("cls", "mean")
 
 
 class FieldError(ValueError):
@@ -74,15 +75,20 @@ class TransformerConfig:
     ``norm_unit_offset`` scales RMSNorms by ``1 + w`` (Gemma); ``embedding_multiplier`` multiplies the token
     embeddings (Gemma: √hidden). ``rotary_fraction`` rotates only the first ``head_dim · fraction`` features
     (GPT-NeoX: 0.25). ``rope_scaling`` is a normalised Hugging Face ``rope_scaling`` (``layers/rope_scaling.py``).
-    ``sliding_window`` W lets a query see itself and the W - 1 keys before it, on the layers ``layer_types`` marks
-    ``"sliding_attention"`` (None: every layer, when ``sliding_window`` is set); ``rope_local_theta`` is those layers'
-    RoPE θ, unscaled (Gemma 3; None: they use ``rope_theta`` and ``rope_scaling`` as the others).
+    ``sliding_window`` W lets a query see itself and the W - 1 keys before it (an encoder's, ``causal=False``: and
+    the W - 1 keys after it, ``|i - j| < W``; ModernBERT's ``local_attention`` L is W = L // 2 + 1), on the layers
+    ``layer_types`` marks ``"sliding_attention"`` (None: every layer, when ``sliding_window`` is set);
+    ``rope_local_theta`` is those layers' RoPE θ, unscaled (Gemma 3, ModernBERT; None: they use ``rope_theta`` and
+    ``rope_scaling`` as the others).
     ``attention_softcap`` / ``final_logit_softcap`` cap scores / logits at ``c · tanh(s / c)`` (Gemma 2).
     ``query_scale`` replaces the softmax scale ``1 / √head_dim`` (Gemma 2/3: ``query_pre_attn_scalar ** -0.5``).
 
     ``pooler_activation`` is the activation of an encoder's [CLS] pooler, ``act(dense(h[:, 0]))``: ``"tanh"`` (BERT,
     RoBERTa, ALBERT), ``"relu"`` (DistilBERT's pre-classifier), ``"gelu"`` (ELECTRA's and DeBERTa's heads), or any
-    name of ``activation``.
+    name of ``activation``. ``head_bias`` is whether that dense layer (and an MLM head's transform) has a bias
+    (ModernBERT's ``classifier_bias``: False); ``decoder_bias`` whether an MLM decoder has its vocabulary bias;
+    ``classifier_pooling`` what a sequence classifier pools: ``"cls"`` (the first token) or ``"mean"`` (the mean
+    of the real tokens, ModernBERT's option). ``norm_bias=False`` drops the LayerNorms' bias (ModernBERT).
 
     ``embedding_size`` E factorises the embeddings (ALBERT, ELECTRA; Lan et al., 2020): the token, position and
     token-type tables and the embedding norm are E wide, and a linear projection (with bias) maps them to
@@ -150,6 +156,10 @@ class TransformerConfig:
     final_logit_softcap: float | None = None
     query_scale: float | None = None
     pooler_activation: str = "tanh"
+    norm_bias: bool = True
+    head_bias: bool = True
+    decoder_bias: bool = True
+    classifier_pooling: str = "cls"
     embedding_size: int | None = None
     shared_layers: bool = False
 
@@ -184,7 +194,7 @@ class TransformerConfig:
             "norm_placement": NORM_PLACEMENTS, "activation": ACTIVATIONS,
             "dtype": DTYPES, "param_dtype": DTYPES, "remat": REMAT_POLICIES,
             "attention_impl": ATTENTION_IMPLS, "qk_norm": QK_NORMS,
-            "pooler_activation": ("tanh", *ACTIVATIONS),
+            "pooler_activation": ("tanh", *ACTIVATIONS), "classifier_pooling": CLASSIFIER_POOLINGS,
         }
         # The families live above this module (``flaxzoo.models.families``); which ``model_type`` names a
         # registered family is checked where one is needed (``families.family_of``, the training config).
@@ -244,7 +254,7 @@ class TransformerConfig:
         if isinstance(self.rope_scaling, list):  # from JSON: [[key, value], ...]
             object.__setattr__(self, "rope_scaling", tuple(
                 (k, tuple(v) if isinstance(v, list) else v) for k, v in self.rope_scaling))
-        for name in ("parallel_residual", "norm_unit_offset"):
+        for name in ("parallel_residual", "norm_unit_offset", "norm_bias", "head_bias", "decoder_bias"):
             if not isinstance(getattr(self, name), bool):
                 raise FieldError(name, f"{name}={getattr(self, name)!r}: expected True or False")
         for name in ("embedding_multiplier", "attention_softcap", "final_logit_softcap", "query_scale",
@@ -264,8 +274,6 @@ class TransformerConfig:
         window = self.sliding_window
         if window is not None and (not isinstance(window, int) or isinstance(window, bool) or window < 1):
             raise FieldError("sliding_window", f"sliding_window={window!r}: expected a positive integer or None")
-        if window is not None and not self.causal:
-            raise FieldError("sliding_window", f"sliding_window={window}: only causal (decoder) models have one")
         if self.layer_types is not None:
             if len(self.layer_types) != self.num_layers or any(t not in LAYER_TYPES for t in self.layer_types):
                 raise FieldError("layer_types", f"layer_types={self.layer_types!r}: expected num_layers="
@@ -404,6 +412,24 @@ def _gemma3_layer_types(num_layers: int, every: int = 6) -> tuple[str, ...]:
     return tuple("full_attention" if (i + 1) % every == 0 else "sliding_attention" for i in range(num_layers))
 
 
+def _modernbert(**kw: Any) -> TransformerConfig:
+    """ModernBERT's layout (``transformers.ModernBertConfig``'s defaults are ModernBERT-base): pre-LN, bias-free
+    LayerNorms and projections, GeGLU, RoPE (θ 160,000 global, 10,000 local), every third layer global (layer 0
+    first), the others a bidirectional window of ``local_attention`` 128: ``sliding_window`` = 128 // 2 + 1."""
+    every = kw.pop("global_every", 3)
+    base = dict(
+        vocab_size=50368, max_position_embeddings=8192, model_type="modernbert", causal=False, position="rope",
+        rope_theta=160_000.0, rope_local_theta=10_000.0, norm="layernorm", norm_eps=1e-5, norm_bias=False,
+        norm_placement="pre", embedding_norm=True, final_norm=True, activation="gelu", mlp_gated=True,
+        attention_bias=False, mlp_bias=False, head_bias=False, decoder_bias=True, pooler_activation="gelu",
+        type_vocab_size=0, sliding_window=65, pad_token_id=50283, bos_token_id=50281, eos_token_id=50282,
+    )
+    values = {**base, **kw}
+    values["layer_types"] = tuple("sliding_attention" if i % every else "full_attention"
+                                  for i in range(values["num_layers"]))
+    return TransformerConfig(**values)
+
+
 PRESETS: dict[str, TransformerConfig] = {
     "bert-base-uncased": _bert(hidden_size=768, num_layers=12, num_heads=12, intermediate_size=3072),
     "bert-large-uncased": _bert(hidden_size=1024, num_layers=24, num_heads=16, intermediate_size=4096),
@@ -465,9 +491,13 @@ PRESETS: dict[str, TransformerConfig] = {
         intermediate_size=8192, max_position_embeddings=4096, rope_theta=500_000.0, norm_eps=1e-6,
         norm_placement="post_branch", qk_norm="full", tie_word_embeddings=False, pad_token_id=100277,
         bos_token_id=100257, eos_token_id=100257),
+    "modernbert-base": _modernbert(hidden_size=768, num_layers=22, num_heads=12, intermediate_size=1152),
     # Tiny configs for tests and smoke runs.
     "bert-tiny": _bert(vocab_size=1000, hidden_size=64, num_layers=2, num_heads=4, intermediate_size=128,
                        max_position_embeddings=128, dropout=0.0, attention_dropout=0.0),
+    "modernbert-tiny": _modernbert(vocab_size=1000, hidden_size=64, num_layers=3, num_heads=4, intermediate_size=96,
+                                   max_position_embeddings=128, sliding_window=9, pad_token_id=0, bos_token_id=None,
+                                   eos_token_id=None),
     "gpt2-tiny": _gpt2(vocab_size=1000, hidden_size=64, num_layers=2, num_heads=4, intermediate_size=256,
                        max_position_embeddings=128, bos_token_id=0, eos_token_id=0, dropout=0.0,
                        attention_dropout=0.0),

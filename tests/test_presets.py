@@ -87,6 +87,25 @@ def test_another_depth_keeps_the_layer_pattern():
     assert config.replace(num_layers=2, layer_types=("full_attention",) * 2).layer_types == ("full_attention",) * 2
 
 
+def test_modernbert_base_count_equals_transformers():
+    """ModernBERT-base's masked-LM model: transformers' count (the card's "149M"), plus the one hidden-wide scale of
+    layer 0's unused attention norm that flaxzoo keeps so all layers stack (``families/modernbert/model.py``;
+    bias-free norms: no bias)."""
+    config = models.get_preset("modernbert-base")
+    family = families.family_of("modernbert")
+    cls = family.class_for("masked_lm")
+    state = nnx.state(models.abstract_model(config, cls), nnx.Param)
+    ours = sum(math.prod(leaf.shape) for leaf in jax.tree.leaves(state))
+    hf = family.config_to_hf(config) | common_to_hf(config) | {"model_type": "modernbert",
+                                                               "architectures": [family.hf_architecture(cls)]}
+    with torch.device("meta"):
+        model = transformers.AutoModelForMaskedLM.from_config(transformers.AutoConfig.for_model(**hf))
+        default = transformers.ModernBertForMaskedLM(transformers.ModernBertConfig())
+    theirs = sum(p.numel() for p in model.parameters())
+    assert theirs == sum(p.numel() for p in default.parameters()) == 149_655_232
+    assert ours == theirs + config.hidden_size
+
+
 # Encoder presets → the published parameter count of Hugging Face's base model (DistilBertModel: no pooler;
 # XLMRobertaModel: with its pooler).
 ENCODERS_PUBLISHED = {"distilbert-base-uncased": 66_362_880, "xlm-roberta-base": 278_043_648}

@@ -74,6 +74,8 @@ __all__ = [  # the names other modules import from here, wherever they are defin
     "number", "pretrained_model", "reject_unknown_keys", "section_dict"]
 
 PRETRAINING_CLASSES = {"GPTForCausalLM": "causal", "BertForMaskedLM": "mlm"}
+# What each model class's ``task`` pre-trains with (ModernBertForMaskedLM is a masked LM as BertForMaskedLM is).
+PRETRAINING_TASKS = {"causal_lm": "causal", "masked_lm": "mlm"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,10 +143,12 @@ class TrainConfig(Section):
                                                    f"{batch // accum} rows are not divisible by mesh.data x "
                                                    f"mesh.fsdp = {axes}")
         model, cls_name = self.model, self.model_cls.__name__
-        if cls_name not in PRETRAINING_CLASSES:
+        task_objective = PRETRAINING_TASKS.get(getattr(self.model_cls, "task", None))
+        if task_objective is None:
             raise ConfigError("model.cls", f"{cls_name!r} has no pre-training objective here; expected "
-                                           "GPTForCausalLM (causal LM) or BertForMaskedLM (masked LM)")
-        if PRETRAINING_CLASSES[cls_name] != self.objective:
+                                           "a causal LM (GPTForCausalLM) or a masked LM (BertForMaskedLM, "
+                                           "ModernBertForMaskedLM)")
+        if task_objective != self.objective:
             raise ConfigError("model.causal", f"{model.causal} does not fit model.cls={cls_name!r}")
         if model.position in ("learned", "sinusoidal") and self.seq_len > model.max_position_embeddings:
             raise ConfigError("seq_len", f"{self.seq_len} exceeds model.max_position_embeddings="

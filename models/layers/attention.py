@@ -134,7 +134,8 @@ class Attention(nnx.Module):
         softcap = config.attention_softcap
         if return_weights:
             context, weights = attention_with_weights(query, key, value, mask, bias, is_causal, dropout,
-                                                      window=window if is_causal else None, softcap=softcap)
+                                                      window=window if is_causal or mask is None else None,
+                                                      softcap=softcap)
         else:
             # A traced window lives in the dense mask only: no kernel may take the segments without it.
             segments = (None if layout.query_segments is None or traced_window else

@@ -36,7 +36,7 @@ from jax.ad_checkpoint import checkpoint_name
 
 from flaxzoo.models.config import ATTENTION_IMPLS
 from flaxzoo.models.layers import attention_kernels
-from flaxzoo.models.layers.masking import causal_mask, window_band
+from flaxzoo.models.layers.masking import causal_mask, symmetric_band, window_band
 from flaxzoo.models.layers.partitioning import (ACTIVATION_BATCH, ACTIVATION_HEADS, ACTIVATION_KV_HEADS, current_placement,
                                         current_platform)
 
@@ -78,7 +78,8 @@ def window_mask(q_len: int, k_len: int, window: int | None) -> jax.Array:
 def _allowed(mask: jax.Array | None, is_causal: bool, kv_heads: int, groups: int, q_len: int,
              k_len: int, window: int | None = None) -> jax.Array | None:
     """Which scores take part (True), broadcastable to ``[batch, kv_heads, groups · q, k]``; None when all do.
-    ``window`` narrows the causal mask (``is_causal`` only: a given ``mask`` already holds it)."""
+    ``window`` narrows the causal mask; without ``is_causal`` it is a bidirectional window
+    (``masking.symmetric_band``), which callers pass only when no ``mask`` holds it already."""
     allowed = None
     if mask is not None:
         mask = jnp.broadcast_to(mask.astype(bool), (*mask.shape[:2], q_len, k_len))
@@ -86,6 +87,9 @@ def _allowed(mask: jax.Array | None, is_causal: bool, kv_heads: int, groups: int
     if is_causal:
         causal_mask = jnp.tile(window_mask(q_len, k_len, window), (groups, 1))
         allowed = causal_mask if allowed is None else allowed & causal_mask
+    elif window is not None:
+        band = jnp.tile(symmetric_band(q_len, k_len, k_len - q_len, window), (groups, 1))
+        allowed = band if allowed is None else allowed & band
     return allowed
 
 
@@ -310,7 +314,8 @@ def choose_backend(impl: str, *, dtype, head_dim: int, heads: int, kv_heads: int
     call would have to be partitioned by XLA, which Mosaic kernels refuse, so XLA runs instead.
 
     ``windowed`` (a sliding window): splash (a local mask), cuDNN and XLA (``local_window_size``, or the dense mask)
-    take it; Pallas' GPU kernel does not. ``capped`` (attention soft-capping): splash takes it, and elsewhere only
+    take it; Pallas' GPU kernel does not, nor does cuDNN a bidirectional one (``is_causal`` False: it takes only a
+    left window). ``capped`` (attention soft-capping): splash takes it, and elsewhere only
     the closed-form-backward kernel (neither cuDNN nor ``jax.nn.dot_product_attention`` caps scores).
     """
     platform = platform or current_platform()
@@ -370,6 +375,8 @@ def choose_backend(impl: str, *, dtype, head_dim: int, heads: int, kv_heads: int
         why_not = "a padding / document mask"
     elif is_causal and q_len != k_len:
         why_not = f"causal with query length {q_len} != key length {k_len}"
+    elif windowed and not is_causal:
+        why_not = "a bidirectional sliding window (it takes a left window only)"
     if why_not is not None:
         return "xla", f"{refused}cuDNN does not take {why_not}: XLA"
     return "cudnn", "cuDNN flash attention"
@@ -387,7 +394,8 @@ def attend(query: jax.Array, key: jax.Array, value: jax.Array, *, mask: jax.Arra
     ``segments``: the ``(query [batch, q], key [batch, k])`` segment ids ``mask`` was built from (a query sees keys
     of its own segment, and with ``causal_segments`` only earlier ones), which the Pallas kernels take instead of
     the dense mask. ``window``: a causal call's sliding window (a query sees itself and the ``window - 1`` keys
-    before it); a given ``mask`` must already hold it (``AttentionLayout.mask``), and the kernels that take
+    before it), a bidirectional call's (itself and the ``window - 1`` keys on each side); a given ``mask`` must
+    already hold it (``AttentionLayout.mask``), and the kernels that take
     ``segments`` apply it themselves. ``softcap``: scores become ``softcap · tanh(score / softcap)`` before masking.
     """
     q_len, k_len = query.shape[1], key.shape[1]
@@ -406,7 +414,7 @@ def attend(query: jax.Array, key: jax.Array, value: jax.Array, *, mask: jax.Arra
                                  softcap)
     if backend == "softmax":
         return softmax_attention(query, key, value, mask, bias, is_causal, dropout,
-                                 window=window if is_causal else None, softcap=softcap)
+                                 window=window if is_causal or mask is None else None, softcap=softcap)
     local = None
     if is_causal and (q_len != k_len or (window is not None and backend != "cudnn")):
         # jax.nn aligns its causal mask top-left: give it the bottom-right one (and the window) as a mask
@@ -415,6 +423,12 @@ def attend(query: jax.Array, key: jax.Array, value: jax.Array, *, mask: jax.Arra
         is_causal = False
     elif is_causal and window is not None:
         local = (window - 1, 0)
+    elif window is not None and mask is None and not causal_segments:
+        # bidirectional (cuDNN was refused above): XLA's (left, right) window; jax.nn aligns it top-left
+        if q_len == k_len:
+            return jax.nn.dot_product_attention(query, key, value, bias=_as_4d(bias), local_window_size=(
+                window - 1, window - 1), implementation="xla")
+        mask = symmetric_band(q_len, k_len, k_len - q_len, window)
     mask, bias = _as_4d(mask), _as_4d(bias)
     if backend == "cudnn":
         try:

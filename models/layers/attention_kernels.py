@@ -49,6 +49,8 @@ from jax.experimental.pallas.ops.gpu import attention as gpu_attention
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as splash
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as splash_mask
 
+from flaxzoo.models.layers.masking import symmetric_band, window_band
+
 PAD_SEGMENT = -1  # the segment id of the positions padding adds: no real token (ids >= 0) shares it
 SPLASH_LANES = 128  # splash's blocks are multiples of this (NUM_LANES in splash_attention_kernel.py)
 SPLASH_MAX_BLOCK = 512
@@ -129,14 +131,18 @@ def gpu_flash_supported(query_shape: tuple[int, ...], key_shape: tuple[int, ...]
 
 
 def _uniform_where_blind(context: jax.Array, value: jax.Array, q_segments: jax.Array, kv_segments: jax.Array,
-                         causal: bool) -> jax.Array:
+                         causal: bool, window: int | None = None) -> jax.Array:
     """``context`` with the rows whose query sees no key replaced by the mean of all values (the XLA reference's
     uniform attention). ``context: [batch, q, heads, d]``, ``value: [batch, k, kv_heads, d]``. The ``[batch, q, k]``
-    comparison is a fused reduction (never stored)."""
+    comparison is a fused reduction (never stored). ``window``: the call's sliding window (causal, or
+    bidirectional without ``causal``)."""
     q_len, k_len = q_segments.shape[1], kv_segments.shape[1]
     sees = q_segments[:, :, None] == kv_segments[:, None, :]
     if causal:
         sees &= jnp.arange(k_len)[None, :] <= jnp.arange(q_len)[:, None] + (k_len - q_len)
+    if window is not None:
+        band = (window_band if causal else symmetric_band)(q_len, k_len, k_len - q_len, window)
+        sees &= band[None]
     sees_any = jnp.any(sees, axis=-1)[:, :, None, None]  # [batch, q, 1, 1]
     groups = context.shape[2] // value.shape[2]
     uniform = jnp.repeat(jnp.mean(value, axis=1, keepdims=True), groups, axis=2)  # [batch, 1, heads, d]
@@ -156,8 +162,11 @@ def _splash_kernel(heads: int, q_len: int, k_len: int, causal_offset: int | None
                    window: int | None = None, softcap: float | None = None):
     """A splash MHA kernel for one example (``[heads, q_len, d]`` queries, padded lengths); ``causal_offset``:
     query ``i`` sees keys ``<= i + offset``, None for bidirectional; ``window``: and only keys ``> i + offset -
-    window`` (a causal sliding window); ``softcap``: splash's logit soft cap."""
-    if causal_offset is None:
+    window`` (a causal sliding window), or bidirectional ``|j - i| < window``; ``softcap``: splash's logit soft
+    cap."""
+    if causal_offset is None and window is not None:
+        head_mask = splash_mask.LocalMask((q_len, k_len), window_size=(window - 1, window - 1), offset=0)
+    elif causal_offset is None:
         head_mask = splash_mask.FullMask((q_len, k_len))
     elif window is not None:
         head_mask = splash_mask.LocalMask((q_len, k_len), window_size=(window - 1, 0), offset=causal_offset)
@@ -182,8 +191,9 @@ def splash_attention(query: jax.Array, key: jax.Array, value: jax.Array, *, q_se
     ``query: [batch, q, heads, head_dim]``, ``key`` / ``value: [batch, k, kv_heads, head_dim]``; ``q_segments:
     [batch, q]`` / ``kv_segments: [batch, k]`` int segment ids (both or neither): a query sees keys of its own
     segment; ``causal``: and keys ``j <= i + (k - q)``. Queries that see no key get the mean of all values (as
-    the XLA reference). ``window``: a causal sliding window (a query sees itself and the ``window - 1`` keys before
-    it); ``softcap``: scores become ``softcap · tanh(score / softcap)``. ``interpret``: Pallas interpret mode (runs
+    the XLA reference). ``window``: a sliding window (a query sees itself and the ``window - 1`` keys before
+    it, and without ``causal`` as many after it); ``softcap``: scores become ``softcap · tanh(score / softcap)``.
+    ``interpret``: Pallas interpret mode (runs
     on CPU). Raises ValueError for a call :func:`splash_supported` refuses."""
     batch, q_len, heads, head_dim = query.shape
     k_len = key.shape[1]
@@ -203,8 +213,6 @@ def splash_attention(query: jax.Array, key: jax.Array, value: jax.Array, *, q_se
     if q_segments is not None:
         segment_ids = splash.SegmentIds(q=_pad_seq(q_segments.astype(jnp.int32), q_pad, PAD_SEGMENT),
                                         kv=_pad_seq(kv_segments.astype(jnp.int32), k_pad, PAD_SEGMENT))
-    if window is not None and not causal:
-        raise ValueError(f"window={window}: a sliding window needs causal attention")
     kernel = _splash_kernel(heads, q_pad, k_pad, k_len - q_len if causal else None, interpret, window, softcap)
     scaled = query * jnp.asarray(1.0 / math.sqrt(head_dim), query.dtype)  # splash does not scale the scores
     q, k, v = (_pad_seq(x, length).transpose(0, 2, 1, 3)  # [batch, heads, seq, d]
@@ -212,7 +220,7 @@ def splash_attention(query: jax.Array, key: jax.Array, value: jax.Array, *, q_se
     context = jax.vmap(lambda q, k, v, s: kernel(q, k, v, segment_ids=s))(q, k, v, segment_ids)
     context = context.transpose(0, 2, 1, 3)[:, :q_len]
     if may_be_blind:
-        context = _uniform_where_blind(context, value, q_segments, kv_segments, causal)
+        context = _uniform_where_blind(context, value, q_segments, kv_segments, causal, window)
     return context
 
 

@@ -44,8 +44,10 @@ class AttentionLayout:
         applies and ``dense`` is False: the attention core then uses its own causal path (``is_causal``, given
         ``window`` itself).
 
-        ``window`` (causal only): a query sees itself and the ``window - 1`` key slots before it, where
-        ``window_on`` (a traced bool for a layer of a scan over both kinds of layers) is true."""
+        ``window``: a causal query sees itself and the ``window - 1`` key slots before it, a bidirectional one
+        itself and the ``window - 1`` slots on each side (:func:`symmetric_band`), where ``window_on`` (a traced
+        bool for a layer of a scan over both kinds of layers) is true. Packed documents keep their windows inside
+        the document (the segments mask the rest)."""
         if self.query_segments is None and not dense:
             return None
         q_len, k_len = self.query_positions.shape[1], self.key_positions.shape[1]
@@ -58,6 +60,9 @@ class AttentionLayout:
             if window is not None:
                 inside = window_band(q_len, k_len, self.query_offset, window)
                 allowed = allowed & (inside | jnp.logical_not(window_on))[None]
+        elif window is not None:
+            inside = symmetric_band(q_len, k_len, self.query_offset, window)
+            allowed = allowed & (inside | jnp.logical_not(window_on))[None]
         return allowed[:, None]
 
 
@@ -70,6 +75,14 @@ def window_band(q_len: int, k_len: int, query_offset: jax.Array | int, window: i
     """``[q, k]`` booleans: key slot ``j > query_offset + i - window`` (query ``i``'s sliding window, with
     :func:`causal_mask`: itself and the ``window - 1`` slots before it)."""
     return jnp.arange(k_len)[None, :] > jnp.arange(q_len)[:, None] + query_offset - window
+
+
+def symmetric_band(q_len: int, k_len: int, query_offset: jax.Array | int, window: int) -> jax.Array:
+    """``[q, k]`` booleans: ``|j - (query_offset + i)| < window``, a bidirectional sliding window (query ``i`` sees
+    itself and the ``window - 1`` key slots on each side; ModernBERT's local layers: ``window = local_attention //
+    2 + 1``)."""
+    distance = jnp.arange(k_len)[None, :] - (jnp.arange(q_len)[:, None] + query_offset)
+    return jnp.abs(distance) < window
 
 
 def document_positions(real: jax.Array, segments: jax.Array | None = None) -> jax.Array:

@@ -13,19 +13,23 @@ from flaxzoo.models.layers.linear import logical_param
 
 
 class LayerNorm(nnx.Module):
-    """``(x - mean) / sqrt(var + eps) * scale + bias`` over the last axis ``[..., features]``."""
+    """``(x - mean) / sqrt(var + eps) * scale + bias`` over the last axis ``[..., features]``; ``use_bias=False``
+    drops the bias (ModernBERT's ``norm_bias=False``)."""
 
-    def __init__(self, features: int, *, eps: float, rngs: nnx.Rngs, dtype=jnp.float32, param_dtype=jnp.float32):
+    def __init__(self, features: int, *, eps: float, rngs: nnx.Rngs, dtype=jnp.float32, param_dtype=jnp.float32,
+                 use_bias: bool = True):
         self.eps, self.dtype = eps, dtype
         self.scale = logical_param(rngs, jax.nn.initializers.ones, (features,), ("norm",), param_dtype)
-        self.bias = logical_param(rngs, jax.nn.initializers.zeros, (features,), ("norm",), param_dtype)
+        self.bias = (logical_param(rngs, jax.nn.initializers.zeros, (features,), ("norm",), param_dtype)
+                     if use_bias else None)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         x32 = x.astype(jnp.float32)
         mean = x32.mean(-1, keepdims=True)
         var = jnp.square(x32 - mean).mean(-1, keepdims=True)
         y = (x32 - mean) * jax.lax.rsqrt(var + self.eps)
-        return (y * self.scale[...] + self.bias[...]).astype(self.dtype)
+        y = y * self.scale[...]
+        return (y if self.bias is None else y + self.bias[...]).astype(self.dtype)
 
 
 class RMSNorm(nnx.Module):
@@ -53,7 +57,7 @@ def make_norm(config: TransformerConfig, rngs: nnx.Rngs, features: int | None = 
     features = config.hidden_size if features is None else features
     if config.norm == "rmsnorm":
         return RMSNorm(features, unit_offset=config.norm_unit_offset, **common)
-    return LayerNorm(features, **common)
+    return LayerNorm(features, use_bias=config.norm_bias, **common)
 
 
 def residual(x: jax.Array, sublayer: Callable[[jax.Array], jax.Array], norm: nnx.Module, placement: str,
