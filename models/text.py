@@ -33,8 +33,8 @@ from flaxzoo.models.generate import eval_split, generate
 from flaxzoo.models.layers.stack import TransformerStack
 from flaxzoo.models.sentence import SentenceConfig, pool, read_sentence_config
 
-__all__ = ["Classifier", "PAD_MULTIPLE", "SentenceEncoder", "TRUNCATION_STRATEGIES", "chat_prompts", "classify", "embed",
-           "encode_for_classification", "encode_texts", "generate_text", "lowercasing_tokenizer", "pad_batch",
+__all__ = ["Classifier", "PAD_MULTIPLE", "SentenceEncoder", "TRUNCATION_STRATEGIES", "chat_prompts", "classify",
+           "embed", "encode_for_classification", "encode_texts", "generate_text", "lowercasing_tokenizer", "pad_batch",
            "plain_tokenizer", "resolve_max_length", "truncate_ids", "truncating_tokenizer"]
 
 PAD_MULTIPLE = 8  # batches are padded to a multiple of this many tokens
