@@ -20,6 +20,7 @@ ACTIVATIONS = ("gelu", "gelu_tanh", "relu", "silu")
 DTYPES = ("float32", "bfloat16", "float16")
 REMAT_POLICIES = ("none", "full", "dots")
 ATTENTION_IMPLS = ("auto", "softmax", "fused", "splash", "gpu_flash")
+RELATIVE_ATTENTION_TYPES = ("c2p", "p2c")  # DeBERTa's content→position and position→content scores
 CLASSIFIER_POOLINGS = ("cls", "mean")
 
 
@@ -99,6 +100,16 @@ class TransformerConfig:
     ``backbone.shared_layer``, and applied ``num_layers`` times, by a Python loop or (``scan_layers``) a ``lax.scan``
     that closes over its parameters.
 
+    Disentangled relative attention (DeBERTa v2/v3, ``models/layers/relative_attention.py``; encoders only):
+    ``relative_attention`` adds content→position / position→content scores from a table of relative-distance
+    embeddings all layers share (``relative_attention_types``: a subset of ``("c2p", "p2c")``); the table spans
+    ``relative_span`` distances each way: ``position_buckets`` log buckets (None: none, every distance exact) up to
+    ``max_relative_positions`` (None: ``max_position_embeddings``). ``share_att_key``: the positional keys / queries
+    use each layer's own key / query projections (else the layer has ``pos_key`` / ``pos_query``);
+    ``relative_embedding_norm``: the table goes through a LayerNorm first (``norm_rel_ebd="layer_norm"``). The scores
+    are scaled by ``1 / √(head_dim · (1 + len(relative_attention_types)))``. The terms are an additive attention bias:
+    ``attention_impl`` ``"splash"`` / ``"gpu_flash"``, which take none, are refused.
+
     ``label_names`` are the class names of a classifier head, one per label id (``num_labels`` distinct, non-empty
     strings; Hugging Face's ``id2label``), or None: the labels are their ids.
     """
@@ -156,6 +167,12 @@ class TransformerConfig:
     final_logit_softcap: float | None = None
     query_scale: float | None = None
     pooler_activation: str = "tanh"
+    relative_attention: bool = False
+    relative_attention_types: tuple[str, ...] = ()
+    position_buckets: int | None = None
+    max_relative_positions: int | None = None
+    share_att_key: bool = False
+    relative_embedding_norm: bool = False
     norm_bias: bool = True
     head_bias: bool = True
     decoder_bias: bool = True
@@ -238,6 +255,7 @@ class TransformerConfig:
             raise FieldError("eos_token_id", "eos_token_id=(): expected a token id, several, or None")
         self._validate_label_names()
         self._validate_mechanisms()
+        self._validate_relative_attention()
         for name in ("pad_token_id", "bos_token_id", "eos_token_id"):
             value = getattr(self, name)
             for token in (value if isinstance(value, tuple) else (value,)):
@@ -289,6 +307,59 @@ class TransformerConfig:
     def embedding_width(self) -> int:
         """The width of the embedding tables: ``embedding_size``, or ``hidden_size`` when it is None."""
         return self.hidden_size if self.embedding_size is None else self.embedding_size
+
+    def _validate_relative_attention(self) -> None:
+        if isinstance(self.relative_attention_types, (list, str)):  # from JSON, or one name
+            types = ((self.relative_attention_types,) if isinstance(self.relative_attention_types, str)
+                     else tuple(self.relative_attention_types))
+            object.__setattr__(self, "relative_attention_types", types)
+        for name in ("relative_attention", "share_att_key", "relative_embedding_norm"):
+            if not isinstance(getattr(self, name), bool):
+                raise FieldError(name, f"{name}={getattr(self, name)!r}: expected True or False")
+        types = self.relative_attention_types
+        if not isinstance(types, tuple) or any(t not in RELATIVE_ATTENTION_TYPES for t in types) or \
+                len(set(types)) != len(types):
+            raise FieldError("relative_attention_types", f"relative_attention_types={types!r}: expected distinct "
+                             f"entries of {RELATIVE_ATTENTION_TYPES}")
+        for name in ("position_buckets", "max_relative_positions"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 2):
+                raise FieldError(name, f"{name}={value!r}: expected an integer >= 2 or None")
+        if not self.relative_attention:
+            changed = [n for n in ("relative_attention_types", "position_buckets", "max_relative_positions",
+                                   "share_att_key", "relative_embedding_norm")
+                       if getattr(self, n) != TransformerConfig.__dataclass_fields__[n].default]
+            if changed:
+                raise FieldError(changed[0], f"{changed[0]}={getattr(self, changed[0])!r} needs "
+                                 "relative_attention=True")
+            return
+        if self.causal:
+            raise FieldError("relative_attention", "relative_attention=True: only encoders (causal=False) have "
+                             "disentangled relative attention")
+        if self.position_buckets is not None and self.relative_max_distance - 1 <= self.position_buckets // 2:
+            raise FieldError("position_buckets", f"position_buckets={self.position_buckets} with "
+                             f"max_relative_positions={self.relative_max_distance}: expected max_relative_positions "
+                             "> position_buckets / 2 + 1 (the log buckets span the distances beyond half of them)")
+        if self.attention_impl in ("splash", "gpu_flash"):
+            raise FieldError("attention_impl", f"attention_impl={self.attention_impl!r} takes no additive bias, "
+                             "which relative_attention's scores are: expected 'auto', 'fused' or 'softmax'")
+
+    @property
+    def relative_max_distance(self) -> int:
+        """The largest relative distance the log buckets reach: ``max_relative_positions``, else
+        ``max_position_embeddings``."""
+        return self.max_relative_positions or self.max_position_embeddings
+
+    @property
+    def relative_span(self) -> int:
+        """Distances the relative table holds each way (it has ``2 · relative_span`` rows): ``position_buckets``,
+        else ``relative_max_distance``."""
+        return self.position_buckets or self.relative_max_distance
+
+    @property
+    def relative_scale_factor(self) -> int:
+        """``1 +`` the number of positional score terms: the scores are divided by ``√(head_dim · factor)``."""
+        return 1 + len(self.relative_attention_types)
 
     @property
     def rotary_dim(self) -> int:
@@ -492,6 +563,12 @@ PRESETS: dict[str, TransformerConfig] = {
         norm_placement="post_branch", qk_norm="full", tie_word_embeddings=False, pad_token_id=100277,
         bos_token_id=100257, eos_token_id=100257),
     "modernbert-base": _modernbert(hidden_size=768, num_layers=22, num_heads=12, intermediate_size=1152),
+    # DeBERTa-v3-small (microsoft/deberta-v3-small's config.json): disentangled relative attention, 256 log buckets.
+    "deberta-v3-small": _bert(
+        model_type="deberta-v2", vocab_size=128100, hidden_size=768, num_layers=6, num_heads=12,
+        intermediate_size=3072, position="none", type_vocab_size=0, norm_eps=1e-7, pooler_activation="gelu",
+        relative_attention=True, relative_attention_types=("p2c", "c2p"), position_buckets=256,
+        share_att_key=True, relative_embedding_norm=True),
     # Tiny configs for tests and smoke runs.
     "bert-tiny": _bert(vocab_size=1000, hidden_size=64, num_layers=2, num_heads=4, intermediate_size=128,
                        max_position_embeddings=128, dropout=0.0, attention_dropout=0.0),

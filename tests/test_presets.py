@@ -107,8 +107,9 @@ def test_modernbert_base_count_equals_transformers():
 
 
 # Encoder presets → the published parameter count of Hugging Face's base model (DistilBertModel: no pooler;
-# XLMRobertaModel: with its pooler).
-ENCODERS_PUBLISHED = {"distilbert-base-uncased": 66_362_880, "xlm-roberta-base": 278_043_648}
+# XLMRobertaModel: with its pooler; DebertaV2Model: none).
+ENCODERS_PUBLISHED = {"distilbert-base-uncased": 66_362_880, "xlm-roberta-base": 278_043_648,
+                      "deberta-v3-small": 141_304_320}
 
 
 @pytest.mark.parametrize("name", sorted(ENCODERS_PUBLISHED))

@@ -20,6 +20,7 @@ from flaxzoo.models.families import bert, gemma, gpt2, llama, mistral, qwen2, qw
 from flaxzoo.models.families import gpt_neox, olmo2, phi3
 from flaxzoo.models.families import albert, electra
 from flaxzoo.models.families import distilbert, xlm_roberta
+from flaxzoo.models.families import deberta_v2
 from flaxzoo.models.families import modernbert
 from flaxzoo.models.families.base import Family, ParamPath
 
@@ -196,6 +197,7 @@ register(albert.FAMILY)
 register(electra.FAMILY)
 register(distilbert.FAMILY)
 register(xlm_roberta.FAMILY)
+register(deberta_v2.FAMILY)
 register(modernbert.FAMILY)
 
 __all__ = ["FAMILIES", "Family", "default_model_class", "factory_for", "family_and_class", "family_of",

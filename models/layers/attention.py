@@ -18,6 +18,7 @@ from flaxzoo.models.layers.partitioning import (ACTIVATION_BATCH, ACTIVATION_HEA
                                         constrain)
 from flaxzoo.models.layers.norms import make_norm
 from flaxzoo.models.layers.positions import alibi_bias, rotate
+from flaxzoo.models.layers.relative_attention import disentangled_bias, positional_projections, relative_indices
 from flaxzoo.models.layers.rope_scaling import rope_angles_scaled
 
 
@@ -59,6 +60,10 @@ class Attention(nnx.Module):
         self.query_norm = (make_norm(config, rngs, h * hd if full else hd) if config.qk_norm != "none" else None)
         self.key_norm = (make_norm(config, rngs, kv * hd if full else hd) if config.qk_norm != "none" else None)
         self.probs_dropout = nnx.Dropout(config.attention_dropout, rngs=rngs)
+        # DeBERTa's disentangled relative attention: this layer's projections of the shared relative table
+        self.pos_key, self.pos_query = positional_projections(config, rngs)
+        self.relative_dropout = nnx.Dropout(config.dropout, rngs=rngs) if config.relative_attention else None
+
 
     def _dropout_multiplier(self, batch: int, q_len: int, k_len: int) -> jax.Array | None:
         """``[batch, heads, q, k]``: 0 for a dropped probability, ``1 / (1 - rate)`` for a kept one; None in eval mode
@@ -92,6 +97,19 @@ class Attention(nnx.Module):
         if sliding is True:
             return local_tables
         return tuple(jnp.where(sliding, local, full) for local, full in zip(local_tables, global_tables))
+
+    def _relative_bias(self, query: jax.Array, key: jax.Array, layout: AttentionLayout) -> jax.Array:
+        """DeBERTa's c2p + p2c scores ``[batch, heads, q, k]`` (``relative_attention.disentangled_bias``) from the
+        layout's shared table; with ``share_att_key`` the layer's own key / query projections make the positional
+        keys / queries."""
+        if layout.relative_embeddings is None:
+            raise ValueError("relative_attention needs the stack's relative table in the layout "
+                             "(TransformerStack passes it; a cached decode step has none)")
+        table = self.relative_dropout(layout.relative_embeddings)
+        shared = self.config.share_att_key
+        indices = relative_indices(self.config, layout.query_positions, layout.key_positions)
+        return disentangled_bias(self.config, query, key, table, indices, self.key if shared else self.pos_key,
+                                 self.query if shared else self.pos_query)
 
     def __call__(self, x: jax.Array, layout: AttentionLayout, *, cache: KVCache | None = None,
                  return_weights: bool = False, sliding: bool | jax.Array = False
@@ -130,6 +148,9 @@ class Attention(nnx.Module):
         is_causal = config.causal and mask is None
         bias = (alibi_bias(config.num_heads, layout.query_positions, layout.key_positions, causal=config.causal)
                 if config.position == "alibi" else None)
+        if config.relative_attention:
+            bias, query = self._relative_bias(query, key, layout), query * jnp.asarray(
+                1.0 / math.sqrt(config.relative_scale_factor), query.dtype)
         dropout = self._dropout_multiplier(x.shape[0], x.shape[1], key.shape[1])
         softcap = config.attention_softcap
         if return_weights:

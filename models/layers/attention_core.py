@@ -306,12 +306,13 @@ def choose_backend(impl: str, *, dtype, head_dim: int, heads: int, kv_heads: int
     - ``"softmax"``: the closed-form-backward kernel.
 
     A kernel takes full-sequence calls only (``q_len == k_len``: training, evaluation, encoding; a cached decode
-    step goes to XLA), no additive bias (ALiBi), and no attention dropout: with dropout on, every platform runs the
-    softmax kernel, which keeps the ``[batch, heads, q, k]`` probabilities (the accelerator presets train without
-    attention dropout). ``shared_segments``: the queries' and keys' segment ids are one array (packed documents,
-    also an MLM batch's; an encoder given only ``attention_mask`` has them apart), which the GPU kernel needs. Outside
-    a placement (a call that is not a train / eval step) a kernel needs a single device: with several, its custom
-    call would have to be partitioned by XLA, which Mosaic kernels refuse, so XLA runs instead.
+    step goes to XLA), no additive bias (ALiBi, DeBERTa's relative attention), and no attention dropout: with
+    dropout on, every platform runs the softmax kernel, which keeps the ``[batch, heads, q, k]`` probabilities (the
+    accelerator presets train without attention dropout). ``shared_segments``: the queries' and keys' segment ids
+    are one array (packed documents, also an MLM batch's; an encoder given only ``attention_mask`` has them
+    apart), which the GPU kernel needs. Outside a placement (a call that is not a train / eval step) a kernel needs
+    a single device: with several, its custom call would have to be partitioned by XLA, which Mosaic kernels
+    refuse, so XLA runs instead.
 
     ``windowed`` (a sliding window): splash (a local mask), cuDNN and XLA (``local_window_size``, or the dense mask)
     take it; Pallas' GPU kernel does not, nor does cuDNN a bidirectional one (``is_causal`` False: it takes only a
@@ -335,7 +336,7 @@ def choose_backend(impl: str, *, dtype, head_dim: int, heads: int, kv_heads: int
     if kernel is not None:
         interpret = platform != {"splash": "tpu", "gpu_flash": "gpu"}[kernel]
         if biased:
-            ok, reason = False, f"{kernel} does not take an additive bias (ALiBi)"
+            ok, reason = False, f"{kernel} does not take an additive bias (ALiBi, DeBERTa's relative attention)"
         elif kernel == "gpu_flash" and windowed:
             ok, reason = False, "gpu_flash does not take a sliding window"
         elif kernel == "gpu_flash" and capped:
@@ -370,7 +371,7 @@ def choose_backend(impl: str, *, dtype, head_dim: int, heads: int, kv_heads: int
     elif head_dim % 8 or head_dim > limit:
         why_not = f"head_dim={head_dim} (cuDNN takes multiples of 8 up to {limit})"
     elif biased:
-        why_not = "an additive bias (ALiBi)"
+        why_not = "an additive bias (ALiBi, DeBERTa's relative attention)"
     elif masked:
         why_not = "a padding / document mask"
     elif is_causal and q_len != k_len:
@@ -490,7 +491,7 @@ def attention_backend(config, *, q_len: int, k_len: int | None = None, masked: b
     LM; an encoder given only ``attention_mask``, as fine-tuning's, has them apart)."""
     return choose_backend(config.attention_impl, dtype=config.dtype, head_dim=config.head_dim, q_len=q_len,
                           k_len=q_len if k_len is None else k_len, masked=masked,
-                          biased=config.position == "alibi", is_causal=config.causal,
+                          biased=config.position == "alibi" or config.relative_attention, is_causal=config.causal,
                           dropout=training and config.attention_dropout > 0, platform=platform,
                           heads=config.num_heads, kv_heads=config.num_kv_heads,
                           shared_segments=True if shared_segments is None else shared_segments)

@@ -37,6 +37,7 @@ class AttentionLayout:
     query_offset: jax.Array | int = 0
     query_segments: jax.Array | None = None
     key_segments: jax.Array | None = None
+    relative_embeddings: jax.Array | None = None  # [2 · span, hidden]: the stack's shared relative table (DeBERTa)
 
     def mask(self, causal: bool, *, window: int | None = None, window_on: bool | jax.Array = True,
              dense: bool = False) -> jax.Array | None:

@@ -24,6 +24,7 @@ from flaxzoo.models.layers.embeddings import InputEmbeddings, as_index_array, ch
 from flaxzoo.models.layers.masking import AttentionLayout, full_sequence_layout, input_positions
 from flaxzoo.models.layers.norms import make_norm
 from flaxzoo.models.layers.partitioning import HIDDEN, constrain
+from flaxzoo.models.layers.relative_attention import RelativeEmbeddings
 
 # The remat policies a config can name: what each layer keeps for the backward pass.
 REMAT_POLICIES = {
@@ -110,6 +111,8 @@ class TransformerStack(nnx.Module):
             blocks = [block(config, rngs=rngs) for _ in range(config.num_layers)]
             self.layers = stack_modules(blocks) if config.scan_layers else nnx.List(blocks)
         self.final_norm = make_norm(config, rngs) if config.final_norm else None
+        # DeBERTa: one relative-distance table for all layers, handed to them in the call's layout
+        self.relative = RelativeEmbeddings(config, rngs=rngs) if config.relative_attention else None
 
     def check_inputs(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None, *,
                      segment_ids=None, inputs_embeds=None) -> None:
@@ -177,6 +180,8 @@ class TransformerStack(nnx.Module):
             position_ids = input_positions(config, seq, batch, attention_mask=attention_mask,
                                            segment_ids=segment_ids, input_ids=input_ids)
         layout = full_sequence_layout(config, position_ids, attention_mask=attention_mask, segment_ids=segment_ids)
+        if self.relative is not None:
+            layout = layout.replace(relative_embeddings=self.relative())
         x = self.embeddings(input_ids, position_ids, token_type_ids, inputs_embeds=inputs_embeds)
         x, _, weights = self._run_layers(x, layout, None, return_attention_weights)
         if self.final_norm is not None:
