@@ -64,7 +64,6 @@ class Attention(nnx.Module):
         self.pos_key, self.pos_query = positional_projections(config, rngs)
         self.relative_dropout = nnx.Dropout(config.dropout, rngs=rngs) if config.relative_attention else None
 
-
     def _dropout_multiplier(self, batch: int, q_len: int, k_len: int) -> jax.Array | None:
         """``[batch, heads, q, k]``: 0 for a dropped probability, ``1 / (1 - rate)`` for a kept one; None in eval mode
         or at rate 0."""
