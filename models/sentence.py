@@ -2,10 +2,11 @@
 
 A sentence-transformers folder (all-MiniLM-L6-v2, or anything ``SentenceTransformer.save`` writes) lists its modules
 in ``modules.json``: a ``Transformer`` (the encoder flaxzoo loads with ``from_pretrained``), a ``Pooling`` (its
-settings in ``<path>/config.json``, e.g. ``1_Pooling/config.json``) and optionally ``Normalize`` (L2). The
-Transformer's settings are ``max_seq_length`` / ``do_lower_case`` in ``sentence_bert_config.json`` (files written by
-sentence-transformers < 5) or, in newer files, the tokenizer's ``model_max_length`` in ``tokenizer_config.json`` (the
-lower-casing then lives in the saved tokenizer itself). :func:`read_sentence_config` turns these files into a
+settings in ``<path>/config.json``, e.g. ``1_Pooling/config.json``), optionally ``Dense`` layers (a linear map and
+an activation on the pooled vector) and ``Normalize`` (L2). The Transformer's settings are ``max_seq_length`` /
+``do_lower_case`` in ``sentence_bert_config.json`` (files written by sentence-transformers < 5) or, in newer files,
+the tokenizer's ``model_max_length`` in ``tokenizer_config.json`` (the lower-casing then lives in the saved tokenizer
+itself). :func:`read_sentence_config` turns these files into a
 :class:`SentenceConfig`; ``flaxzoo.models.text`` (``embed``, ``SentenceEncoder``) applies it.
 
 Poolings (``[batch, seq, hidden]`` hidden states and a ``[batch, seq]`` mask of real tokens, right padding, to
@@ -31,8 +32,10 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from functools import partial
 
-__all__ = ["POOLING_MODES", "SentenceConfig", "pool", "read_sentence_config", "search", "similarity"]
+__all__ = ["DENSE_ACTIVATIONS", "DenseLayer", "POOLING_MODES", "SentenceConfig", "pool", "read_dense",
+           "read_sentence_config", "search", "similarity"]
 
 POOLING_MODES = ("cls", "max", "mean", "mean_sqrt_len_tokens", "weightedmean", "lasttoken")
 # The flags of pooling configs written before sentence-transformers 5, in the order it concatenates them.
@@ -41,7 +44,46 @@ LEGACY_POOLING_FLAGS = {
     "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens", "pooling_mode_weightedmean_tokens": "weightedmean",
     "pooling_mode_lasttoken": "lasttoken",
 }
-MODULE_KINDS = ("Transformer", "Pooling", "Normalize")
+MODULE_KINDS = ("Transformer", "Pooling", "Dense", "Normalize")
+# A Dense module's activation_function (a torch class path; sentence-transformers' default is Tanh) → its function.
+DENSE_ACTIVATIONS = {
+    "torch.nn.modules.activation.Tanh": jnp.tanh, "torch.nn.modules.linear.Identity": lambda x: x,
+    "torch.nn.modules.activation.ReLU": jax.nn.relu, "torch.nn.modules.activation.Sigmoid": jax.nn.sigmoid,
+    "torch.nn.modules.activation.GELU": partial(jax.nn.gelu, approximate=False),
+}
+DENSE_DEFAULT_ACTIVATION = "torch.nn.modules.activation.Tanh"
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class DenseLayer:
+    """sentence-transformers' ``Dense`` module: ``activation(x @ weight.T + bias)`` (plus ``x`` or
+    ``x @ residual.T`` when it has a residual connection), on pooled vectors ``[batch, in]`` → ``[batch, out]``.
+
+    Attributes:
+      weight: ``[out, in]`` float32; bias: ``[out]`` or None; residual: ``[out, in]`` (a projected residual),
+      ``"identity"`` (``in == out``) or None; activation: a key of ``DENSE_ACTIVATIONS``.
+    """
+
+    weight: np.ndarray
+    bias: np.ndarray | None = None
+    activation: str = DENSE_DEFAULT_ACTIVATION
+    residual: np.ndarray | str | None = None
+
+    def __post_init__(self):
+        if self.activation not in DENSE_ACTIVATIONS:
+            raise ValueError(f"activation_function={self.activation!r}: expected one of {list(DENSE_ACTIVATIONS)}")
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        x = jnp.asarray(x, jnp.float32)
+        out = x @ jnp.asarray(self.weight, jnp.float32).T
+        if self.bias is not None:
+            out = out + jnp.asarray(self.bias, jnp.float32)
+        out = DENSE_ACTIVATIONS[self.activation](out)
+        if isinstance(self.residual, str):
+            out = out + x
+        elif self.residual is not None:
+            out = out + x @ jnp.asarray(self.residual, jnp.float32).T
+        return np.asarray(out)
 HF_LARGE_LENGTH = 10 ** 12  # transformers writes ~1e30 as model_max_length for "no limit"
 
 
@@ -58,6 +100,7 @@ class SentenceConfig:
       do_lower_case: lower-case the text before the tokenizer's own normalisation (sentence-transformers prepends a
         ``Lowercase`` normaliser).
       source: where the settings were read from (for messages), or None.
+      dense: ``Dense`` layers applied in order to the pooled vector, before the normalisation.
     """
 
     pooling: tuple[str, ...] = ("mean",)
@@ -65,6 +108,7 @@ class SentenceConfig:
     max_seq_length: int | None = None
     do_lower_case: bool = False
     source: str | None = None
+    dense: tuple[DenseLayer, ...] = ()
 
     def __post_init__(self):
         pooling = (self.pooling,) if isinstance(self.pooling, str) else tuple(self.pooling)
@@ -142,8 +186,8 @@ def read_sentence_config(path: str | os.PathLike, *, hidden_size: int | None = N
     ``modules.json`` (not a sentence-transformers folder).
 
     ``hidden_size``: when given, a ``Pooling`` config whose ``word_embedding_dimension`` (``embedding_dimension``)
-    differs is refused. ValueError (naming the value) for a module other than Transformer, Pooling, Normalize; a
-    pipeline not of the form Transformer, Pooling, [Normalize]; an unknown pooling mode; an unreadable file.
+    differs is refused. ValueError (naming the value) for a module other than Transformer, Pooling, Dense, Normalize; a
+    pipeline not of the form Transformer, Pooling, Dense..., [Normalize]; an unknown pooling mode; an unreadable file.
     """
     folder = pathlib.Path(path)
     modules_file = folder / "modules.json"
@@ -154,9 +198,11 @@ def read_sentence_config(path: str | os.PathLike, *, hidden_size: int | None = N
     if not isinstance(entries, list):
         raise ValueError(f"{source}: expected a list of modules, got {type(entries).__name__}")
     kinds = [module_kind(e, source) for e in entries]
-    if kinds not in (["Transformer", "Pooling"], ["Transformer", "Pooling", "Normalize"]):
-        raise ValueError(f"modules {kinds}{where(source)}: expected Transformer, Pooling and optionally Normalize, "
-                         "in that order")
+    normalize = len(kinds) > 2 and kinds[-1] == "Normalize"
+    dense_count = len(kinds) - 2 - normalize
+    if kinds[:2] != ["Transformer", "Pooling"] or any(k != "Dense" for k in kinds[2:2 + dense_count]):
+        raise ValueError(f"modules {kinds}{where(source)}: expected Transformer, Pooling, any Dense layers and "
+                         "optionally Normalize, in that order")
     transformer_file = folder / entries[0].get("path", "") / "sentence_bert_config.json"
     transformer = read_json(transformer_file) if transformer_file.is_file() else {}
     pooling_file = folder / entries[1].get("path", "") / "config.json"
@@ -167,9 +213,42 @@ def read_sentence_config(path: str | os.PathLike, *, hidden_size: int | None = N
     if hidden_size is not None and dimension is not None and dimension != hidden_size:
         raise ValueError(f"embedding_dimension={dimension}{where(str(pooling_file))}: expected the model's "
                          f"hidden_size {hidden_size}")
-    return SentenceConfig(pooling=pooling_modes(settings, str(pooling_file)), normalize=len(kinds) == 3,
+    modes = pooling_modes(settings, str(pooling_file))
+    dense = tuple(read_dense(folder / e.get("path", "")) for e in entries[2:2 + dense_count])
+    width = len(modes) * (hidden_size or dimension or 0)
+    for layer, entry in zip(dense, entries[2:]):
+        if width and layer.weight.shape[1] != width:
+            raise ValueError(f"the Dense layer in {folder / entry.get('path', '')} takes {layer.weight.shape[1]} "
+                             f"features: expected the {width} its input has")
+        width = layer.weight.shape[0]
+    return SentenceConfig(pooling=modes, normalize=normalize,
                           max_seq_length=max_seq_length_of(folder, transformer),
-                          do_lower_case=bool(transformer.get("do_lower_case", False)), source=str(folder))
+                          do_lower_case=bool(transformer.get("do_lower_case", False)), source=str(folder), dense=dense)
+
+
+def read_dense(folder: pathlib.Path) -> DenseLayer:
+    """A ``Dense`` module's layer from its folder: ``config.json`` (``in_features``, ``out_features``, ``bias``,
+    ``activation_function``, ``use_residual``) and ``model.safetensors`` (``linear.weight`` / ``linear.bias``,
+    ``residual.weight``); a pickled ``pytorch_model.bin`` is refused."""
+    from flaxzoo.models.hub.files import read_safetensors
+
+    settings = read_json(folder / "config.json") if (folder / "config.json").is_file() else None
+    if settings is None or not (folder / "model.safetensors").is_file():
+        raise ValueError(f"{folder}: a Dense module needs config.json and model.safetensors (flaxzoo reads no "
+                         f"pickled weights); the folder holds {sorted(p.name for p in folder.glob('*'))}")
+    tensors = read_safetensors(folder / "model.safetensors")
+    weight = np.asarray(tensors["linear.weight"], np.float32)
+    shape = (settings.get("out_features"), settings.get("in_features"))
+    if weight.shape != shape:
+        raise ValueError(f"{folder}: linear.weight has shape {weight.shape}: expected (out_features, in_features) "
+                         f"= {shape}")
+    bias = tensors.get("linear.bias") if settings.get("bias", True) else None
+    residual = None
+    if settings.get("use_residual", False):
+        residual = "identity" if "residual.weight" not in tensors else np.asarray(tensors["residual.weight"],
+                                                                                  np.float32)
+    return DenseLayer(weight=weight, bias=None if bias is None else np.asarray(bias, np.float32),
+                      activation=settings.get("activation_function", DENSE_DEFAULT_ACTIVATION), residual=residual)
 
 
 # ------------------------------------------------------------------------------------------------------ pooling

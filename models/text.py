@@ -141,8 +141,8 @@ def lowercasing_tokenizer(tokenizer: tokenizers.Tokenizer) -> tokenizers.Tokeniz
 
 class SentenceEncoder:
     """An encoder, its tokenizer and sentence-transformers' settings (:class:`flaxzoo.models.sentence.SentenceConfig`:
-    pooling, normalisation, ``max_seq_length``, ``do_lower_case``), ready to embed texts: an eval-mode split of the
-    model and the tokenizer set up once. ``SentenceEncoder.from_pretrained(path)`` reads all of them from a
+    pooling, Dense layers, normalisation, ``max_seq_length``, ``do_lower_case``), ready to embed texts: an eval-mode
+    split of the model and the tokenizer set up once. ``SentenceEncoder.from_pretrained(path)`` reads all of them from a
     sentence-transformers folder (a local directory, a packaged name or a Hub id); calling it is :func:`embed`.
 
     Args:
@@ -187,7 +187,9 @@ class SentenceEncoder:
 
     @property
     def dimension(self) -> int:
-        """The length of a sentence vector: ``len(pooling) * hidden_size``."""
+        """The length of a sentence vector: ``len(pooling) * hidden_size``, or the last Dense layer's outputs."""
+        if self.config.dense:
+            return self.config.dense[-1].weight.shape[0]
         return len(self.config.pooling) * self.model_config.hidden_size
 
     def __call__(self, texts: str | Sequence[str], *, batch_size: int = 32, normalize: bool | None = None
@@ -209,6 +211,8 @@ class SentenceEncoder:
             # numpy arguments: jnp.asarray would compile a small program per new shape
             out.append(np.asarray(_pooled(self.graphdef, self.state, ids, mask, self.config.pooling)))
         vectors = np.concatenate(out)
+        for layer in self.config.dense:
+            vectors = layer(vectors)
         if self.config.normalize if normalize is None else normalize:
             vectors = vectors / np.maximum(np.linalg.norm(vectors, axis=-1, keepdims=True), 1e-12)
         return vectors
@@ -226,7 +230,7 @@ def embed(model: nnx.Module | SentenceEncoder | str | os.PathLike, tokenizer: to
     ``sentence_bert_config.json`` sets ``max_seq_length`` truncates there). This is what sentence-transformers
     computes for all-MiniLM-L6-v2 (mean pooling, ``Normalize``, 256 tokens).
 
-    With them, their pooling, normalisation, ``max_seq_length`` and ``do_lower_case`` are applied
+    With them, their pooling, Dense layers, normalisation, ``max_seq_length`` and ``do_lower_case`` are applied
     (:mod:`flaxzoo.models.sentence`): ``model`` a path, packaged name or Hub id (the model, its tokenizer when
     ``tokenizer`` is None, and its sentence-transformers files are read: :meth:`SentenceEncoder.from_pretrained`),
     a :class:`SentenceEncoder`, or ``sentence_config`` a :class:`~flaxzoo.models.sentence.SentenceConfig` or the
@@ -236,7 +240,7 @@ def embed(model: nnx.Module | SentenceEncoder | str | os.PathLike, tokenizer: to
     ``max_length`` override the settings when given. Texts are encoded with the tokenizer's special tokens
     (``[CLS] … [SEP]``), batched by ``batch_size``; the model runs in eval mode. To embed many small batches, build
     a :class:`SentenceEncoder` once. Returns ``[len(texts), len(pooling) * hidden]`` float32 (one row for a single
-    string).
+    string; the last Dense layer's width instead when there are Dense layers).
     """
     if isinstance(model, (str, os.PathLike)):
         if sentence_config is not None:

@@ -12,7 +12,7 @@ import pytest
 import torch
 import transformers
 from sentence_transformers import SentenceTransformer, util
-from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
+from sentence_transformers.sentence_transformer.modules import Dense, Normalize, Pooling, Transformer
 
 from flax import nnx
 
@@ -108,9 +108,9 @@ def tiny_hf(tmp_path_factory) -> pathlib.Path:
     return directory
 
 
-def save_st(hf_dir: pathlib.Path, out: pathlib.Path, pooling, normalize: bool) -> pathlib.Path:
-    """sentence-transformers' own save of Transformer (max_seq_length 16) + Pooling [+ Normalize]."""
-    modules = [Transformer(str(hf_dir), max_seq_length=16), Pooling(32, pooling_mode=pooling)]
+def save_st(hf_dir: pathlib.Path, out: pathlib.Path, pooling, normalize: bool, dense=()) -> pathlib.Path:
+    """sentence-transformers' own save of Transformer (max_seq_length 16) + Pooling + ``dense`` [+ Normalize]."""
+    modules = [Transformer(str(hf_dir), max_seq_length=16), Pooling(32, pooling_mode=pooling), *dense]
     modules += [Normalize()] if normalize else []
     SentenceTransformer(modules=modules, device="cpu").save(str(out))
     return out
@@ -141,6 +141,23 @@ def test_tiny_poolings_match_sentence_transformers(case, tiny_hf, tmp_path):
     assert delta < TOL
     norms = np.linalg.norm(got, axis=1)
     assert np.allclose(norms, 1, atol=1e-5) == normalize
+
+
+def test_dense_layers_match_sentence_transformers(tiny_hf, tmp_path):
+    torch.manual_seed(1)
+    dense = [Dense(64, 24), Dense(24, 16, bias=False, activation_function=torch.nn.GELU()),
+             Dense(16, 16, activation_function=torch.nn.Identity(), use_residual=True)]
+    directory = save_st(tiny_hf, tmp_path / "st", ("mean", "max"), True, dense)
+    config = read_sentence_config(directory, hidden_size=32)
+    assert [layer.weight.shape for layer in config.dense] == [(24, 64), (16, 24), (16, 16)]
+    assert config.dense[1].bias is None and config.dense[2].residual == "identity"
+    delta, got = compare(directory)
+    print(f"tiny BERT mean+max, 3 Dense layers, Normalize: max |delta| vs sentence-transformers {delta:.2e}")
+    assert delta < TOL and got.shape == (len(TINY_TEXTS), 16)
+    (directory / "2_Dense" / "config.json").write_text(json.dumps({"in_features": 64, "out_features": 24,
+                                                                   "activation_function": "torch.nn.Softsign"}))
+    with pytest.raises(ValueError, match="Softsign"):
+        read_sentence_config(directory)
 
 
 def test_legacy_files_and_do_lower_case(tiny_hf, tmp_path):
@@ -207,9 +224,9 @@ def test_unsupported_files_are_refused(tiny_hf, tmp_path):
     with pytest.raises(ValueError, match="embedding_dimension=48"):
         read_sentence_config(directory, hidden_size=32)
     pooling_file.write_text(json.dumps(settings))
-    dense = {"idx": 3, "name": "3", "path": "3_Dense", "type": "sentence_transformers.models.Dense"}
-    (directory / "modules.json").write_text(json.dumps(modules + [dense]))
-    with pytest.raises(ValueError, match="Dense"):
+    norm = {"idx": 2, "name": "2", "path": "2_LayerNorm", "type": "sentence_transformers.models.LayerNorm"}
+    (directory / "modules.json").write_text(json.dumps(modules[:2] + [norm]))
+    with pytest.raises(ValueError, match="LayerNorm"):
         read_sentence_config(directory)
     (directory / "modules.json").write_text(json.dumps(modules[1:]))
     with pytest.raises(ValueError, match="expected Transformer, Pooling"):
