@@ -49,3 +49,21 @@ def test_a_part_past_its_time_is_a_failed_figure(tmp_path):
     figures = gpu_check.run_part("x", command, gpu_check.own_figures, ("x", "y"), tmp_path, 2.0, None)
     assert [(f["check"], f["ok"]) for f in figures] == [("x", False), ("y", False)]
     assert all(f["error"] == "timed out after 2 s" for f in figures)
+
+
+def test_encoder_check_on_cpu_matches_the_definition():
+    """``gpu_encoder_check --tiny`` on CPU: the biased padded call (with its bias gradient), the bidirectional window
+    and the DeBERTa relative-table gradients within bfloat16's error of the float32 definition."""
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    proc = subprocess.run([sys.executable, "-m", "flaxzoo.train.gpu_encoder_check", "--tiny", "--parts",
+                           "bias,window,deberta"], cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
+    figures = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert proc.returncode == 0 and all(f.get("ok", True) for f in figures), proc.stdout[-3000:]
+    by_check = {(f["check"], f.get("impl")): f for f in figures}
+    for check in ("bias", "window"):
+        errors = by_check[(check, "auto")]["max_abs_error"]
+        assert set(errors) == ({"out", "dq", "dk", "dv", "dbias"} if check == "bias" else {"out", "dq", "dk", "dv"})
+        assert max(errors.values()) < 0.1 and errors["out"] > 0, errors  # bfloat16 inputs: errors ~1e-2, not 0
+    for impl in ("auto", "softmax"):
+        deberta = by_check[("deberta", impl)]
+        assert deberta["tensors"] >= 1 and deberta["max_relative_error"] < 0.05, deberta
