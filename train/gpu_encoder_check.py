@@ -1,17 +1,19 @@
 """``python -m flaxzoo.train.gpu_encoder_check``: the encoder-family attention on a real GPU, one JSON line per figure.
 
 1. ``bias``: bidirectional attention ``[batch, seq, heads, 64]`` with an additive ``[batch, heads, seq, seq]`` bias
-   (DeBERTa's disentangled scores are one) and right padding, through ``attend(impl="auto")`` (cuDNN where it takes
-   the call) and ``impl="softmax"``, in bfloat16: the backend and why, whether the compiled HLO calls cuDNN's fused
-   attention, and the max error of the output and of the q / k / v / **bias** gradients against the definition in
-   float32 at "highest" precision (the bias gradient is what trains DeBERTa's relative projections and table).
+   (DeBERTa's disentangled scores are one) and right padding, through ``attend(impl="auto")`` (XLA today),
+   ``impl="softmax"`` and cuDNN called directly (``jax.nn.dot_product_attention(implementation="cudnn")``, which
+   folds the mask into the bias; the dispatcher does not send biased calls there until this check shows its bias
+   gradient right on hardware), in bfloat16: the backend and why, the fused kernels in the compiled HLO, and the
+   max error of the output and of the q / k / v / **bias** gradients against the definition in float32 at
+   "highest" precision (the bias gradient is what trains DeBERTa's relative projections and table).
 2. ``window``: ModernBERT's bidirectional sliding window (a query sees the ``window - 1`` keys on each side) the same
    way (no cuDNN: it takes only a left window).
-3. ``timing``: forward + backward of the biased padded call at 8 × 512 tokens × 12 heads, bfloat16: cuDNN vs XLA
-   (``jax.nn.dot_product_attention(implementation="xla")``), median of 10 calls after a warm-up.
+3. ``timing``: forward + backward of the biased padded call at 8 × 512 tokens × 12 heads, bfloat16: what ``auto``
+   runs, XLA and cuDNN, median of 10 calls after a warm-up.
 4. ``deberta``: a 2-layer random DeBERTa-v3-shaped encoder in bfloat16 on a right-padded batch: the gradients of
    its relative table and positional projections (reached only through the bias) with ``attention_impl="auto"``
-   (cuDNN) and ``"softmax"`` against the float32 model, as relative errors.
+   and ``"softmax"`` against the float32 model, as relative errors.
 """
 
 from __future__ import annotations
@@ -84,8 +86,10 @@ def attention_part(window: int | None) -> None:
     with jax.default_matmul_precision("highest"):
         want, want_grads = with_cotangents(lambda q, k, v, b: reference(q, k, v, None if bias is None else b, mask),
                                            weights)(q, k, v, bias_in)
-    for impl in ("auto", "softmax"):
+    for impl in ("auto", "softmax") + (("cudnn",) if bias is not None and jax.default_backend() == "gpu" else ()):
         def ours(q, k, v, b):
+            if impl == "cudnn":
+                return jax.nn.dot_product_attention(q, k, v, bias=b.astype(q.dtype), mask=mask, implementation="cudnn")
             return attend(q, k, v, mask=mask, bias=None if bias is None else b, is_causal=False, impl=impl,
                           window=window)
         compiled = with_cotangents(ours, weights).lower(q, k, v, bias_in).compile()
@@ -94,9 +98,9 @@ def attention_part(window: int | None) -> None:
         for name, got, expected in zip(("dq", "dk", "dv", "dbias"), grads, want_grads):
             if name != "dbias" or bias is not None:
                 errors[name] = float(jnp.max(jnp.abs(got.astype(jnp.float32) - expected)))
-        backend, reason = choose_backend(impl, dtype=jnp.bfloat16, head_dim=HEAD_DIM, heads=HEADS, kv_heads=HEADS,
-                                         q_len=SEQ, k_len=SEQ, masked=True, biased=bias is not None,
-                                         is_causal=False, dropout=False, windowed=window is not None)
+        backend, reason = ("cudnn", "called directly") if impl == "cudnn" else choose_backend(
+            impl, dtype=jnp.bfloat16, head_dim=HEAD_DIM, heads=HEADS, kv_heads=HEADS, q_len=SEQ, k_len=SEQ,
+            masked=True, biased=bias is not None, is_causal=False, dropout=False, windowed=window is not None)
         say(check="window" if window else "bias", impl=impl, backend=backend, reason=reason,
             kernels=attention_kernels(compiled.as_text()), max_abs_error=errors,
             max_abs_reference={"out": float(jnp.max(jnp.abs(want))),
@@ -110,6 +114,9 @@ def timing_part() -> None:
     calls = {"auto": lambda q, k, v, b: attend(q, k, v, mask=mask, bias=b, is_causal=False, impl="auto"),
              "xla": lambda q, k, v, b: jax.nn.dot_product_attention(q, k, v, bias=b, mask=mask,
                                                                     implementation="xla")}
+    if jax.default_backend() == "gpu":
+        calls["cudnn"] = lambda q, k, v, b: jax.nn.dot_product_attention(q, k, v, bias=b, mask=mask,
+                                                                         implementation="cudnn")
     for name, fn in calls.items():
         step = with_cotangents(fn, jnp.ones(q.shape, jnp.float32))
         jax.block_until_ready(step(q, k, v, bias))

@@ -298,8 +298,7 @@ def choose_backend(impl: str, *, dtype, head_dim: int, heads: int, kv_heads: int
     .current_platform()``: a compile-only TPU mesh is ``"tpu"`` on a CPU host). ``impl`` is the config's
     ``attention_impl``:
 
-    - ``"auto"``: on TPU splash attention; on GPU cuDNN flash attention for plain causal or unmasked calls and
-      for calls with an additive bias (a padding mask then folded into the bias: DeBERTa, ALiBi)
+    - ``"auto"``: on TPU splash attention; on GPU cuDNN flash attention for plain causal or unmasked calls
       (``jax.nn.dot_product_attention(implementation="cudnn")``) and Pallas' GPU flash attention for packed
       documents and padding (a mask of segment ids); the closed-form-backward kernel on CPU.
     - ``"splash"`` / ``"gpu_flash"``: that kernel on any platform (Pallas interpret mode on CPU).
@@ -307,8 +306,7 @@ def choose_backend(impl: str, *, dtype, head_dim: int, heads: int, kv_heads: int
     - ``"softmax"``: the closed-form-backward kernel.
 
     A kernel takes full-sequence calls only (``q_len == k_len``: training, evaluation, encoding; a cached decode
-    step goes to XLA), no additive bias (ALiBi, DeBERTa's relative attention: cuDNN takes it), and no attention
-    dropout: with
+    step goes to XLA), no additive bias (ALiBi, DeBERTa's relative attention), and no attention dropout: with
     dropout on, every platform runs the softmax kernel, which keeps the ``[batch, heads, q, k]`` probabilities (the
     accelerator presets train without attention dropout). ``shared_segments``: the queries' and keys' segment ids
     are one array (packed documents, also an MLM batch's; an encoder given only ``attention_mask`` has them
@@ -372,7 +370,9 @@ def choose_backend(impl: str, *, dtype, head_dim: int, heads: int, kv_heads: int
         why_not = f"dtype {jnp.dtype(dtype).name} (cuDNN takes bfloat16 / float16)"
     elif head_dim % 8 or head_dim > limit:
         why_not = f"head_dim={head_dim} (cuDNN takes multiples of 8 up to {limit})"
-    elif masked and not biased:  # with a bias, jax folds the mask into it (-inf where masked)
+    elif biased:
+        why_not = "an additive bias (ALiBi, DeBERTa's relative attention)"
+    elif masked:
         why_not = "a padding / document mask"
     elif is_causal and q_len != k_len:
         why_not = f"causal with query length {q_len} != key length {k_len}"
@@ -433,9 +433,8 @@ def attend(query: jax.Array, key: jax.Array, value: jax.Array, *, mask: jax.Arra
     mask, bias = _as_4d(mask), _as_4d(bias)
     if backend == "cudnn":
         try:
-            return jax.nn.dot_product_attention(
-                query, key, value, bias=None if bias is None else bias.astype(query.dtype), mask=mask,
-                is_causal=is_causal, local_window_size=local, implementation="cudnn")
+            return jax.nn.dot_product_attention(query, key, value, is_causal=is_causal, local_window_size=local,
+                                                implementation="cudnn")
         except (NotImplementedError, ValueError) as exc:  # a cuDNN version / device limit found while tracing
             logging.getLogger(__name__).warning("cuDNN attention unavailable (%s); using XLA", exc)
     if local is not None:
