@@ -263,6 +263,27 @@ def test_tagging_config_compiles_the_taggers_step_without_data_files(minilm_dir,
     assert re.search(r"\[4,128,9\]", hlo)  # the tag logits: 32 rows / 8 GPUs x max_len 128 x 9 tags
 
 
+def test_qa_config_compiles_the_span_step_without_data_files(tmp_path):
+    """``configs/finetune_qa.py`` (``task="qa"``) on a tiny BERT directory: no SQuAD file is named or opened; the
+    step is the span loss over ``BertForQuestionAnswering`` with the pair's ``token_type_ids`` (11 s on 2 cores)."""
+    import transformers
+
+    from finetune_data import write_vocab
+
+    need("gpu")
+    transformers.BertForMaskedLM(transformers.BertConfig(
+        vocab_size=128, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+        max_position_embeddings=64, pad_token_id=0)).save_pretrained(tmp_path / "bert")
+    config = compilelib.load_config("finetune_qa", [f"--config.init_from={tmp_path / 'bert'}",
+                                                    f"--config.tokenizer={write_vocab(tmp_path / 'vocab')}",
+                                                    "--config.data.max_len=64", "--config.batch_size=16"])
+    report = compilelib.compile_config(config, targets.parse_target(GPU), dump_hlo=str(tmp_path))[0]
+    assert report.step == "train (fine-tune, task=qa)" and report.fits and report.tokens_per_step == 16 * 64
+    assert report.mesh == {"data": 8, "fsdp": 1, "tensor": 1} and not report.notes  # no num_labels to follow
+    hlo = (tmp_path / f"{GPU}x1_finetune_qa.hlo.txt").read_text()
+    assert re.search(r"\[2,64,2\]", hlo)  # qa_outputs: 16 rows / 8 GPUs x max_len 64 x (start, end)
+
+
 def test_lora_config_compiles_in_bfloat16():
     """LoRA on the packaged SmolLM2 with the accelerators' bfloat16 compute and scanned layers: qwix's float32
     adapters once turned the residual stream float32 inside the scan ("carry input and carry output must have equal

@@ -4,7 +4,7 @@
 Compiles, on this (CPU) machine, exactly the step ``python -m flaxzoo.train`` would run for the config on the target's
 devices: the same model, mesh, shardings, batch (``segment_ids`` included), optimizer, accumulation, remat, loss
 chunking and precision (``flaxzoo.train.program.StepProgram``), from abstract values only: nothing is allocated and no
-data is read. Fine-tuning configs (``task="classify"``, ``task="tag"``) compile the fine-tuner's step
+data is read. Fine-tuning configs (``task="classify"``, ``"tag"``, ``"qa"``) compile the fine-tuner's step
 (``flaxzoo.train.finetune.compile``). Targets (``flaxzoo.train.targets``): TPU ``v4-8``, ``v5e-1/4/8/16/...``,
 ``v5p-8/16/...``, ``v6e-1/4/8/...`` (``--slices N`` for several slices), GPU ``h100xN``, ``a100xN``. Needs the
 ``aot`` extra (``pip install "flaxzoo[aot]"``: libtpu and the CUDA compiler plugin).
@@ -310,7 +310,8 @@ def load_config(config: str, overrides: list[str]) -> ConfigDict:
 
 def compile_config(config: ConfigDict, target: Target, *, step: str = "train",
                    dump_hlo: str | None = None) -> list[Report]:
-    """Compile a ``ConfigDict`` (pre-training, ``task="classify"`` or ``task="tag"``) for ``target``; its reports."""
+    """Compile a ``ConfigDict`` (pre-training, ``task="classify"``, ``"tag"`` or ``"qa"``) for ``target``; its
+    reports."""
     devices = compile_devices(target)
     with persistent_cache_off():  # compile-only executables can be stored in it but not loaded back
         return _compile_config(config, target, devices, step=step, dump_hlo=dump_hlo)
