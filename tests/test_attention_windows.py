@@ -105,17 +105,28 @@ def test_packed_documents_through_the_layout(impl, window, softcap):
                  lambda q, k, v: reference(q, k, v, window, softcap, segment_ids), (q, k, v), segment_ids)
 
 
-@pytest.mark.parametrize("on", [True, False])
-def test_a_traced_window_is_a_dense_mask(on):
-    """A scan over sliding and full layers passes ``window_on`` traced: the dense mask holds the window or not."""
-    q, k, v = inputs(2)
-    positions = jnp.broadcast_to(jnp.arange(q.shape[1]), q.shape[:2])
-    layout = AttentionLayout(positions, positions, 0)
+@pytest.mark.parametrize("causal", [True, False], ids=["decoder", "encoder"])
+def test_a_traced_window_runs_the_core_of_its_kind(causal):
+    """A scan over sliding and full layers passes ``sliding`` traced: ``lax.cond`` runs the windowed or the full
+    core (each with its kernel), equal to the layer called with a Python bool, and the two kinds differ."""
+    from flax import nnx
 
-    def run(q, k, v):
-        mask = layout.mask(True, window=4, window_on=jnp.asarray(on), dense=True)
-        return attend(q, k, v, mask=mask, bias=None, is_causal=False, impl="softmax")
-    assert_close(run, lambda q, k, v: reference(q, k, v, 4 if on else None, None), (q, k, v))
+    from flaxzoo import models
+    from flaxzoo.models.layers.attention import Attention
+    from flaxzoo.models.layers.masking import full_sequence_layout
+
+    preset = "llama-tiny" if causal else "bert-tiny"
+    config = models.get_preset(preset).replace(sliding_window=4, num_layers=2, hidden_size=32, num_heads=2,
+                                               num_kv_heads=2, intermediate_size=64)
+    layer = Attention(config, rngs=nnx.Rngs(0))
+    x = jnp.asarray(np.random.default_rng(0).standard_normal((2, 16, 32)), jnp.float32)
+    positions = jnp.broadcast_to(jnp.arange(16), (2, 16))
+    layout = full_sequence_layout(config, positions, attention_mask=None, segment_ids=None)
+    traced = nnx.jit(lambda layer, x, sliding: layer(x, layout, sliding=sliding)[0])
+    for on in (True, False):
+        np.testing.assert_allclose(np.asarray(traced(layer, x, jnp.asarray(on))),
+                                   np.asarray(layer(x, layout, sliding=on)[0]), rtol=0, atol=TOLERANCE)
+    assert np.abs(np.asarray(layer(x, layout, sliding=True)[0] - layer(x, layout, sliding=False)[0])).max() > 1e-3
 
 
 @pytest.mark.parametrize("window, softcap", [(5, None), (9, 4.0), (None, 3.0)])

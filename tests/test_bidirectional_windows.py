@@ -61,7 +61,7 @@ def test_layout_mask_is_the_reference(packed):
     mask = layout.mask(False, window=WINDOW, dense=True)  # [batch | 1, 1, q, k]
     expected = reference_mask(SEGMENTS if packed else None, WINDOW)
     assert np.array_equal(np.broadcast_to(np.asarray(mask)[:, 0], expected.shape), expected)
-    off = layout.mask(False, window=WINDOW, window_on=jnp.bool_(False), dense=True)  # a global layer of a scan
+    off = layout.mask(False, dense=True)  # a global layer
     expected = reference_mask(SEGMENTS if packed else None, SEQ + 1)
     assert np.array_equal(np.broadcast_to(np.asarray(off)[:, 0], expected.shape), expected)
     assert layout.mask(True, window=WINDOW, dense=True) is not None  # causal windows are unchanged
@@ -114,3 +114,16 @@ def test_an_encoder_config_takes_a_window():
     assert config.sliding_layers == (False, True)
     with pytest.raises(ValueError, match="sliding_window=0"):
         config.replace(sliding_window=0)
+
+
+def test_attention_backend_reports_both_kinds_of_layers():
+    """ModernBERT on a GPU in bfloat16: cuDNN takes its full layers but not the bidirectional window of its local ones
+    (XLA); the report names the local layers' core and both reasons. On TPU splash takes both kinds."""
+    from flaxzoo.models import attention_backend, get_preset
+
+    config = get_preset("modernbert-base").replace(dtype="bfloat16")
+    backend, reason = attention_backend(config, q_len=512, platform="gpu")
+    assert backend == "xla" and "sliding-window layers: xla" in reason and "full layers: cudnn" in reason, reason
+    assert attention_backend(config, q_len=512, platform="tpu", masked=True)[0] == "splash"
+    assert attention_backend(config.replace(sliding_window=None, layer_types=None), q_len=512,
+                             platform="gpu") == ("cudnn", "cuDNN flash attention")

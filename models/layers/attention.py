@@ -3,6 +3,7 @@ QK-norm, sliding windows, soft-capping, ALiBi biases and a KV cache."""
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import NamedTuple
 
@@ -110,6 +111,25 @@ class Attention(nnx.Module):
         return disentangled_bias(self.config, query, key, table, indices, self.key if shared else self.pos_key,
                                  self.query if shared else self.pos_query)
 
+    def _core(self, query: jax.Array, key: jax.Array, value: jax.Array, layout: AttentionLayout,
+              bias: jax.Array | None, dropout: jax.Array | None, windowed: bool, return_weights: bool
+              ) -> tuple[jax.Array, jax.Array | None]:
+        """The softmax core over projected ``query: [batch, q, heads, head_dim]`` and ``key`` / ``value: [batch, k,
+        kv_heads, head_dim]``: ``(context [batch, q, heads, head_dim], weights [batch, heads, q, k] or None)``,
+        through ``config.sliding_window`` when ``windowed``."""
+        config = self.config
+        window = config.sliding_window if windowed else None
+        mask = layout.mask(config.causal, window=window)
+        is_causal = config.causal and mask is None
+        softcap = config.attention_softcap
+        if return_weights:
+            return attention_with_weights(query, key, value, mask, bias, is_causal, dropout,
+                                          window=window if is_causal or mask is None else None, softcap=softcap)
+        segments = None if layout.query_segments is None else (layout.query_segments, layout.key_segments)
+        return attend(query, key, value, mask=mask, bias=bias, is_causal=is_causal, impl=config.attention_impl,
+                      dropout=dropout, segments=segments, causal_segments=config.causal and mask is not None,
+                      window=window, softcap=softcap), None
+
     def __call__(self, x: jax.Array, layout: AttentionLayout, *, cache: KVCache | None = None,
                  return_weights: bool = False, sliding: bool | jax.Array = False
                  ) -> tuple[jax.Array, KVCache | None, jax.Array | None]:
@@ -121,7 +141,8 @@ class Attention(nnx.Module):
             attend over the whole cache (``k = max_len``; the layout covers the cache slots).
           return_weights: also return the softmax weights ``[batch, heads, q, k]`` (autodiff path).
           sliding: this layer attends through ``config.sliding_window`` (a Python bool; a traced one when stacked
-            layers of both kinds share a scan: the window then becomes part of a dense mask).
+            layers of both kinds share a scan: ``lax.cond`` then runs the windowed or the full core, each with its
+            kernel).
 
         Returns ``(output [batch, seq, hidden], updated cache or None, weights or None)``.
         """
@@ -139,29 +160,19 @@ class Attention(nnx.Module):
             cache = KVCache(jax.lax.dynamic_update_slice(cache.key, key.astype(cache.key.dtype), start),
                             jax.lax.dynamic_update_slice(cache.value, value.astype(cache.value.dtype), start))
             key, value = cache.key, cache.value
-        windowed = config.sliding_window is not None and sliding is not False
-        traced_window = windowed and not isinstance(sliding, bool)
-        window = config.sliding_window if windowed and not traced_window else None
-        mask = layout.mask(config.causal, window=config.sliding_window if windowed else None,
-                           window_on=sliding if traced_window else True, dense=traced_window)
-        is_causal = config.causal and mask is None
         bias = (alibi_bias(config.num_heads, layout.query_positions, layout.key_positions, causal=config.causal)
                 if config.position == "alibi" else None)
         if config.relative_attention:
             bias, query = self._relative_bias(query, key, layout), query * jnp.asarray(
                 1.0 / math.sqrt(config.relative_scale_factor), query.dtype)
         dropout = self._dropout_multiplier(x.shape[0], x.shape[1], key.shape[1])
-        softcap = config.attention_softcap
-        if return_weights:
-            context, weights = attention_with_weights(query, key, value, mask, bias, is_causal, dropout,
-                                                      window=window if is_causal or mask is None else None,
-                                                      softcap=softcap)
-        else:
-            # A traced window lives in the dense mask only: no kernel may take the segments without it.
-            segments = (None if layout.query_segments is None or traced_window else
-                        (layout.query_segments, layout.key_segments))
-            context = attend(query, key, value, mask=mask, bias=bias, is_causal=is_causal,
-                             impl=config.attention_impl, dropout=dropout, segments=segments,
-                             causal_segments=config.causal and mask is not None, window=window, softcap=softcap)
-            weights = None
+
+        def core(windowed: bool, query: jax.Array, key: jax.Array, value: jax.Array):
+            return self._core(query, key, value, layout, bias, dropout, windowed, return_weights)
+
+        if config.sliding_window is None or isinstance(sliding, bool):
+            context, weights = core(config.sliding_window is not None and sliding, query, key, value)
+        else:  # stacked layers of both kinds in one scan: each kind keeps its own core (and kernel)
+            context, weights = jax.lax.cond(sliding, functools.partial(core, True), functools.partial(core, False),
+                                            query, key, value)
         return self.out(constrain(context, QUERY_HEADS)), cache, weights

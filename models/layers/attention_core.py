@@ -488,10 +488,21 @@ def attention_backend(config, *, q_len: int, k_len: int | None = None, masked: b
     documents (a mask beyond plain causality); ``training``: attention dropout applies (``config.attention_dropout``
     > 0); ``platform``: the target's (default: the one in force); ``shared_segments``: one segment array for
     queries and keys (the default: every pre-training batch packs documents with ``segment_ids``, causal or masked
-    LM; an encoder given only ``attention_mask``, as fine-tuning's, has them apart)."""
-    return choose_backend(config.attention_impl, dtype=config.dtype, head_dim=config.head_dim, q_len=q_len,
-                          k_len=q_len if k_len is None else k_len, masked=masked,
-                          biased=config.position == "alibi" or config.relative_attention, is_causal=config.causal,
-                          dropout=training and config.attention_dropout > 0, platform=platform,
-                          heads=config.num_heads, kv_heads=config.num_kv_heads,
-                          shared_segments=True if shared_segments is None else shared_segments)
+    LM; an encoder given only ``attention_mask``, as fine-tuning's, has them apart). A config whose layers are of
+    both kinds (sliding window and full) reports its sliding-window layers' core, and both in the reason when the
+    kinds differ."""
+    def choose(windowed: bool) -> tuple[str, str]:
+        return choose_backend(config.attention_impl, dtype=config.dtype, head_dim=config.head_dim, q_len=q_len,
+                              k_len=q_len if k_len is None else k_len, masked=masked,
+                              biased=config.position == "alibi" or config.relative_attention,
+                              is_causal=config.causal, dropout=training and config.attention_dropout > 0,
+                              platform=platform, heads=config.num_heads, kv_heads=config.num_kv_heads,
+                              shared_segments=True if shared_segments is None else shared_segments,
+                              windowed=windowed, capped=config.attention_softcap is not None)
+
+    kinds = set(config.sliding_layers) if config.sliding_window is not None else {False}
+    chosen = {kind: choose(kind) for kind in kinds}
+    if len(chosen) == 1 or chosen[True] == chosen[False]:
+        return next(iter(chosen.values()))
+    (local, local_why), (full, full_why) = chosen[True], chosen[False]
+    return local, f"sliding-window layers: {local} ({local_why}); full layers: {full} ({full_why})"

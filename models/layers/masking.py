@@ -39,16 +39,14 @@ class AttentionLayout:
     key_segments: jax.Array | None = None
     relative_embeddings: jax.Array | None = None  # [2 · span, hidden]: the stack's shared relative table (DeBERTa)
 
-    def mask(self, causal: bool, *, window: int | None = None, window_on: bool | jax.Array = True,
-             dense: bool = False) -> jax.Array | None:
+    def mask(self, causal: bool, *, window: int | None = None, dense: bool = False) -> jax.Array | None:
         """Boolean ``[batch, 1, q, k]`` (True = may attend), or None when only plain causality (or nothing)
         applies and ``dense`` is False: the attention core then uses its own causal path (``is_causal``, given
         ``window`` itself).
 
         ``window``: a causal query sees itself and the ``window - 1`` key slots before it, a bidirectional one
-        itself and the ``window - 1`` slots on each side (:func:`symmetric_band`), where ``window_on`` (a traced
-        bool for a layer of a scan over both kinds of layers) is true. Packed documents keep their windows inside
-        the document (the segments mask the rest)."""
+        itself and the ``window - 1`` slots on each side (:func:`symmetric_band`). Packed documents keep their
+        windows inside the document (the segments mask the rest)."""
         if self.query_segments is None and not dense:
             return None
         q_len, k_len = self.query_positions.shape[1], self.key_positions.shape[1]
@@ -59,11 +57,9 @@ class AttentionLayout:
         if causal:
             allowed = allowed & causal_mask(q_len, k_len, self.query_offset)[None]
             if window is not None:
-                inside = window_band(q_len, k_len, self.query_offset, window)
-                allowed = allowed & (inside | jnp.logical_not(window_on))[None]
+                allowed = allowed & window_band(q_len, k_len, self.query_offset, window)[None]
         elif window is not None:
-            inside = symmetric_band(q_len, k_len, self.query_offset, window)
-            allowed = allowed & (inside | jnp.logical_not(window_on))[None]
+            allowed = allowed & symmetric_band(q_len, k_len, self.query_offset, window)[None]
         return allowed[:, None]
 
 
