@@ -175,6 +175,11 @@ def test_a_tiny_bert_learns_squad_style_questions_on_the_engine(qa_run):
     model = models.from_pretrained(workdir)
     assert isinstance(model, BertForQuestionAnswering)
 
+    from flaxzoo.train.finetune.qa import QuestionAnswering
+
+    again = QuestionAnswering(task.cfg, workdir).run()  # a finished work directory is left alone, its scores read
+    assert again.metrics["f1"] == metrics["f1"] and again.train_s == 0.0
+
 
 def test_qa_settings_are_checked_by_name(tmp_path):
     from flaxzoo.train.finetune.config import base_config

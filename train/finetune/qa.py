@@ -46,6 +46,7 @@ class QuestionAnswering(FinetuneTask):
     MODEL = BertForQuestionAnswering
     OBJECTIVE = "span"
     make_predict = staticmethod(make_predict_spans)  # [batch, 2, seq] start and end logits
+    HEADLINE = "f1"  # SQuAD F1
 
     def __init__(self, cfg: FinetuneConfig, workdir: str | pathlib.Path):
         self.MODEL = classifier_class(cfg, "question_answering")  # the family's own, BERT's by default

@@ -40,6 +40,7 @@ class Tagger(FinetuneTask):
     MODEL = BertForTokenClassification
     OBJECTIVE = "token_classify"
     make_predict = staticmethod(make_predict_masked)  # [batch, seq] argmax label ids
+    HEADLINE = "f1"  # entity F1 (micro)
 
     def __init__(self, cfg: FinetuneConfig, workdir: str | pathlib.Path):
         self.MODEL = classifier_class(cfg, "token_classification")  # the family's own, BERT's by default

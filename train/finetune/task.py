@@ -61,6 +61,7 @@ class FinetuneTask(Task):
     MODEL: type
     OBJECTIVE: str
     make_predict: Callable
+    HEADLINE = "macro_f1"  # the test score a finished work directory's rerun reports (a key of eval/metrics.json)
 
     @property
     def MODEL_CLASS(self) -> str:  # noqa: N802 (the name checkpoints record)
@@ -265,8 +266,9 @@ class FinetuneTask(Task):
         left alone."""
         if self.finished:
             metrics = json.loads((self.workdir / "eval" / "metrics.json").read_text())
-            say(f"nothing to do: {self.workdir} holds the finished classifier (test macro-F1 "
-                f"{metrics.get('macro_f1', float('nan')):.4f}; eval/metrics.json); use another --workdir for a new run")
+            say(f"nothing to do: {self.workdir} holds the finished model (test {self.HEADLINE} "
+                f"{metrics.get(self.HEADLINE, float('nan')):.4f}; eval/metrics.json); use another --workdir for a new "
+                "run")
             return FinetuneSummary(workdir=str(self.workdir), steps=int(metrics.get("steps", 0)), metrics=metrics,
                                    wall_s=time.perf_counter() - self.wall_start, train_s=0.0,
                                    last_step=int(metrics.get("steps", 0)))
