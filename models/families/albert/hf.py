@@ -19,11 +19,10 @@ from typing import Any, Mapping
 
 from flaxzoo.models.config import TransformerConfig
 from flaxzoo.models.families.base import BACKBONE, Entry, Family, WeightMap, entry, layout, linear, norm
-from flaxzoo.models.families.bert.hf import (ENCODER_LAYOUT, encoder_config_from_hf, encoder_config_to_hf,
-                                             encoder_save_problems, mlm_head, qa_head, weight_map)
-from flaxzoo.models.families.bert.model import (BertForMaskedLM, BertForQuestionAnswering,
-                                                BertForSequenceClassification, BertForTokenClassification, BertModel,
-                                                encoder_factory)
+from flaxzoo.models.families.bert.hf import (encoder_architectures, ENCODER_LAYOUT, encoder_config_from_hf,
+                                             encoder_config_to_hf, encoder_save_problems, mlm_head, qa_head, weight_map)
+from flaxzoo.models.families.bert.model import (BertForMaskedLM, BertForSequenceClassification,
+                                                BertForTokenClassification, BertModel, encoder_factory)
 from flaxzoo.models.families.fields import refuse
 
 ALBERT_LAYOUT = {k: v for k, v in ENCODER_LAYOUT.items() if k != "embedding_size"} | dict(
@@ -107,9 +106,6 @@ def albert_save_problems(config: TransformerConfig) -> list[str]:
 
 FAMILY = Family(
     model_type="albert", base_prefix="albert",
-    architectures={"AlbertModel": BertModel, "AlbertForMaskedLM": BertForMaskedLM,
-                   "AlbertForSequenceClassification": BertForSequenceClassification,
-                   "AlbertForTokenClassification": BertForTokenClassification,
-                   "AlbertForQuestionAnswering": BertForQuestionAnswering},
+    architectures=encoder_architectures("Albert"),
     config_from_hf=albert_config_from_hf, config_to_hf=albert_config_to_hf, weights=albert_weights,
     layout=ALBERT_LAYOUT, save_problems=albert_save_problems, factory=encoder_factory)

@@ -61,6 +61,16 @@ def mlm_head(config: TransformerConfig, base: str, *, dense: str, layer_norm: st
     return entries + linear(decoder, "decoder", True), {}, {bias: f"{decoder}.bias"}
 
 
+def encoder_architectures(prefix: str) -> dict[str, type]:
+    """A family on BERT's classes: its Hugging Face classes → flaxzoo classes, the base model first:
+    ``{prefix}Model``, ``{prefix}ForMaskedLM``, ``{prefix}ForSequenceClassification``,
+    ``{prefix}ForTokenClassification``, ``{prefix}ForQuestionAnswering`` (``prefix``: ``"Bert"``, ``"Albert"`` ...)."""
+    return {f"{prefix}Model": BertModel, f"{prefix}ForMaskedLM": BertForMaskedLM,
+            f"{prefix}ForSequenceClassification": BertForSequenceClassification,
+            f"{prefix}ForTokenClassification": BertForTokenClassification,
+            f"{prefix}ForQuestionAnswering": BertForQuestionAnswering}
+
+
 def qa_head(cls: type, ignored: list[str]) -> list[Entry]:
     """The span head ``qa_outputs`` (the same name in every encoder family) for ``BertForQuestionAnswering``; for
     other classes its tensors are added to ``ignored``."""
@@ -148,10 +158,7 @@ def tf_layernorm_names(name: str) -> str:
 
 FAMILY = Family(
     model_type="bert", base_prefix="bert",
-    architectures={"BertModel": BertModel, "BertForMaskedLM": BertForMaskedLM,
-                   "BertForSequenceClassification": BertForSequenceClassification,
-                   "BertForTokenClassification": BertForTokenClassification,
-                   "BertForQuestionAnswering": BertForQuestionAnswering},
+    architectures=encoder_architectures("Bert"),
     config_from_hf=lambda hf: encoder_config_from_hf({"pad_token_id": 0} | dict(hf), "bert"),
     config_to_hf=encoder_config_to_hf, weights=bert_weights, layout=ENCODER_LAYOUT | {"position_offset": 0},
     save_problems=lambda config: encoder_save_problems(config, "bert"),

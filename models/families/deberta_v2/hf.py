@@ -30,10 +30,9 @@ from typing import Any, Mapping
 
 from flaxzoo.models.config import TransformerConfig
 from flaxzoo.models.families.base import BACKBONE, Entry, Family, WeightMap, entry, layout, linear, norm
-from flaxzoo.models.families.bert.hf import mlm_head, qa_head, weight_map
-from flaxzoo.models.families.bert.model import (BertForMaskedLM, BertForQuestionAnswering,
-                                                BertForSequenceClassification, BertForTokenClassification, BertModel,
-                                                encoder_factory)
+from flaxzoo.models.families.bert.hf import encoder_architectures, mlm_head, qa_head, weight_map
+from flaxzoo.models.families.bert.model import (BertForMaskedLM, BertForSequenceClassification,
+                                                BertForTokenClassification, encoder_factory)
 from flaxzoo.models.families.fields import ACTIVATIONS_TO_HF, activation, common_from_hf, full_width_heads, refuse
 
 DEBERTA_LAYOUT = dict(causal=False, norm="layernorm", norm_placement="post", embedding_norm=True, final_norm=False,
@@ -210,10 +209,7 @@ def deberta_save_problems(config: TransformerConfig) -> list[str]:
 
 FAMILY = Family(
     model_type="deberta-v2", base_prefix="deberta",
-    architectures={"DebertaV2Model": BertModel, "DebertaV2ForMaskedLM": BertForMaskedLM,
-                   "DebertaV2ForSequenceClassification": BertForSequenceClassification,
-                   "DebertaV2ForTokenClassification": BertForTokenClassification,
-                   "DebertaV2ForQuestionAnswering": BertForQuestionAnswering},
+    architectures=encoder_architectures("DebertaV2"),
     config_from_hf=deberta_config_from_hf, config_to_hf=deberta_config_to_hf, weights=deberta_weights,
     layout=DEBERTA_LAYOUT, save_problems=deberta_save_problems, factory=encoder_factory,
     rename=legacy_head_names)

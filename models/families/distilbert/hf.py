@@ -30,10 +30,9 @@ from typing import Any, Mapping
 
 from flaxzoo.models.config import TransformerConfig
 from flaxzoo.models.families.base import BACKBONE, Entry, Family, WeightMap, entry, layout, linear, norm
-from flaxzoo.models.families.bert.hf import ENCODER_LAYOUT, qa_head, weight_map
-from flaxzoo.models.families.bert.model import (BertForMaskedLM, BertForQuestionAnswering,
-                                                BertForSequenceClassification, BertForTokenClassification, BertModel,
-                                                encoder_factory)
+from flaxzoo.models.families.bert.hf import encoder_architectures, ENCODER_LAYOUT, qa_head, weight_map
+from flaxzoo.models.families.bert.model import (BertForMaskedLM, BertForSequenceClassification,
+                                                BertForTokenClassification, encoder_factory)
 from flaxzoo.models.families.fields import (ACTIVATIONS_TO_HF, activation, common_from_hf, full_width_heads,
                                             refuse)
 
@@ -124,10 +123,7 @@ def distilbert_config_to_hf(config: TransformerConfig) -> dict[str, Any]:
 
 FAMILY = Family(
     model_type="distilbert", base_prefix="distilbert",
-    architectures={"DistilBertModel": BertModel, "DistilBertForMaskedLM": BertForMaskedLM,
-                   "DistilBertForSequenceClassification": BertForSequenceClassification,
-                   "DistilBertForTokenClassification": BertForTokenClassification,
-                   "DistilBertForQuestionAnswering": BertForQuestionAnswering},
+    architectures=encoder_architectures("DistilBert"),
     config_from_hf=distilbert_config_from_hf, config_to_hf=distilbert_config_to_hf, weights=distilbert_weights,
     layout=DISTILBERT_LAYOUT, save_problems=lambda config: full_width_heads(config, "distilbert"),
     factory=encoder_factory)

@@ -26,10 +26,11 @@ from flax import nnx
 
 from flaxzoo.models.config import TransformerConfig
 from flaxzoo.models.families.base import BACKBONE, Entry, Family, LINEAR, ParamPath, WeightMap, entry, linear, norm
-from flaxzoo.models.families.bert.hf import (ENCODER_LAYOUT, encoder_config_from_hf, encoder_config_to_hf,
-                                             encoder_entries, encoder_save_problems, qa_head, weight_map)
-from flaxzoo.models.families.bert.model import (BertForMaskedLM, BertForQuestionAnswering,
-                                                BertForSequenceClassification, BertForTokenClassification, BertModel)
+from flaxzoo.models.families.bert.hf import (encoder_architectures, ENCODER_LAYOUT, encoder_config_from_hf,
+                                             encoder_config_to_hf, encoder_entries, encoder_save_problems, qa_head,
+                                             weight_map)
+from flaxzoo.models.families.bert.model import (BertForMaskedLM, BertForSequenceClassification,
+                                                BertForTokenClassification, BertModel)
 from flaxzoo.models.families.electra.model import ElectraForPreTraining
 
 ELECTRA_LAYOUT = {k: v for k, v in ENCODER_LAYOUT.items() if k != "embedding_size"} | dict(
@@ -110,9 +111,6 @@ def electra_save_problems(config: TransformerConfig) -> list[str]:
 FAMILY = Family(
     model_type="electra", base_prefix="electra",
     architectures={"ElectraModel": BertModel, "ElectraForPreTraining": ElectraForPreTraining,
-                   "ElectraForMaskedLM": BertForMaskedLM,
-                   "ElectraForSequenceClassification": BertForSequenceClassification,
-                   "ElectraForTokenClassification": BertForTokenClassification,
-                   "ElectraForQuestionAnswering": BertForQuestionAnswering},
+                   **{name: cls for name, cls in encoder_architectures("Electra").items() if cls is not BertModel}},
     config_from_hf=electra_config_from_hf, config_to_hf=electra_config_to_hf, weights=electra_weights,
     layout=ELECTRA_LAYOUT, save_problems=electra_save_problems, factory=electra_factory)

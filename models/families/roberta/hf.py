@@ -18,12 +18,11 @@ from typing import Any, Mapping
 
 from flaxzoo.models.config import TransformerConfig
 from flaxzoo.models.families.base import Family, WeightMap, linear
-from flaxzoo.models.families.bert.hf import (ENCODER_LAYOUT, encoder_config_from_hf, encoder_config_to_hf,
-                                             encoder_entries, encoder_save_problems, mlm_head, qa_head,
-                                             tf_layernorm_names, weight_map)
-from flaxzoo.models.families.bert.model import (BertForMaskedLM, BertForQuestionAnswering,
-                                                BertForSequenceClassification, BertForTokenClassification, BertModel,
-                                                encoder_factory)
+from flaxzoo.models.families.bert.hf import (encoder_architectures, ENCODER_LAYOUT, encoder_config_from_hf,
+                                             encoder_config_to_hf, encoder_entries, encoder_save_problems, mlm_head,
+                                             qa_head, tf_layernorm_names, weight_map)
+from flaxzoo.models.families.bert.model import (BertForMaskedLM, BertForSequenceClassification,
+                                                BertForTokenClassification, BertModel, encoder_factory)
 
 
 def roberta_weights(config: TransformerConfig, cls: type, base: str) -> WeightMap:
@@ -78,10 +77,7 @@ def roberta_save_problems(config: TransformerConfig) -> list[str]:
 
 FAMILY = Family(
     model_type="roberta", base_prefix="roberta",
-    architectures={"RobertaModel": BertModel, "RobertaForMaskedLM": BertForMaskedLM,
-                   "RobertaForSequenceClassification": BertForSequenceClassification,
-                   "RobertaForTokenClassification": BertForTokenClassification,
-                   "RobertaForQuestionAnswering": BertForQuestionAnswering},
+    architectures=encoder_architectures("Roberta"),
     config_from_hf=roberta_config_from_hf, config_to_hf=encoder_config_to_hf, weights=roberta_weights,
     layout=ENCODER_LAYOUT, save_problems=roberta_save_problems, factory=encoder_factory,
     rename=tf_layernorm_names)

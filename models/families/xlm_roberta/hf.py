@@ -13,8 +13,7 @@ from typing import Any, Mapping
 
 from flaxzoo.models.config import TransformerConfig
 from flaxzoo.models.families import roberta
-from flaxzoo.models.families.bert.model import (BertForMaskedLM, BertForQuestionAnswering,
-                                                BertForSequenceClassification, BertForTokenClassification, BertModel)
+from flaxzoo.models.families.bert.hf import encoder_architectures
 from flaxzoo.models.families.roberta.hf import roberta_config_from_hf
 
 MODEL_TYPE = "xlm-roberta"
@@ -27,8 +26,5 @@ def xlm_roberta_config_from_hf(hf: Mapping[str, Any]) -> TransformerConfig:
 
 FAMILY = dataclasses.replace(
     roberta.FAMILY, model_type=MODEL_TYPE,
-    architectures={"XLMRobertaModel": BertModel, "XLMRobertaForMaskedLM": BertForMaskedLM,
-                   "XLMRobertaForSequenceClassification": BertForSequenceClassification,
-                   "XLMRobertaForTokenClassification": BertForTokenClassification,
-                   "XLMRobertaForQuestionAnswering": BertForQuestionAnswering},
+    architectures=encoder_architectures("XLMRoberta"),
     config_from_hf=xlm_roberta_config_from_hf)
