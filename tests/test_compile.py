@@ -317,3 +317,24 @@ def test_every_decoder_family_compiles_for_tpu(preset):
         config.model.layer_types = ("sliding_attention", "full_attention")
     report = compilelib.compile_config(config, targets.parse_target(TPU))[0]
     assert report.fits and report.mesh["fsdp"] == 8 and report.flops_per_device > 0
+
+
+@pytest.mark.parametrize("preset, kernel", [
+    ("distilbert-base-uncased", "splash"), ("xlm-roberta-base", "splash"), ("albert-base-v2", "splash"),
+    ("electra-small-discriminator", "splash"), ("deberta-v3-small", "xla"), ("modernbert-base", "splash")])
+def test_every_encoder_family_compiles_for_tpu(preset, kernel):
+    """Each new encoder family's masked-LM train step (its preset's mechanisms: no token types, factorised embeddings,
+    one shared layer, relative attention, local / global layers in one scan) at tiny sizes, FSDP over a v5e-8, and
+    the attention core in the compiled program: splash, or XLA for DeBERTa's additive bias (splash takes none)."""
+    need("tpu")
+    config = compilelib.load_config("bert_tiny", [*TINY, *FSDP8, f"--config.model.preset={preset}",
+                                                  "--config.model.vocab_size=1024", "--config.model.head_dim=64",
+                                                  "--config.model.max_position_embeddings=258",  # XLM-R: offset 2
+                                                  "--config.model.pad_token_id=0", "--config.model.bos_token_id=1",
+                                                  "--config.model.eos_token_id=2",
+                                                  "--config.precision.scan_layers=true"])
+    report = compilelib.compile_config(config, targets.parse_target(TPU))[0]
+    assert report.fits and report.mesh["fsdp"] == 8 and report.flops_per_device > 0
+    assert report.attention == kernel, (report.attention, report.attention_reason)
+    if kernel == "xla":
+        assert "bias" in report.attention_reason

@@ -104,6 +104,12 @@ def causal_lm_loss(model: nnx.Module, batch: Batch, *, loss_chunk: int = 0,
                                  with_accuracy=with_accuracy)
 
 
+def token_types(model: nnx.Module, batch: Batch) -> jax.Array | None:
+    """The batch's ``token_type_ids`` ``[batch, seq]`` for a model with token-type embeddings; None for one without
+    (DistilBERT, DeBERTa-v3, ModernBERT take no such input: a shared pipeline's all-zero types are not theirs)."""
+    return batch.get("token_type_ids") if model.config.type_vocab_size else None
+
+
 def masked_lm_loss(model: nnx.Module, batch: Batch, *, loss_chunk: int = 0,
                    with_accuracy: bool | jax.Array = True) -> Sums:
     """Masked-token loss of a ``BertForMaskedLM``: the encoder on ``input_ids`` (with ``attention_mask``,
@@ -111,7 +117,7 @@ def masked_lm_loss(model: nnx.Module, batch: Batch, *, loss_chunk: int = 0,
     ``masked_positions: [batch, max_predictions]`` only, scored against ``masked_labels`` (``IGNORE_INDEX`` in unused
     slots), as BERT's pre-training does: the head costs ``max_predictions``, not ``seq``, positions per row. A batch
     without ``masked_positions`` is scored on ``labels: [batch, seq]`` with the head on every position."""
-    hidden = model.hidden_states(batch["input_ids"], batch.get("attention_mask"), batch.get("token_type_ids"),
+    hidden = model.hidden_states(batch["input_ids"], batch.get("attention_mask"), token_types(model, batch),
                                  segment_ids=batch.get("segment_ids"))
     if "masked_positions" in batch:
         hidden = jnp.take_along_axis(hidden, batch["masked_positions"][..., None], axis=1)  # [batch, predictions, d]
@@ -129,7 +135,7 @@ def classification_loss(model: nnx.Module, batch: Batch, *, loss_chunk: int = 0,
     rows that pad the last batch of an epoch), so the step's mean is ``sum(w * loss) / sum(w)`` (PyTorch's
     ``CrossEntropyLoss(weight=...)``). ``loss_chunk`` does not apply (one prediction per row)."""
     del loss_chunk
-    logits = model(batch["input_ids"], batch.get("attention_mask"), batch.get("token_type_ids")).astype(jnp.float32)
+    logits = model(batch["input_ids"], batch.get("attention_mask"), token_types(model, batch)).astype(jnp.float32)
     labels, weights = batch["labels"], batch["example_weights"].astype(jnp.float32)
     losses = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
     hits = (jnp.argmax(jax.lax.stop_gradient(logits), axis=-1) == labels).astype(jnp.float32)
@@ -144,7 +150,7 @@ def token_classification_loss(model: nnx.Module, batch: Batch, *, loss_chunk: in
     positions, so the step's mean is over them (Hugging Face's token classification). ``loss_chunk`` does not apply
     (``num_labels`` logits per position)."""
     del loss_chunk
-    logits = model(batch["input_ids"], batch.get("attention_mask"), batch.get("token_type_ids"))
+    logits = model(batch["input_ids"], batch.get("attention_mask"), token_types(model, batch))
     labels = batch["labels"]
     return token_cross_entropy(logits, labels, labels != IGNORE_INDEX, with_accuracy)
 
@@ -158,7 +164,7 @@ def span_loss(model: nnx.Module, batch: Batch, *, loss_chunk: int = 0,
     argmaxes right."""
     del loss_chunk
     mask = batch["attention_mask"].astype(bool)
-    spans = model(batch["input_ids"], batch["attention_mask"], batch.get("token_type_ids"))
+    spans = model(batch["input_ids"], batch["attention_mask"], token_types(model, batch))
     weights = batch["example_weights"].astype(jnp.float32)
     losses, hits = 0.0, 1.0
     for logits, target in ((spans.start_logits, batch["start_positions"]), (spans.end_logits, batch["end_positions"])):
@@ -345,7 +351,7 @@ def make_predict_masked(graphdef: nnx.GraphDef, placement: ActivationPlacement |
         model = nnx.merge(graphdef, params, rest, copy=True)
         model.eval()
         with placed(placement):
-            logits = model(batch["input_ids"], batch.get("attention_mask"), batch.get("token_type_ids"),
+            logits = model(batch["input_ids"], batch.get("attention_mask"), token_types(model, batch),
                            segment_ids=batch.get("segment_ids"))
         return jnp.argmax(logits, axis=-1).astype(jnp.int32)
 
@@ -359,7 +365,7 @@ def make_predict_probabilities(graphdef: nnx.GraphDef, placement: ActivationPlac
         model = nnx.merge(graphdef, params, rest, copy=True)
         model.eval()
         with placed(placement):
-            logits = model(batch["input_ids"], batch.get("attention_mask"), batch.get("token_type_ids"))
+            logits = model(batch["input_ids"], batch.get("attention_mask"), token_types(model, batch))
         return jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
 
     return predict
@@ -372,7 +378,7 @@ def make_predict_spans(graphdef: nnx.GraphDef, placement: ActivationPlacement | 
         model = nnx.merge(graphdef, params, rest, copy=True)
         model.eval()
         with placed(placement):
-            spans = model(batch["input_ids"], batch.get("attention_mask"), batch.get("token_type_ids"))
+            spans = model(batch["input_ids"], batch.get("attention_mask"), token_types(model, batch))
         return jnp.stack([spans.start_logits, spans.end_logits], axis=1).astype(jnp.float32)
 
     return predict
