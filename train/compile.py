@@ -260,7 +260,7 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
 
 
 TABLE_CONFIGS = ("gpt2_small", "gpt2_medium", "bert_base", "llama_small", "qwen2_5_0_5b", "gemma3_270m",
-                 "finetune_cls")
+                 "finetune_cls", "modernbert_tiny")
 TABLE_TARGETS = ("v5e-8", "v5p-8", "v6e-8", "h100x8")
 
 
