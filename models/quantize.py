@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from flaxzoo.models.families import FAMILIES, family_of_class
+from flaxzoo.models.families import FAMILIES, family_of_model
 from flaxzoo.models.families.base import INT8_TARGETS
 from flaxzoo.models.layers.linear import Dense
 from flaxzoo.models.layers.stack import LAYER_AXIS, stack_modules
@@ -79,11 +79,11 @@ def _provider(quantize: str):
 
 def projections_of(model: Any) -> Mapping[str, tuple[str, ...]]:
     """The projections ``quantize_model`` quantises in ``model`` (a model or its class): its family's
-    ``projections`` ((parent attribute, child attributes) in a block); the default for a class no family has."""
+    (by the model's config, :func:`~flaxzoo.models.families.family_of_model`) ``projections`` ((parent attribute, child attributes) in a block); the default for a class no family has."""
     cls = model if isinstance(model, type) else type(model)
     if not any(cls in family.classes for family in FAMILIES.values()):
         return INT8_TARGETS
-    return family_of_class(cls).projections
+    return family_of_model(model).projections
 
 
 def is_projection_path(path: tuple, projections: Mapping[str, tuple[str, ...]] = INT8_TARGETS) -> bool:

@@ -138,3 +138,24 @@ def test_a_family_record_drives_blocks_lora_and_int8(registered):
     assert families.lora_targets(model) == {"q": r"(^|\.)attention\.query$"}
     assert "q" in families.lora_targets()  # a name any family defines passes LoraConfig's check
     assert families.plain_factory(model) is ToyLM
+
+
+def test_a_family_on_bert_classes_keeps_its_own_targets(registered):
+    """Families share BERT's classes (RoBERTa, ALBERT ...): LoRA and int8 read the targets of the model's own family
+    (its config's model_type), not of the first family registered with the class."""
+    from flaxzoo.models.lora import LoraConfig, apply_lora
+    from flaxzoo.models.quantize import projection_paths, projections_of
+
+    own = registered(dataclasses.replace(
+        roberta.FAMILY, model_type="roberta-values-only", architectures={"ValuesOnlyModel": models.BertModel},
+        lora_targets={"values": r".*attention\.value"}, projections={"attention": ("value",)}))
+    config = models.get_preset("bert-tiny").replace(model_type=own.model_type, num_layers=1)
+    model = models.BertModel(config, rngs=nnx.Rngs(0))
+    assert families.family_of_model(model) is own and families.family_of_model(models.BertModel) is bert.FAMILY
+    assert projections_of(model) == {"attention": ("value",)}
+    assert [p[-2:] for p in projection_paths(model)] == [("attention", "value")]
+    assert families.lora_targets(model) == {"values": r".*attention\.value"}
+    adapted = apply_lora(model, LoraConfig(rank=2, alpha=4.0, targets=("values",)))
+    adapters = [tuple(map(str, p)) for p, _ in nnx.to_flat_state(nnx.state(adapted, nnx.Param)) if "lora" in str(p[-1])]
+    assert adapters == [("backbone", "layers", "0", "attention", "value", "kernel_lora_a"),
+                        ("backbone", "layers", "0", "attention", "value", "kernel_lora_b")]

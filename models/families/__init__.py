@@ -85,6 +85,15 @@ def family_of_class(cls: type) -> Family:
                      f"{sorted(model_classes())}")
 
 
+def family_of_model(model: Any) -> Family:
+    """The family of a model instance: its config's ``model_type`` when that family has the model's class (RoBERTa,
+    ALBERT ... share BERT's classes, and only the config tells them apart), else :func:`family_of_class` of its class
+    (also for a class given instead of a model)."""
+    cls = model if isinstance(model, type) else type(model)
+    own = FAMILIES.get(getattr(getattr(model, "config", None), "model_type", None))
+    return own if own is not None and cls in own.classes else family_of_class(cls)
+
+
 def model_class(name: str | type, *, causal: bool | None = None) -> type:
     """The flaxzoo class called ``name`` (a class is checked to be registered), of the kind ``causal`` (decoder /
     encoder) when given; ValueError naming the choices otherwise."""
@@ -174,9 +183,9 @@ def lora_targets(model_or_cls: Any = None) -> Mapping[str, str]:
     """The LoRA target names of a model's (or class's) family; with None, or for a class no family has, those of
     every family (for checking a name before there is a model)."""
     cls = model_or_cls if model_or_cls is None or isinstance(model_or_cls, type) else type(model_or_cls)
-    own = [f for f in FAMILIES.values() if cls in f.classes][:1]
-    return dict(own[0].lora_targets) if own else {
-        name: pattern for f in FAMILIES.values() for name, pattern in f.lora_targets.items()}
+    if cls is not None and any(cls in f.classes for f in FAMILIES.values()):
+        return dict(family_of_model(model_or_cls).lora_targets)
+    return {name: pattern for f in FAMILIES.values() for name, pattern in f.lora_targets.items()}
 
 
 # The families, one line each (the order is the order of lookups: BERT before RoBERTa, which shares its classes).
@@ -201,5 +210,5 @@ register(deberta_v2.FAMILY)
 register(modernbert.FAMILY)
 
 __all__ = ["FAMILIES", "Family", "default_model_class", "factory_for", "family_and_class", "family_of",
-           "family_of_class", "gguf_config", "gguf_family", "is_decoder_class", "lora_targets", "model_class",
-           "model_classes", "plain_factory", "register", "supported", "supported_architectures"]
+           "family_of_class", "family_of_model", "gguf_config", "gguf_family", "is_decoder_class", "lora_targets",
+           "model_class", "model_classes", "plain_factory", "register", "supported", "supported_architectures"]
