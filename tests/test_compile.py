@@ -229,6 +229,15 @@ def test_generate_step_compiles_at_batch_one_and_the_configs_batch():
     assert [r.tokens_per_step for r in reports] == [1, 32]  # one new token per row
     assert all(r.fits and r.step.startswith("generate") for r in reports)
     assert reports[0].attention == "xla"  # one query over the cache: no full-sequence kernel
+    from flaxzoo.models.modeling import abstract_model
+    from flaxzoo.train.config import TrainConfig
+    from flaxzoo.train.roofline import decode_bytes_per_token
+
+    cfg = TrainConfig.from_config_dict(compilelib.load_config("default", TINY), 8, backend="tpu")
+    for report, batch in zip(reports, (1, 32)):  # the memory roofline against the chips' HBM bandwidth
+        moved = decode_bytes_per_token(abstract_model(cfg.model, cfg.model_cls), batch, cfg.seq_len)
+        (line,) = [note for note in report.notes if note.startswith("decode roofline")]
+        assert f"{moved['total'] / 1e6:,.2f} MB per new token" in line and "8 x 819 GB/s" in line, line
 
 
 def test_finetune_config_compiles_the_finetuners_step(minilm_dir):

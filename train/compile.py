@@ -44,6 +44,7 @@ from ml_collections import ConfigDict, config_flags  # noqa: E402
 
 from flaxzoo.models.layers.attention_core import attention_backend  # noqa: E402
 from flaxzoo.models.layers.partitioning import placed  # noqa: E402
+from flaxzoo.models.modeling import abstract_model  # noqa: E402
 from flaxzoo.train import flops as flopslib  # noqa: E402
 from flaxzoo.train import hlo as hlolib  # noqa: E402
 from flaxzoo.train import sharding as shardlib  # noqa: E402
@@ -52,6 +53,7 @@ from flaxzoo.train.config import ConfigError, TrainConfig  # noqa: E402
 from flaxzoo.train.finetune.compile import compile_finetune  # noqa: E402
 from flaxzoo.train.finetune.config import TASKS as FINETUNE_TASKS  # noqa: E402
 from flaxzoo.train.program import MemoryFigures, StepProgram, choose_remat  # noqa: E402
+from flaxzoo.train.roofline import decode_bytes_per_token  # noqa: E402
 from flaxzoo.train.targets import Target, compile_devices, parse_target, persistent_cache_off  # noqa: E402
 
 # ================================================================================================== the report
@@ -221,10 +223,17 @@ def compile_generate(cfg: TrainConfig, target: Target, devices: list[jax.Device]
             _dump(dump_hlo, f"{target.name}x{target.slices}_generate_b{batch}", compiled)
         attention = attention_backend(cfg.model, q_len=1, k_len=cfg.seq_len, masked=True,
                                       platform=shardlib.platform_of(devices[0]))
+        moved = decode_bytes_per_token(abstract_model(cfg.model, cfg.model_cls), batch, cfg.seq_len)
+        step_s = moved["total"] * batch / (len(devices) * target.hbm_bandwidth)
+        roofline = (f"decode roofline: {moved['total'] / 1e6:,.2f} MB per new token (weights "
+                    f"{moved['weights'] / 1e6:,.2f}, cache {moved['cache'] / 1e6:,.2f}) over {len(devices)} x "
+                    f"{target.hbm_bandwidth / 1e9:,.0f} GB/s of HBM: >= {1e3 * step_s:.3f} ms per step, <= "
+                    f"{batch / step_s:,.0f} new tokens/s")
         reports.append(_report(target, f"generate (batch {batch}, cache {cfg.seq_len})", devices, mesh, compiled,
                                flops_total=per_token * batch, flops_source="analytic forward FLOPs (2N + 4LTd)",
                                tokens=batch, attention=attention, remat="none", scan_layers=cfg.model.scan_layers,
-                               compile_s=compile_s, notes=["the decode state is replicated on every device"]))
+                               compile_s=compile_s, notes=["the decode state is replicated on every device",
+                                                           roofline]))
     return reports
 
 

@@ -122,12 +122,16 @@ def median_round(rounds: list[dict[str, Any]]) -> dict[str, Any]:
 
 def report_line(name: str, r: dict[str, Any]) -> str:
     """One side of one round as printed: tokens/s, time per step (per new token when generating), MFU and the peak
-    it is against (or why it is left out), compile and first-call times, peak memory, parameters."""
+    it is against (or why it is left out), a decode's bytes per token and the fraction of the measured memory
+    bandwidth they take, compile and first-call times, peak memory, parameters."""
     extra = f", first call {r['first_call_s']:.2f} s" if "first_call_s" in r else ""
     compile_s = f", compile {r['compile_s']:.2f} s" if "compile_s" in r else ""
     unit = "new tokens/s" if name == "gpt_generate" else "tokens/s"
     step = "ms/token" if name == "gpt_generate" else "ms/step"
     mfu = (f"MFU {100 * r['mfu']:.1f}% of {r['peak_flops'] / 1e9:,.0f} GFLOP/s" if r["mfu"] is not None
            else f"{r['mfu_note']}")
-    return (f"{r['tokens_per_s']:,.0f} {unit}, {r['step_ms']:.2f} {step}, {mfu}{compile_s}{extra}, peak memory "
-            f"{r['peak_memory_mb']:,.0f} MiB ({r['memory_kind']}), {r['params']:,} params")
+    roofline = (f", {r['bytes_per_token'] / 1e6:.2f} MB/token: {100 * r['bandwidth_fraction']:.0f}% of "
+                f"{r['bandwidth'] / 1e9:.1f} GB/s (roofline {r['roofline_tokens_per_s']:,.0f} tokens/s)"
+                if "bandwidth_fraction" in r else "")
+    return (f"{r['tokens_per_s']:,.0f} {unit}, {r['step_ms']:.2f} {step}, {mfu}{roofline}{compile_s}{extra}, peak "
+            f"memory {r['peak_memory_mb']:,.0f} MiB ({r['memory_kind']}), {r['params']:,} params")

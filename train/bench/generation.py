@@ -1,7 +1,9 @@
 """``gpt_generate``: the ``gpt_train`` model decoding greedily with its KV cache (batch 1, a 32-token prompt, 128 new
 tokens): the first call (compile + run) and the median of ``--generate-repeats`` calls after it. Its FLOPs are
 forward-only (``flaxzoo.train.flops.forward_flops_per_token``: ``2N + 4·L·T̄·d`` per new token, ``T̄`` the mean
-context length); decoding at batch 1 is memory-bound, so its MFU is low by nature."""
+context length); decoding at batch 1 is memory-bound, so its MFU is low by nature: the memory roofline
+(``flaxzoo.train.roofline``: bytes per new token, the bandwidth measured beside the work, the fraction achieved) is
+the figure to read."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from flaxzoo.models.modeling import create_model, param_count
 from flaxzoo.train import flops as flopslib
 from flaxzoo.train.bench.common import peak_memory_bytes, timed
 from flaxzoo.train.bench.op_profile import profile_ops
+from flaxzoo.train.roofline import roofline_fields, time_memory_bandwidth
 
 
 def run_generate(spec: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
@@ -39,7 +42,9 @@ def run_generate(spec: dict[str, Any], args: argparse.Namespace) -> dict[str, An
     memory, memory_kind = peak_memory_bytes()
     profile = (profile_ops(lambda: generate(model, prompt, new).block_until_ready(),
                            os.path.join(args.profile, "gpt_generate"), 1) if args.profile else None)
-    return dict(profile=profile, step_ms=1e3 * call_s / new, tokens_per_s=tokens_per_s,
+    roofline = roofline_fields(model, spec["batch"], spec["prompt"] + new / 2, tokens_per_s, time_memory_bandwidth(),
+                               "measured stream scale (beside the work)")
+    return dict(**roofline, profile=profile, step_ms=1e3 * call_s / new, tokens_per_s=tokens_per_s,
                 compile_s=first_s - call_s, first_call_s=first_s, call_s=call_s, peak_memory_mb=memory / 2 ** 20,
                 memory_kind=memory_kind, params=param_count(config, GPTForCausalLM), flops_per_token=fpt,
                 tokens=np.asarray(first)[0, spec["prompt"]:spec["prompt"] + 8].tolist())

@@ -29,6 +29,7 @@ from flaxzoo.models.generate import generate
 from flaxzoo.models.hub.packaged import SMOLLM2_FILE, smollm2_gguf
 from flaxzoo.train.bench.common import cpu_model_name, current_rss_mb, timed
 from flaxzoo.train.bench.op_profile import profile_ops
+from flaxzoo.train.roofline import roofline_fields, time_memory_bandwidth
 
 SMOLLM2_PROMPT = "The capital of France is"
 SMOLLM2_VARIANTS = ("float32", "int8", "llama.cpp")
@@ -104,6 +105,8 @@ def run_smollm2_variant(variant: str, args: argparse.Namespace) -> dict[str, Any
                                              args.generate_repeats))
             row = dict(tokens_per_s=batch * new / call_s, first_call_s=first_s, call_s=call_s,
                        text=tokenizer.decode(np.asarray(first)[0, prompt.shape[1]:prompt.shape[1] + 8].tolist()))
+            row.update(roofline_fields(model, batch, prompt.shape[1] + new / 2, row["tokens_per_s"],
+                                       time_memory_bandwidth(), "measured stream scale (beside the work)"))
             if args.profile:
                 row["profile"] = profile_ops(lambda: generate(model, prompt, new).block_until_ready(),
                                              os.path.join(args.profile, f"smollm2_{variant}_b{batch}"), 1)
@@ -161,6 +164,10 @@ def run_smollm2_workload(args: argparse.Namespace) -> dict[str, Any]:
                                     tokens_per_s_rounds=[round(r["tokens_per_s"], 2) for r in rows],
                                     first_call_s=statistics.median(r["first_call_s"] for r in rows),
                                     text=rows[0]["text"])
+            if "bandwidth_fraction" in rows[0]:  # flaxzoo's sides: the memory roofline
+                per_batch[batch].update(bytes_per_token=rows[0]["bytes_per_token"],
+                                        bandwidth=statistics.median(r["bandwidth"] for r in rows),
+                                        bandwidth_fraction=statistics.median(r["bandwidth_fraction"] for r in rows))
         sides = [r[variant] for r in rounds]
         summary["variants"][variant] = dict(
             batches=per_batch, framework=sides[0]["framework"], weights=sides[0]["weights"],
@@ -188,9 +195,11 @@ def run_smollm2_workload(args: argparse.Namespace) -> dict[str, Any]:
         print(f"  median of {args.rounds} round(s) [{host}]:")
         for variant, side in summary["variants"].items():
             for batch, row in side["batches"].items():
+                roofline = (f", {row['bytes_per_token'] / 1e6:.1f} MB/token at {row['bandwidth'] / 1e9:.1f} GB/s: "
+                            f"{100 * row['bandwidth_fraction']:.0f}% of the bandwidth" if "bandwidth" in row else "")
                 print(f"    {variant:<9s} batch {batch:>3s}: {row['tokens_per_s']:8.1f} new tokens/s, first call "
                       f"{row['first_call_s']:6.1f} s, peak RSS {side['peak_rss_mb']:,.0f} MiB "
-                      f"(+{side['rss_growth_mb']:,.0f})")
+                      f"(+{side['rss_growth_mb']:,.0f}){roofline}")
         for name, value in summary["ratios"].items():
             print(f"    {name}: {value['median']:.2f}x (rounds: {', '.join(f'{r:.2f}' for r in value['rounds'])})")
     return summary
