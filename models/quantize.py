@@ -78,8 +78,9 @@ def _provider(quantize: str):
 
 
 def projections_of(model: Any) -> Mapping[str, tuple[str, ...]]:
-    """The projections ``quantize_model`` quantises in ``model`` (a model or its class): its family's
-    (by the model's config, :func:`~flaxzoo.models.families.family_of_model`) ``projections`` ((parent attribute, child attributes) in a block); the default for a class no family has."""
+    """The projections ``quantize_model`` quantises in ``model`` (a model or its class): its family's ``projections``
+    ((parent attribute, child attributes) in a block; the family by the model's config:
+    :func:`~flaxzoo.models.families.family_of_model`); the default for a class no family has."""
     cls = model if isinstance(model, type) else type(model)
     if not any(cls in family.classes for family in FAMILIES.values()):
         return INT8_TARGETS

@@ -138,7 +138,8 @@ def test_bench_json_output_parses():
             assert isinstance(r[key], (int, float)) and r[key] > 0, (r["work"], key, r[key])
     assert results[2]["first_call_s"] > 0 and len(results[2]["tokens"]) == 8
     decode = results[2]  # the memory roofline of a decode workload
-    assert decode["bytes_per_token"] == pytest.approx(decode["weight_bytes_per_token"] + decode["cache_bytes_per_token"])
+    assert decode["bytes_per_token"] == pytest.approx(decode["weight_bytes_per_token"]
+                                                      + decode["cache_bytes_per_token"])
     assert decode["bandwidth"] > 1e8 and decode["bandwidth_fraction"] == pytest.approx(
         decode["bytes_per_token"] * decode["tokens_per_s"] / decode["bandwidth"])
 

@@ -31,7 +31,8 @@ def test_int8_weights_count_as_stored():
     config = models.get_preset("llama-tiny").replace(num_layers=2)
     model = models.create_model(config, models.GPTForCausalLM, seed=0)
     dense = roofline.weight_bytes(model, 1)
-    projections = sum(np.asarray(leaf.get_value()).nbytes for path, leaf in nnx.to_flat_state(nnx.state(model, nnx.Param))
+    projections = sum(np.asarray(leaf.get_value()).nbytes
+                      for path, leaf in nnx.to_flat_state(nnx.state(model, nnx.Param))
                       if {"attention", "mlp"} & set(map(str, path)) and str(path[-1]) == "kernel")
     quantized = roofline.weight_bytes(quantize_model(model, "int8"), 1)
     assert dense - quantized == pytest.approx(0.75 * projections, rel=0.05)  # 4 bytes → 1, plus the scales
@@ -43,7 +44,8 @@ def test_cache_bytes_are_the_formula():
     assert roofline.cache_bytes_per_token(config, 10) == per_token * 11
     model = models.create_model(config, models.GPTForCausalLM, seed=0)
     moved = roofline.decode_bytes_per_token(model, 4, 10)
-    assert moved["weights"] == roofline.weight_bytes(model, 4) / 4 and moved["total"] == moved["weights"] + 11 * per_token
+    assert moved["weights"] == roofline.weight_bytes(model, 4) / 4
+    assert moved["total"] == moved["weights"] + 11 * per_token
     with pytest.raises(ValueError, match="batch=0: expected at least one row"):
         roofline.decode_bytes_per_token(model, 0, 10)
 
