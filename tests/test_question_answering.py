@@ -45,6 +45,12 @@ def test_exact_match_and_f1_against_hand_computed_values():
         squad_scores(["x"], [["x"], ["y"]])
 
 
+def test_an_unanswerable_question_scores_a_correct_abstention_full_marks():
+    # SQuAD 2.0: no gold answer; "" (normalised empty) is right on both scores, any text wrong on both
+    found = squad_scores(["", "The", "Paris"], [[], [], []])
+    assert found["exact_match"] == pytest.approx(200 / 3) and found["f1"] == pytest.approx(200 / 3)
+
+
 # ------------------------------------------------------------------------------------------------ span mapping
 @pytest.fixture(scope="module")
 def tokenizer(tmp_path_factory):

@@ -211,12 +211,13 @@ def f1_score(prediction: str, truth: str) -> float:
 
 
 def squad_scores(predictions: Sequence[str], truths: Sequence[Sequence[str]]) -> dict[str, float]:
-    """``{"exact_match", "f1"}`` in percent: each question's best score over its gold answers (an unanswerable
-    question's only gold answer is ""), averaged."""
+    """``{"exact_match", "f1"}`` in percent: each question's best score over its gold answers, averaged. An
+    unanswerable question (no gold answer, SQuAD 2.0) scores 1 on both when the prediction is empty, else 0 (the
+    v2.0 script's rule: v1.1's F1 would give a correct abstention 0)."""
     if len(predictions) != len(truths) or not truths:
         raise ValueError(f"{len(predictions)} predictions for {len(truths)} questions; expected one per question")
-    em = [max(exact_match(p, t) for t in (ts or [""])) for p, ts in zip(predictions, truths)]
-    f1 = [max(f1_score(p, t) for t in (ts or [""])) for p, ts in zip(predictions, truths)]
+    em = [max(exact_match(p, t) for t in ts) if ts else exact_match(p, "") for p, ts in zip(predictions, truths)]
+    f1 = [max(f1_score(p, t) for t in ts) if ts else exact_match(p, "") for p, ts in zip(predictions, truths)]
     return {"exact_match": 100.0 * sum(em) / len(em), "f1": 100.0 * sum(f1) / len(f1)}
 
 
