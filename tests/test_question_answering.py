@@ -199,3 +199,13 @@ def test_qa_settings_are_checked_by_name(tmp_path):
     c.data.test_path, c.class_weights = "dev.json", "balanced"
     with pytest.raises(ConfigError, match="class_weights.*task='qa'"):
         FinetuneConfig.from_config_dict(c)
+
+
+@pytest.mark.parametrize("key", ["doc_stride", "max_query_length", "max_answer_length"])
+def test_qa_window_settings_are_refused_for_other_tasks(key):
+    from flaxzoo.train.finetune.config import base_config
+
+    c = base_config()
+    setattr(c.data, key, 7)
+    with pytest.raises(ConfigError, match=rf"^data.{key}: 7 applies to task='qa'.*task='classify'"):
+        FinetuneConfig.from_config_dict(c)

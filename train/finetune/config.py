@@ -212,6 +212,12 @@ class FinetuneConfig(Section):
             raise ConfigError("optim.warmup_steps", f"{self.optim.warmup_steps} and warmup_ratio="
                                                     f"{self.warmup_ratio} are both set; expected one of them (the "
                                                     "other 0)")
+        if self.task != "qa":
+            for key in ("doc_stride", "max_query_length", "max_answer_length"):
+                value, default = getattr(self.data, key), ClassifyDataConfig.__dataclass_fields__[key].default
+                if value != default:
+                    raise ConfigError(f"data.{key}", f"{value!r} applies to task='qa' (question windows); expected "
+                                                     f"{default!r} with task={self.task!r}")
         if self.task in ("tag", "qa"):
             self._validate_tagging()
         elif self.data.validation_path:
