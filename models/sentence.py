@@ -255,7 +255,14 @@ def read_dense(folder: pathlib.Path) -> DenseLayer:
 def pool(hidden: jax.Array, mask: jax.Array, modes: tuple[str, ...] = ("mean",)) -> jax.Array:
     """Sentence vectors from token states: ``hidden [batch, seq, dim]`` and ``mask [batch, seq]`` (1 = real token,
     right padding: each row's real tokens come first) → ``[batch, len(modes) * dim]`` float32, the modes'
-    vectors concatenated in order (see the module docstring). A row without real tokens gives zeros (max: -inf)."""
+    vectors concatenated in order (see the module docstring). A row without real tokens gives zeros (max: -inf).
+    ValueError for a known (not traced) mask that is not right-padded: ``cls`` and ``lasttoken`` would read padding."""
+    if not isinstance(mask, jax.core.Tracer):
+        known = np.asarray(mask) != 0
+        if (known[:, 1:] & ~known[:, :-1]).any():
+            row = int(np.flatnonzero((known[:, 1:] & ~known[:, :-1]).any(axis=1))[0])
+            raise ValueError(f"mask row {row} is {known[row].astype(int).tolist()}: expected right padding (each "
+                             "row's real tokens first, then zeros)")
     hidden = hidden.astype(jnp.float32)
     real = mask.astype(jnp.float32)[..., None]  # [batch, seq, 1]
     count = real.sum(axis=1)  # [batch, 1]

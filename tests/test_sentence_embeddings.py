@@ -233,3 +233,12 @@ def test_unsupported_files_are_refused(tiny_hf, tmp_path):
         read_sentence_config(directory)
     with pytest.raises(ValueError, match="pooling mode"):
         SentenceConfig(pooling=("mean", "min"))
+
+
+def test_pool_refuses_a_mask_that_is_not_right_padded():
+    from flaxzoo.models.sentence import pool
+
+    hidden = np.arange(2 * 3 * 2, dtype=np.float32).reshape(2, 3, 2)
+    assert pool(hidden, np.array([[1, 1, 0], [1, 1, 1]]), ("lasttoken",)).shape == (2, 2)
+    with pytest.raises(ValueError, match=r"mask row 1 is \[0, 1, 1\]: expected right padding"):
+        pool(hidden, np.array([[1, 1, 0], [0, 1, 1]]), ("lasttoken",))
