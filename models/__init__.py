@@ -1,7 +1,7 @@
 """flaxzoo models: shared layers assembled into BERT-style encoders and GPT-style decoders."""
 
-from flaxzoo.models.families.bert import (BertForMaskedLM, BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification,
-                                          BertModel, EncoderOutput)
+from flaxzoo.models.families.bert import (BertForMaskedLM, BertForQuestionAnswering, BertForSequenceClassification,
+                                          BertForTokenClassification, BertModel, EncoderOutput)
 from flaxzoo.models.config import PRESETS, TransformerConfig, get_preset
 from flaxzoo.models.generate import generate
 from flaxzoo.models.families.gpt2 import GPTForCausalLM, GPTModel
@@ -12,7 +12,8 @@ from flaxzoo.models.layers.embeddings import check_token_ids
 from flaxzoo.models.modeling import abstract_model, create_model, default_model_class, param_count
 
 __all__ = [
-    "BertForMaskedLM", "BertForQuestionAnswering", "BertForSequenceClassification", "BertForTokenClassification", "BertModel", "EncoderOutput",
+    "BertForMaskedLM", "BertForQuestionAnswering", "BertForSequenceClassification", "BertForTokenClassification",
+    "BertModel", "EncoderOutput",
     "DecodeState", "GPTForCausalLM", "GPTForSequenceClassification", "GPTModel", "attention_backend", "check_token_ids",
     "PRESETS", "TransformerConfig", "abstract_model", "create_model", "default_model_class", "from_pretrained",
     "generate", "get_preset", "param_count", "save_pretrained", "load_tokenizer", "embed", "generate_text",

@@ -336,6 +336,9 @@ class TransformerConfig:
         if self.causal:
             raise FieldError("relative_attention", "relative_attention=True: only encoders (causal=False) have "
                              "disentangled relative attention")
+        if self.query_scale is not None:  # the bias reads the query before any scale: it would be scaled wrongly
+            raise FieldError("query_scale", f"query_scale={self.query_scale!r} with relative_attention=True: DeBERTa's "
+                             "scale is 1/sqrt(head_dim * scale_factor); expected None")
         if self.position_buckets is not None and self.relative_max_distance - 1 <= self.position_buckets // 2:
             raise FieldError("position_buckets", f"position_buckets={self.position_buckets} with "
                              f"max_relative_positions={self.relative_max_distance}: expected max_relative_positions "

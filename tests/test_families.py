@@ -54,8 +54,9 @@ def test_the_families_and_their_lookups():
                                                                             llama.FAMILY]
     assert {"qwen2", "qwen3", "mistral", "gemma", "gemma2", "gemma3_text", "phi3", "gpt_neox", "olmo2"} <= \
         set(families.FAMILIES)
-    assert {"BertForMaskedLM", "BertForQuestionAnswering", "BertForSequenceClassification", "BertForTokenClassification",
-            "BertModel", "GPTForCausalLM", "GPTForSequenceClassification", "GPTModel"} <= set(families.model_classes())
+    assert {"BertForMaskedLM", "BertForQuestionAnswering", "BertForSequenceClassification",
+            "BertForTokenClassification", "BertModel", "GPTForCausalLM", "GPTForSequenceClassification",
+            "GPTModel"} <= set(families.model_classes())
     assert families.family_and_class({"model_type": "roberta", "architectures": ["RobertaForMaskedLM"]}, None) == \
         (roberta.FAMILY, models.BertForMaskedLM)
     assert families.family_and_class({"architectures": ["GPT2LMHeadModel"]}, None) == (gpt2.FAMILY, GPTForCausalLM)
@@ -77,8 +78,8 @@ def test_every_class_keeps_its_stack_at_backbone():
     config = models.get_preset("bert-tiny").replace(num_layers=1)
     for cls in bert.FAMILY.classes:
         roots = {path[0] for path, _ in nnx.to_flat_state(nnx.state(models.abstract_model(config, cls), nnx.Param))}
-        assert BACKBONE in roots and roots <= {BACKBONE, "pooler", "classifier", "transform", "transform_norm", "qa_outputs",
-                                               "decoder"}, (cls.__name__, roots)
+        assert BACKBONE in roots and roots <= {BACKBONE, "pooler", "classifier", "transform", "transform_norm",
+                                               "qa_outputs", "decoder"}, (cls.__name__, roots)
 
 
 def test_register_refuses_a_clash():

@@ -148,5 +148,7 @@ def test_config_validation():
         TransformerConfig(**(base | dict(causal=True)), relative_attention=True)
     with pytest.raises(FieldError, match="position_buckets=128"):
         TransformerConfig(**base, relative_attention=True, position_buckets=128)
+    with pytest.raises(FieldError, match="query_scale=0.5 with relative_attention=True"):
+        TransformerConfig(**base, relative_attention=True, query_scale=0.5)
     config = TransformerConfig(**base, relative_attention=True, relative_attention_types=["c2p"])
     assert config.relative_attention_types == ("c2p",) and config.relative_span == 64

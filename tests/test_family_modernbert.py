@@ -93,6 +93,11 @@ def test_config_round_trip_and_classes(tmp_path):
         assert family_and_class({"model_type": "modernbert", "architectures": [architecture]}, None)[1] is cls
     with pytest.raises(ValueError, match="token_type_ids holds non-zero"):
         model(np.ones((1, 4), np.int32), None, np.ones((1, 4), np.int32))
+    family = family_and_class({"model_type": "modernbert"}, None)[0]
+    one_rate = family.config_from_hf(hf.config.to_dict() | {"embedding_dropout": 0.1, "mlp_dropout": 0.1})
+    assert one_rate.dropout == 0.1
+    with pytest.raises(ValueError, match=r"embedding_dropout=0.1, mlp_dropout=0.2.*expected the non-zero ones equal"):
+        family.config_from_hf(hf.config.to_dict() | {"embedding_dropout": 0.1, "mlp_dropout": 0.2})
 
 
 def test_packed_sentences_give_each_sentence_alone(tmp_path):

@@ -103,6 +103,9 @@ def modernbert_config_from_hf(hf: Mapping[str, Any]) -> TransformerConfig:
                          "ModernBERT (supported: None)")
     refuse(hf, "classifier_pooling", ["cls", "mean"], "cls")
     dropouts = {name: hf.get(name, 0.0) for name in ("embedding_dropout", "mlp_dropout", "classifier_dropout")}
+    if len({rate for rate in dropouts.values() if rate}) > 1:
+        raise ValueError(f"config.json: {', '.join(f'{k}={v}' for k, v in dropouts.items())}: flaxzoo has one "
+                         "residual / embedding / classifier dropout rate; expected the non-zero ones equal")
     return TransformerConfig(
         vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"], num_layers=hf["num_hidden_layers"],
         num_heads=hf["num_attention_heads"], intermediate_size=hf["intermediate_size"],
@@ -115,7 +118,7 @@ def modernbert_config_from_hf(hf: Mapping[str, Any]) -> TransformerConfig:
         attention_bias=hf.get("attention_bias", False), mlp_bias=hf.get("mlp_bias", False),
         head_bias=hf.get("classifier_bias", False), decoder_bias=hf.get("decoder_bias", True),
         classifier_pooling=hf.get("classifier_pooling", "cls"), tie_word_embeddings=hf.get("tie_word_embeddings", True),
-        # flaxzoo has one residual / embedding / classifier dropout rate: the largest of Hugging Face's three
+        # flaxzoo has one residual / embedding / classifier dropout rate: Hugging Face's non-zero one
         dropout=max(dropouts.values()), attention_dropout=hf.get("attention_dropout", 0.0),
         sliding_window=hf.get("local_attention", 128) // 2 + 1, layer_types=layer_types_from_hf(hf),
         **MODERNBERT_LAYOUT, **common_from_hf(hf))
