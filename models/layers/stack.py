@@ -206,11 +206,36 @@ class TransformerStack(nnx.Module):
             check_index_range(layout.query_positions, config.max_position_embeddings, "decode positions",
                               f"positions of this model's {config.position} table")
         x = self.embeddings(input_ids, layout.query_positions)
-        x, (keys, values), _ = self._run_layers(x, layout, (state.keys, state.values), False)
+        x, keys, values = self._decode_layers(x, layout, state.keys, state.values)
         if self.final_norm is not None:
             x = self.final_norm(x)
         x = jnp.where(next_state.overflowed, jnp.nan, x)  # written past the cache (inside jit): never a clamp
         return x, next_state.replace(keys=keys, values=values)
+
+    def _decode_layers(self, x: jax.Array, layout: AttentionLayout, keys: tuple[jax.Array, ...],
+                       values: tuple[jax.Array, ...]) -> tuple[jax.Array, tuple[jax.Array, ...], tuple[jax.Array, ...]]:
+        """A cached decode step through the layers, one after another whatever the training layout: ``x: [batch, q,
+        hidden]``, ``keys`` / ``values`` one ``[batch, max_len, kv_heads, head_dim]`` buffer per layer, each written in
+        place. Stacked (``scan_layers``) parameters are read by layer with static slices, which XLA hoists out of
+        the decode loop; a scan would copy the whole cache every step (``models/layers/DECODING.md``). Returns
+        ``(x, keys, values)``."""
+        config = self.config
+        kinds = config.sliding_layers
+        if config.shared_layers:
+            layers = [self.shared_layer] * config.num_layers
+        elif config.scan_layers:  # each layer's slice of the stacked variables (dropout counters are not written back)
+            graphdef, state = nnx.split(self.layers)
+            layers = [nnx.merge(graphdef, jax.tree.map(lambda leaf, i=i: leaf[i], state))
+                      for i in range(config.num_layers)]
+        else:
+            layers = list(self.layers)
+        new_keys, new_values = [], []
+        for i, layer in enumerate(layers):
+            x, cache, _ = layer(constrain(x, HIDDEN), layout, cache=KVCache(keys[i], values[i]), sliding=kinds[i])
+            x = constrain(x, HIDDEN)
+            new_keys.append(cache.key)
+            new_values.append(cache.value)
+        return x, tuple(new_keys), tuple(new_values)
 
     def _run_layers(self, x: jax.Array, layout: AttentionLayout, cache: tuple[jax.Array, jax.Array] | None,
                     return_weights: bool) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None,
