@@ -107,7 +107,8 @@ def _generate(graphdef, state, input_ids, prompt_mask, max_new_tokens, rng, temp
     batch, width = input_ids.shape
     # The last new token is never fed back, so the cache needs one slot less than prompt + new tokens.
     decode_state = model.init_state(batch, width + capacity - 1)
-    logits, decode_state = model.decode(input_ids, decode_state, prompt_mask, last_only=True)
+    layers = model.backbone.decoding_layers()  # stacked weights sliced here, once, not in every step of the loop
+    logits, decode_state = model.decode(input_ids, decode_state, prompt_mask, last_only=True, layers=layers)
 
     def pick(logits, step, done):
         if greedy:
@@ -133,7 +134,7 @@ def _generate(graphdef, state, input_ids, prompt_mask, max_new_tokens, rng, temp
         ids = jnp.concatenate([input_ids, tokens], axis=1)[:, :slots]
         fed = (jnp.arange(slots) < width + step).astype(jnp.int32)[None, :]
         mask = jnp.concatenate([prompt_mask, jnp.ones_like(tokens)], axis=1)[:, :slots] * fed
-        _, fresh = model.decode(ids, model.init_state(batch, slots), mask, last_only=True)
+        _, fresh = model.decode(ids, model.init_state(batch, slots), mask, last_only=True, layers=layers)
         back = (width + step - 1).astype(jnp.int32)
         return fresh.replace(valid=fresh.valid.at[:, back].set(0), lengths=fresh.lengths - 1, index=back)
 
@@ -142,7 +143,7 @@ def _generate(graphdef, state, input_ids, prompt_mask, max_new_tokens, rng, temp
         if original is not None:  # the step crossing the original length recomputes the cache
             decode_state = jax.lax.cond(jnp.max(decode_state.lengths) == original, partial(recompute, tokens, step),
                                         lambda state: state, decode_state)
-        logits, decode_state = model.decode(last[:, None], decode_state)
+        logits, decode_state = model.decode(last[:, None], decode_state, layers=layers)
         token, done = pick(logits, step, done)
         return step + 1, tokens.at[:, step].set(token), token, decode_state, done
 

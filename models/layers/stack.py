@@ -188,11 +188,12 @@ class TransformerStack(nnx.Module):
             x = self.final_norm(x)
         return StackOutput(x, weights)
 
-    def decode(self, input_ids: jax.Array, state: DecodeState, new_valid: jax.Array | None = None
-               ) -> tuple[jax.Array, DecodeState]:
+    def decode(self, input_ids: jax.Array, state: DecodeState, new_valid: jax.Array | None = None, *,
+               layers: list[nnx.Module] | None = None) -> tuple[jax.Array, DecodeState]:
         """Run ``q`` new tokens ``input_ids: [batch, q]`` against the cache: returns ``(hidden [batch, q, hidden],
         the state with their keys and values written)``. ``new_valid: [batch, q]`` marks real tokens (default all;
-        a left-padded prompt passes its mask). Positions continue each row's count of real tokens."""
+        a left-padded prompt passes its mask). Positions continue each row's count of real tokens. ``layers``:
+        :meth:`decoding_layers`, taken once before a decode loop (default: taken here)."""
         config = self.config
         input_ids = as_index_array(input_ids, "input_ids", expected="[batch, q]")
         if tuple(input_ids.shape[:1]) != (state.batch,):
@@ -206,29 +207,35 @@ class TransformerStack(nnx.Module):
             check_index_range(layout.query_positions, config.max_position_embeddings, "decode positions",
                               f"positions of this model's {config.position} table")
         x = self.embeddings(input_ids, layout.query_positions)
-        x, keys, values = self._decode_layers(x, layout, state.keys, state.values)
+        x, keys, values = self._decode_layers(x, layout, state.keys, state.values,
+                                              self.decoding_layers() if layers is None else layers)
         if self.final_norm is not None:
             x = self.final_norm(x)
         x = jnp.where(next_state.overflowed, jnp.nan, x)  # written past the cache (inside jit): never a clamp
         return x, next_state.replace(keys=keys, values=values)
 
-    def _decode_layers(self, x: jax.Array, layout: AttentionLayout, keys: tuple[jax.Array, ...],
-                       values: tuple[jax.Array, ...]) -> tuple[jax.Array, tuple[jax.Array, ...], tuple[jax.Array, ...]]:
-        """A cached decode step through the layers, one after another whatever the training layout: ``x: [batch, q,
-        hidden]``, ``keys`` / ``values`` one ``[batch, max_len, kv_heads, head_dim]`` buffer per layer, each written in
-        place. Stacked (``scan_layers``) parameters are read by layer with static slices, which XLA hoists out of
-        the decode loop; a scan would copy the whole cache every step (``models/layers/DECODING.md``). Returns
-        ``(x, keys, values)``."""
+    def decoding_layers(self) -> list[nnx.Module]:
+        """The blocks a cached decode step runs, one module per layer whatever the training layout: stacked
+        (``scan_layers``) parameters are sliced by layer here, so that a decode loop given them reads each layer's
+        weights in place (slices taken inside the loop are copied every step, and a scan over the layers copies the
+        whole cache every step: ``models/layers/DECODING.md``). Dropout counters of sliced layers are not written
+        back."""
         config = self.config
-        kinds = config.sliding_layers
         if config.shared_layers:
-            layers = [self.shared_layer] * config.num_layers
-        elif config.scan_layers:  # each layer's slice of the stacked variables (dropout counters are not written back)
+            return [self.shared_layer] * config.num_layers
+        if config.scan_layers:
             graphdef, state = nnx.split(self.layers)
-            layers = [nnx.merge(graphdef, jax.tree.map(lambda leaf, i=i: leaf[i], state))
-                      for i in range(config.num_layers)]
-        else:
-            layers = list(self.layers)
+            return [nnx.merge(graphdef, jax.tree.map(lambda leaf, i=i: leaf[i], state))
+                    for i in range(config.num_layers)]
+        return list(self.layers)
+
+    def _decode_layers(self, x: jax.Array, layout: AttentionLayout, keys: tuple[jax.Array, ...],
+                       values: tuple[jax.Array, ...], layers: list[nnx.Module]
+                       ) -> tuple[jax.Array, tuple[jax.Array, ...], tuple[jax.Array, ...]]:
+        """A cached decode step through ``layers`` (:meth:`decoding_layers`), one after another: ``x: [batch, q,
+        hidden]``, ``keys`` / ``values`` one ``[batch, max_len, kv_heads, head_dim]`` buffer per layer, each written
+        in place. Returns ``(x, keys, values)``."""
+        kinds = self.config.sliding_layers
         new_keys, new_values = [], []
         for i, layer in enumerate(layers):
             x, cache, _ = layer(constrain(x, HIDDEN), layout, cache=KVCache(keys[i], values[i]), sliding=kinds[i])

@@ -48,11 +48,12 @@ class GPTForCausalLM(LanguageModel):
         return self.lm_head(hidden, self.backbone.embeddings.tokens)
 
     def decode(self, input_ids: jax.Array, state: DecodeState, new_valid: jax.Array | None = None, *,
-               last_only: bool = False) -> tuple[jax.Array, DecodeState]:
+               last_only: bool = False, layers: list[nnx.Module] | None = None) -> tuple[jax.Array, DecodeState]:
         """One cached step: ``[batch, q]`` new ids written at the state's next slots → (logits ``[batch, q, vocab]``,
         or ``[batch, 1, vocab]`` for the last position only with ``last_only``; the updated state).
-        ``new_valid: [batch, q]`` marks real tokens (a left-padded prompt's mask); default all."""
-        hidden, state = self.backbone.decode(input_ids, state, new_valid)
+        ``new_valid: [batch, q]`` marks real tokens (a left-padded prompt's mask); default all. ``layers``: the
+        backbone's ``decoding_layers()``, taken once before a decode loop."""
+        hidden, state = self.backbone.decode(input_ids, state, new_valid, layers=layers)
         if last_only:
             hidden = hidden[:, -1:]
         return self.lm_head(hidden, self.backbone.embeddings.tokens), state
