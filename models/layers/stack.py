@@ -183,7 +183,7 @@ class TransformerStack(nnx.Module):
         if self.relative is not None:
             layout = layout.replace(relative_embeddings=self.relative())
         x = self.embeddings(input_ids, position_ids, token_type_ids, inputs_embeds=inputs_embeds)
-        x, _, weights = self._run_layers(x, layout, None, return_attention_weights)
+        x, weights = self._run_layers(x, layout, return_attention_weights)
         if self.final_norm is not None:
             x = self.final_norm(x)
         return StackOutput(x, weights)
@@ -244,83 +244,70 @@ class TransformerStack(nnx.Module):
             new_values.append(cache.value)
         return x, tuple(new_keys), tuple(new_values)
 
-    def _run_layers(self, x: jax.Array, layout: AttentionLayout, cache: tuple[jax.Array, jax.Array] | None,
-                    return_weights: bool) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None,
-                                                   tuple[jax.Array, ...] | None]:
-        """The blocks over ``x: [batch, seq, hidden]``; ``cache``: stacked ``(keys, values)`` ``[layers, batch,
-        max_len, kv_heads, head_dim]`` when decoding. Returns ``(x, updated cache, per-layer weights)``.
+    def _run_layers(self, x: jax.Array, layout: AttentionLayout, return_weights: bool
+                    ) -> tuple[jax.Array, tuple[jax.Array, ...] | None]:
+        """The blocks over whole sequences ``x: [batch, seq, hidden]`` (cached decoding: :meth:`_decode_layers`).
+        Returns ``(x, per-layer weights or None)``.
 
-        Each block runs as a pure function of its state, so that ``jax.checkpoint`` (``config.remat``, full-sequence
-        calls only) and ``lax.scan`` (stacked layers) can wrap it. Non-parameter state the blocks change (dropout RNG
-        counters, in training mode) is written back afterwards.
+        Each block runs as a pure function of its state, so that ``jax.checkpoint`` (``config.remat``) and
+        ``lax.scan`` (stacked layers) can wrap it. Non-parameter state the blocks change (dropout RNG counters, in
+        training mode) is written back afterwards.
         """
         config = self.config
 
         kinds = config.sliding_layers  # per layer: through the sliding window or not
         mixed = len(set(kinds)) > 1
 
-        def apply(graphdef, params, rest, h, layer_cache, sliding):
+        def apply(graphdef, params, rest, h, sliding):
             layer = nnx.merge(graphdef, params, rest)
-            h, layer_cache, weights = layer(constrain(h, HIDDEN), layout, cache=layer_cache,
-                                            return_weights=return_weights, sliding=sliding)
-            return (constrain(h, HIDDEN), layer_cache, weights), nnx.state(layer, nnx.Not(nnx.Param))
+            h, _, weights = layer(constrain(h, HIDDEN), layout, return_weights=return_weights, sliding=sliding)
+            return (constrain(h, HIDDEN), weights), nnx.state(layer, nnx.Not(nnx.Param))
 
-        if config.remat != "none" and cache is None and not return_weights:
+        if config.remat != "none" and not return_weights:
             # A Python bool ``sliding`` is static; a scan over both kinds passes it traced.
             apply = jax.checkpoint(apply, policy=REMAT_POLICIES[config.remat],
-                                   static_argnums=(0,) if config.scan_layers and mixed else (0, 5),
+                                   static_argnums=(0,) if config.scan_layers and mixed else (0, 4),
                                    prevent_cse=not config.scan_layers)
         blocks = self.shared_layer if config.shared_layers else self.layers
         mutates = any(isinstance(m, nnx.Dropout) and not m.deterministic and m.rate > 0
                       for _, m in nnx.iter_graph(blocks))
+        sliding = jnp.asarray(kinds) if mixed else None
         if config.shared_layers and config.scan_layers:
             # One block's parameters, closed over by a scan of num_layers steps (no stacked copy); its other state
             # (dropout RNG counters) is carried from step to step.
             graphdef, params, rest = nnx.split(self.shared_layer, nnx.Param, ...)
 
-            def shared_body(carry, layer_state):
+            def shared_body(carry, layer_sliding):
                 h, layer_rest = carry
-                layer_cache, sliding = layer_state
-                (h, layer_cache, weights), new_rest = apply(
-                    graphdef, params, layer_rest, h, None if layer_cache is None else KVCache(*layer_cache),
-                    sliding if mixed else kinds[0])
-                return (h, new_rest), (layer_cache, weights)
+                (h, weights), new_rest = apply(graphdef, params, layer_rest, h,
+                                               layer_sliding if mixed else kinds[0])
+                return (h, new_rest), weights
 
-            sliding = jnp.asarray(kinds) if mixed else None
-            (x, new_rest), (new_cache, weights) = jax.lax.scan(shared_body, (x, rest), (cache, sliding),
-                                                               length=config.num_layers)
+            (x, new_rest), weights = jax.lax.scan(shared_body, (x, rest), sliding, length=config.num_layers)
             if mutates:
                 nnx.update(self.shared_layer, new_rest)
-            weights = tuple(weights[i] for i in range(config.num_layers)) if return_weights else None
-            return x, (None if new_cache is None else (new_cache.key, new_cache.value)), weights
+            return x, tuple(weights[i] for i in range(config.num_layers)) if return_weights else None
         if config.scan_layers:
             graphdef, params, rest = nnx.split(self.layers, nnx.Param, ...)
 
             def body(h, layer_state):
-                layer_params, layer_rest, layer_cache, sliding = layer_state
-                (h, layer_cache, weights), new_rest = apply(
-                    graphdef, layer_params, layer_rest, h, None if layer_cache is None else KVCache(*layer_cache),
-                    sliding if mixed else kinds[0])
-                return h, (layer_cache, weights, new_rest)
+                layer_params, layer_rest, layer_sliding = layer_state
+                (h, weights), new_rest = apply(graphdef, layer_params, layer_rest, h,
+                                               layer_sliding if mixed else kinds[0])
+                return h, (weights, new_rest)
 
-            sliding = jnp.asarray(kinds) if mixed else None
-            x, (new_cache, weights, new_rest) = jax.lax.scan(body, x, (params, rest, cache, sliding))
+            x, (weights, new_rest) = jax.lax.scan(body, x, (params, rest, sliding))
             if mutates:
                 nnx.update(self.layers, new_rest)
-            weights = tuple(weights[i] for i in range(config.num_layers)) if return_weights else None
-            return x, (None if new_cache is None else (new_cache.key, new_cache.value)), weights
-        keys, values = cache if cache is not None else (None, None)
+            return x, tuple(weights[i] for i in range(config.num_layers)) if return_weights else None
         all_weights = []
         for i, layer in enumerate([blocks] * config.num_layers if config.shared_layers else blocks):
             graphdef, params, rest = nnx.split(layer, nnx.Param, ...)
-            layer_cache = None if cache is None else KVCache(keys[i], values[i])
-            (x, layer_cache, weights), new_rest = apply(graphdef, params, rest, x, layer_cache, kinds[i])
+            (x, weights), new_rest = apply(graphdef, params, rest, x, kinds[i])
             if mutates:
                 nnx.update(layer, new_rest)
-            if cache is not None:
-                keys, values = keys.at[i].set(layer_cache.key), values.at[i].set(layer_cache.value)
             all_weights.append(weights)
-        return x, (None if cache is None else (keys, values)), tuple(all_weights) if return_weights else None
+        return x, tuple(all_weights) if return_weights else None
 
     def init_state(self, batch: int, max_len: int) -> DecodeState:
         """An empty decode state for ``batch`` rows of up to ``max_len`` tokens."""

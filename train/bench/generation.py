@@ -43,7 +43,7 @@ def run_generate(spec: dict[str, Any], args: argparse.Namespace) -> dict[str, An
     profile = (profile_ops(lambda: generate(model, prompt, new).block_until_ready(),
                            os.path.join(args.profile, "gpt_generate"), 1) if args.profile else None)
     roofline = roofline_fields(model, spec["batch"], spec["prompt"] + new / 2, tokens_per_s, time_memory_bandwidth(),
-                               "measured stream scale (beside the work)")
+                               "measured matrix-vector read (beside the work)")
     return dict(**roofline, profile=profile, step_ms=1e3 * call_s / new, tokens_per_s=tokens_per_s,
                 compile_s=first_s - call_s, first_call_s=first_s, call_s=call_s, peak_memory_mb=memory / 2 ** 20,
                 memory_kind=memory_kind, params=param_count(config, GPTForCausalLM), flops_per_token=fpt,

@@ -106,7 +106,7 @@ def run_smollm2_variant(variant: str, args: argparse.Namespace) -> dict[str, Any
             row = dict(tokens_per_s=batch * new / call_s, first_call_s=first_s, call_s=call_s,
                        text=tokenizer.decode(np.asarray(first)[0, prompt.shape[1]:prompt.shape[1] + 8].tolist()))
             row.update(roofline_fields(model, batch, prompt.shape[1] + new / 2, row["tokens_per_s"],
-                                       time_memory_bandwidth(), "measured stream scale (beside the work)"))
+                                       time_memory_bandwidth(), "measured matrix-vector read (beside the work)"))
             if args.profile:
                 row["profile"] = profile_ops(lambda: generate(model, prompt, new).block_until_ready(),
                                              os.path.join(args.profile, f"smollm2_{variant}_b{batch}"), 1)
