@@ -45,8 +45,8 @@ class TransformerConfig:
     weight matmuls and recomputes the rest, ``"none"`` keeps everything; ``scan_layers`` runs the layers as one
     ``lax.scan`` over their stacked parameters (one compiled layer body instead of ``num_layers`` copies). ``remat``
     applies to full-sequence forward passes only (training, evaluation); cached decoding never recomputes.
-    ``scan_layers`` applies to cached decoding too: stacked layers decode in the same ``lax.scan``, each step
-    reading and writing its layer's slice of the KV cache (per-layer storage decodes in a Python loop).
+    Cached decoding runs layer by layer whatever ``scan_layers`` says, each layer writing its own KV buffer in place
+    (stacked parameters are sliced once per ``generate`` call: ``models/layers/DECODING.md``).
     ``attention_impl`` picks the attention core (same outputs): ``"fused"`` is ``jax.nn.dot_product_attention``
     (cuDNN flash attention on GPU where cuDNN takes the shapes, XLA otherwise), ``"softmax"`` the kernel with a
     closed-form backward (``models/layers/attention_core.py``), ``"splash"`` Pallas' TPU splash attention and
