@@ -479,8 +479,9 @@ def test_training_checkpoint_starts_another_head(tmp_path):
         tagger = from_pretrained(tmp_path / "mlm", cls=models.BertForTokenClassification)
     assert tagger(IDS).shape == (2, 8, 2)
     with pytest.raises(ValueError, match=r"holds a BertForMaskedLM \(encoder\); cls='GPTForCausalLM' does not match: "
-                                         r"it loads as one of \['BertForMaskedLM', 'BertForSequenceClassification', "
-                                         r"'BertForTokenClassification', 'BertModel'\]"):
+                                         r"it loads as one of \['BertForMaskedLM', 'BertForQuestionAnswering', "
+                                         r"'BertForSequenceClassification', 'BertForTokenClassification', 'BertModel', "
+                                         r"'ElectraForPreTraining', 'ModernBertForMaskedLM', .*\]"):
         from_pretrained(tmp_path / "mlm", cls="GPTForCausalLM")
 
 

@@ -23,7 +23,8 @@ from flaxzoo.train.config import ConfigError, MeshConfig, OptimConfig, TrainConf
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 ALL_CONFIGS = sorted(p.stem for p in (REPO / "configs").glob("*.py") if not p.stem.startswith("_"))
-FINETUNE_CONFIGS = ("finetune_cls", "finetune_ner", "headlines_from_scratch")  # task "classify" / "tag": train/finetune
+FINETUNE_CONFIGS = ("finetune_cls", "finetune_ner", "finetune_qa",  # task "classify" / "tag" / "qa": train/finetune
+                    "headlines_from_scratch")
 CONFIGS = [name for name in ALL_CONFIGS if name not in FINETUNE_CONFIGS]
 
 
@@ -61,7 +62,7 @@ def test_every_finetune_config_resolves(name):
     from flaxzoo.train.finetune.config import FinetuneConfig
 
     config = load_config(name)
-    if config.task == "tag":  # CoNLL files are the user's: the config names none
+    if config.task in ("tag", "qa"):  # CoNLL / SQuAD files are the user's: the config names none
         with pytest.raises(ConfigError, match="^data.train_path: ''"):
             FinetuneConfig.from_config_dict(config, 1)
         config.data.train_path, config.data.test_path = "train.txt", "test.txt"
