@@ -1,4 +1,4 @@
-"""``python -m flaxzoo.train.bench --work NAME [--json] [--compare transformers]``: the benchmark workloads.
+"""``python -m flaxzoo.train.bench --work NAME [--json] [--compare transformers,keras_hub]``: the benchmark workloads.
 
 Workloads (random token ids in packed rows shaped as ``python -m flaxzoo.train``'s batches, fixed seed, no dropout; fp32 on
 CPU, bf16 compute on accelerators for ``gpt2_small``):
@@ -9,6 +9,10 @@ CPU, bf16 compute on accelerators for ``gpt2_small``):
   MLM loss on 15% of the tokens (``masked_positions`` 20 slots wide per row of 128, as the loader's
   ``DataConfig.predictions``); otherwise as above.
 - ``gpt_generate``: the ``gpt_train`` model, batch 1, a 32-token prompt, 128 new tokens, greedy, KV cache.
+  ``--compare keras_hub`` adds KerasHub's ``GPT2CausalLM`` of the same sizes (its own random weights, flaxzoo's
+  prompt, ``compile(sampler="greedy")``, ``stop_token_ids=None``: all 128 new tokens) on Keras 3's JAX backend, in
+  this process on the same jax/XLA (``keras_side.py``; ``pip install 'flaxzoo[compare]'``); ``--compare
+  transformers,keras_hub`` runs both, each round flaxzoo then the sides in the order given.
 - ``main_gpt_train``: the main job, ``python -m flaxzoo.train --config gpt_train`` (the ``gpt_train`` model and batch on the
   embedded corpus: real data, the loop's metrics, its final evaluation), in a subprocess; its tokens/s is the median
   of the loop's logging windows after the first, its MFU recomputed against this process's peak. Put it beside
@@ -44,9 +48,10 @@ same peak.
 
 Modules, one per workload: ``training.py`` (``gpt_train``, ``bert_train``, ``gpt2_small``, ``bert_base``),
 ``generation.py`` (``gpt_generate``), ``main_job.py`` (``main_gpt_train``), ``smollm2.py``, ``classify.py``,
-``transformers_side.py`` (``--compare transformers``); shared: ``workloads.py`` (the models and sizes),
-``batches.py`` (batches as the CLI's), ``common.py`` (host, timing, memory, the peak and MFU, median rounds, the
-printed line), ``op_profile.py`` (``--profile``), ``cli.py`` (the command line and the rounds).
+``transformers_side.py`` (``--compare transformers``), ``keras_side.py`` (``--compare keras_hub``); shared:
+``workloads.py`` (the models and sizes), ``batches.py`` (batches as the CLI's), ``common.py`` (host, timing, memory,
+the peak and MFU, median rounds, the printed line), ``op_profile.py`` (``--profile``), ``cli.py`` (the command line
+and the rounds).
 """
 
 from flaxzoo.train.bench.batches import CLS_ID, EOS_ID, FIRST_WORD_ID, MASK_ID, MLM_PROB, PAD_ID, SEP_ID, make_batch

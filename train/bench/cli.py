@@ -1,6 +1,7 @@
 """The command line of ``python -m flaxzoo.train.bench`` (:func:`parse_args`) and the run (:func:`main`): each workload
-``--rounds`` times, flaxzoo then (``--compare transformers``) transformers within each round, the peak measured beside
-every round (``flaxzoo.train.bench.common``), each side's median round and the median per-round ratio."""
+``--rounds`` times, flaxzoo then (``--compare transformers,keras_hub``) each comparison within each round, the peak
+measured beside every round (``flaxzoo.train.bench.common``), each side's median round and the median per-round
+ratio."""
 
 from __future__ import annotations
 
@@ -22,8 +23,9 @@ from flaxzoo.train.bench.smollm2 import SMOLLM2_VARIANTS, run_smollm2_variant, r
 from flaxzoo.train.bench.training import run_train
 from flaxzoo.train.bench.workloads import CPU_WORKLOADS, WORKLOADS, workload_spec
 
-DESCRIPTION = ("``python -m flaxzoo.train.bench --work NAME [--json] [--compare transformers]``: the benchmark "
-               "workloads.")
+DESCRIPTION = ("``python -m flaxzoo.train.bench --work NAME [--json] [--compare transformers,keras_hub]``: the "
+               "benchmark workloads.")
+COMPARES = ("transformers", "keras_hub", "llama.cpp")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -36,9 +38,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "'gpu' = the accelerator check of train/gpu_check.py (--tiny passes on); 'classify' = "
                              "serving a headline classifier beside transformers (train/bench/classify.py)")
     parser.add_argument("--json", action="store_true", help="print one JSON line per workload")
-    parser.add_argument("--compare", choices=["transformers", "llama.cpp"],
-                        help="also run transformers (PyTorch) in this process; smollm2_generate: llama.cpp "
-                             "(llama-cpp-python) on the same GGUF")
+    parser.add_argument("--compare", help="also run, in this process, transformers (PyTorch) and/or (gpt_generate) "
+                                          "keras_hub (KerasHub on jax): one or a comma-separated list; "
+                                          "smollm2_generate: llama.cpp (llama-cpp-python) on the same GGUF")
     parser.add_argument("--quantize", help="smollm2_generate: also run the model loaded with from_pretrained(..., "
                                            "quantize=QUANTIZE); accepted: int8")
     parser.add_argument("--variant", help=argparse.SUPPRESS)  # smollm2_generate: one side, in a subprocess
@@ -76,6 +78,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--headlines", type=int, default=256, help="classify: how many headlines to time")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
+    args.compares = tuple(c.strip() for c in args.compare.split(",")) if args.compare is not None else ()
+    for side in args.compares:
+        if side not in COMPARES or args.compares.count(side) > 1:
+            parser.error(f"--compare {args.compare!r}: expected one of {', '.join(COMPARES)} or a comma-separated "
+                         "list of them, each once")
+    args.compare = ",".join(args.compares) or None
     if args.loss_chunk < 0:
         parser.error(f"--loss-chunk {args.loss_chunk}: expected 0 (off) or a positive number of positions")
     if args.work in ("gpu", "classify"):
@@ -101,10 +109,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             parser.error(f"--quantize {args.quantize}: only the smollm2_generate workload loads quantised models")
         if args.quantize not in QUANTIZE_TYPES:
             parser.error(f"--quantize {args.quantize!r}: expected one of {', '.join(QUANTIZE_TYPES)}")
+    if "llama.cpp" in args.compares and len(args.compares) > 1:
+        parser.error(f"--compare {args.compare}: llama.cpp (smollm2_generate only) is compared alone")
+    if "keras_hub" in args.compares and set(names) != {"gpt_generate"}:
+        parser.error("--compare keras_hub: only the gpt_generate workload has a KerasHub counterpart "
+                     f"(got --work {args.work})")
     if args.compare == "llama.cpp" and set(names) != {"smollm2_generate"}:
         parser.error("--compare llama.cpp: only the smollm2_generate workload has a llama.cpp counterpart "
                      f"(got --work {args.work})")
-    if args.compare == "transformers" and smollm2:
+    if "transformers" in args.compares and smollm2:
         parser.error("--compare transformers: smollm2_generate compares with llama.cpp (--compare llama.cpp)")
     if args.variant is not None and args.variant not in SMOLLM2_VARIANTS:
         parser.error(f"--variant {args.variant!r}: expected one of {', '.join(SMOLLM2_VARIANTS)}")
@@ -139,9 +152,11 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
 
 def run_workload(name: str, args: argparse.Namespace) -> dict[str, Any]:
     """One workload, ``args.rounds`` rounds. A round measures the peak (on CPU: now, beside the work), runs flaxzoo,
-    then transformers with ``--compare transformers``; each side's MFU is against that round's peak
-    (``common.add_mfu``: never above 1). The result is flaxzoo's median round with ``transformers`` (its median
-    round), ``ratio`` (the median of the per-round tokens/s ratios) and ``round_ratios``."""
+    then each ``--compare`` side in the order given (transformers; keras_hub for gpt_generate); each side's MFU is
+    against that round's peak (``common.add_mfu``: never above 1). The result is flaxzoo's median round with, per
+    side, its median round (``transformers``, ``keras_hub``), the median of the per-round tokens/s ratios flaxzoo /
+    side (``ratio``, ``keras_hub_ratio``) and the ratios of every round (``round_ratios``,
+    ``keras_hub_round_ratios``)."""
     spec = workload_spec(name, args)
     training = name != "gpt_generate"  # training batches are packed: segment_ids make a document mask
     backend, why = attention_backend(spec["config"], q_len=spec["seq"], masked=training, training=training)
@@ -155,7 +170,9 @@ def run_workload(name: str, args: argparse.Namespace) -> dict[str, Any]:
                 else f"{flopslib.device_peak(jax.devices()[:1])[0] / 1e9:,.0f} GFLOP/s")
         print(f"{name} [{machine()}, {shape}, {spec['config'].dtype}, attention {backend} ({why}), remat "
               f"{spec['config'].remat}, scan {spec['config'].scan_layers}, peak {peak}]", flush=True)
-    ours_rounds, theirs_rounds = [], []
+    ours_rounds: list[dict[str, Any]] = []
+    # --compare's sides in the order given (llama.cpp never reaches here: smollm2_generate runs in smollm2.py).
+    theirs_rounds: dict[str, list[dict[str, Any]]] = {side: [] for side in args.compares}
     for round_index in range(args.rounds):
         peak, peak_kind = round_peak(args.peak_size)
         if name == "gpt_generate":
@@ -173,21 +190,27 @@ def run_workload(name: str, args: argparse.Namespace) -> dict[str, Any]:
                 print(f"  profile ({os.path.join(args.profile, name)}), ms per {unit}:")
                 for row in ours["profile"]:
                     print(f"    {row['ms_per_call']:9.2f} ms  x{row['count_per_call']:<6g} {row['op']}  {row['label']}")
-        if args.compare == "transformers":
-            theirs_rounds.append(run_transformers_round(name, spec, args, peak, peak_kind))
+        for side, rounds in theirs_rounds.items():
+            if side == "keras_hub":
+                from flaxzoo.train.bench.keras_side import run_keras_hub_round
+
+                rounds.append(run_keras_hub_round(spec, args, peak, peak_kind))
+            else:
+                rounds.append(run_transformers_round(name, spec, args, peak, peak_kind))
             if not args.json:
-                label = f"round {round_index + 1}, transformers:" if args.rounds > 1 else "transformers:"
-                print(f"  {label:<25s} {report_line(name, theirs_rounds[-1])}", flush=True)
-    # Each side's median round; the ratio is the median of the per-round ratios (a round's two runs are seconds
-    # apart, so a shared machine's slow phases cancel in its ratio).
+                label = f"round {round_index + 1}, {side}:" if args.rounds > 1 else f"{side}:"
+                print(f"  {label:<25s} {report_line(name, rounds[-1])}", flush=True)
+    # Each side's median round; a ratio is the median of the per-round ratios (a round's runs are seconds apart, so
+    # a shared machine's slow phases cancel in its ratio).
     result.update(median_round(ours_rounds), rounds=args.rounds)
-    if theirs_rounds:
-        ratios = [a["tokens_per_s"] / b["tokens_per_s"] for a, b in zip(ours_rounds, theirs_rounds)]
-        result["transformers"] = median_round(theirs_rounds)
-        result["ratio"] = statistics.median(ratios)
-        result["round_ratios"] = [round(r, 3) for r in ratios]
+    for side, rounds in theirs_rounds.items():
+        ratios = [a["tokens_per_s"] / b["tokens_per_s"] for a, b in zip(ours_rounds, rounds)]
+        prefix = "" if side == "transformers" else f"{side}_"  # transformers keeps the keys it always had
+        result[side] = median_round(rounds)
+        result[f"{prefix}ratio"] = statistics.median(ratios)
+        result[f"{prefix}round_ratios"] = [round(r, 3) for r in ratios]
         if not args.json:
-            print(f"  ratio (flaxzoo / transformers): {result['ratio']:.2f}x"
+            print(f"  ratio (flaxzoo / {side}): {result[f'{prefix}ratio']:.2f}x"
                   + (f" (median of rounds: {', '.join(f'{r:.2f}' for r in ratios)})" if args.rounds > 1 else ""),
                   flush=True)
     if args.json:
