@@ -28,10 +28,31 @@ KV_HEADS = (ACTIVATION_BATCH, ACTIVATION_LENGTH, ACTIVATION_KV_HEADS, None)
 
 
 class KVCache(NamedTuple):
-    """One layer's cached keys and values, each ``[batch, max_len, kv_heads, head_dim]``."""
+    """One layer's cached keys and values, each ``[batch · kv_heads, max_len, head_dim]``: heads-major, the layout
+    the attention's score and context matmuls read, with batch and heads as one axis (see :func:`_cached`)."""
 
     key: jax.Array
     value: jax.Array
+
+
+def _cached(cache: KVCache, key: jax.Array, value: jax.Array, offset: jax.Array
+            ) -> tuple[KVCache, jax.Array, jax.Array]:
+    """``cache`` with this step's ``key`` / ``value`` (``[batch, q, kv_heads, head_dim]``) written at slot ``offset``,
+    and the whole cache's keys and values as ``[batch, max_len, kv_heads, head_dim]`` for the cores.
+
+    Why this layout (``models/layers/DECODING.md``): a sequence-major cache was relaid out (a copy of the whole
+    cache) by every decode step; a ``[batch, kv_heads, ...]`` one was not at batch 2, but at batch 1 XLA dropped the
+    unit batch axis for the matmuls and fused the update into that view too, a copy of the buffer per reader. The
+    cores turn the view heads-major again; XLA folds the two transposes, so the cache is read where it lies."""
+    batch, q_len, kv_heads, head_dim = key.shape
+
+    def write(buffer: jax.Array, new: jax.Array) -> jax.Array:
+        rows = new.transpose(0, 2, 1, 3).reshape(batch * kv_heads, q_len, head_dim).astype(buffer.dtype)
+        return jax.lax.dynamic_update_slice(buffer, rows, (0, offset, 0))
+
+    cache = KVCache(write(cache.key, key), write(cache.value, value))
+    view = lambda buffer: buffer.reshape(batch, kv_heads, -1, head_dim).transpose(0, 2, 1, 3)  # noqa: E731
+    return cache, view(cache.key), view(cache.value)
 
 
 class Attention(nnx.Module):
@@ -156,10 +177,7 @@ class Attention(nnx.Module):
         if config.query_scale is not None:  # the cores scale by 1/√head_dim: make the product query_scale
             query = query * jnp.asarray(config.query_scale * math.sqrt(config.head_dim), query.dtype)
         if cache is not None:
-            start = (0, layout.query_offset, 0, 0)
-            cache = KVCache(jax.lax.dynamic_update_slice(cache.key, key.astype(cache.key.dtype), start),
-                            jax.lax.dynamic_update_slice(cache.value, value.astype(cache.value.dtype), start))
-            key, value = cache.key, cache.value
+            cache, key, value = _cached(cache, key, value, layout.query_offset)
         bias = (alibi_bias(config.num_heads, layout.query_positions, layout.key_positions, causal=config.causal)
                 if config.position == "alibi" else None)
         if config.relative_attention:

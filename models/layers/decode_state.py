@@ -16,9 +16,10 @@ from flaxzoo.models.layers.masking import AttentionLayout, document_positions
 class DecodeState:
     """KV caches and where they stand, for ``batch`` rows of up to ``max_len`` tokens.
 
-    ``keys`` / ``values``: one ``[batch, max_len, kv_heads, head_dim]`` buffer per layer (a tuple: each layer's step
+    ``keys`` / ``values``: one ``[batch · kv_heads, max_len, head_dim]`` buffer per layer (a tuple: each layer's step
     writes its new slots in place with ``dynamic_update_slice``; a stacked ``[num_layers, ...]`` cache is copied whole
-    by every step of a layer scan, see ``models/layers/DECODING.md``); ``valid: [batch, max_len]`` int32, 1
+    by every step of a layer scan, and a sequence-major one is relaid out by every step; see ``attention._cached`` and
+    ``models/layers/DECODING.md``); ``valid: [batch, max_len]`` int32, 1
     where a slot holds a real token (left padding and slots not yet written are 0); ``lengths: [batch]`` the real
     tokens of each row so far (the next token's position); ``index``: the slot the next token is written to (the
     same for every row: prompts are left-aligned so that their last tokens share a slot).
@@ -36,7 +37,7 @@ class DecodeState:
         for name, value in (("batch", batch), ("max_len", max_len)):
             if not isinstance(value, (int, np.integer)) or value < 1:
                 raise ValueError(f"{name}={value!r}: expected a positive integer")
-        shape = (batch, max_len, config.num_kv_heads, config.head_dim)
+        shape = (batch * config.num_kv_heads, max_len, config.head_dim)
         zeros = tuple(jnp.zeros(shape, config.dtype) for _ in range(config.num_layers))
         return cls(keys=zeros, values=tuple(jnp.zeros(shape, config.dtype) for _ in range(config.num_layers)),
                    valid=jnp.zeros((batch, max_len), jnp.int32), lengths=jnp.zeros((batch,), jnp.int32),

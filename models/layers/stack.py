@@ -233,7 +233,7 @@ class TransformerStack(nnx.Module):
                        values: tuple[jax.Array, ...], layers: list[nnx.Module]
                        ) -> tuple[jax.Array, tuple[jax.Array, ...], tuple[jax.Array, ...]]:
         """A cached decode step through ``layers`` (:meth:`decoding_layers`), one after another: ``x: [batch, q,
-        hidden]``, ``keys`` / ``values`` one ``[batch, max_len, kv_heads, head_dim]`` buffer per layer, each written
+        hidden]``, ``keys`` / ``values`` one ``[batch · kv_heads, max_len, head_dim]`` buffer per layer, each written
         in place. Returns ``(x, keys, values)``."""
         kinds = self.config.sliding_layers
         new_keys, new_values = [], []
