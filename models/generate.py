@@ -24,7 +24,7 @@ from flaxzoo.models.config import TransformerConfig
 from flaxzoo.models.layers.embeddings import as_index_array, check_token_ids
 from flaxzoo.models.sampling import check_sampling_args, sample_logits
 
-__all__ = ["MIN_BUCKET", "eval_split", "generate", "left_align", "shape_bucket"]
+__all__ = ["MIN_BUCKET", "eval_split", "generate", "left_align", "lower_generate", "shape_bucket"]
 
 MIN_BUCKET = 16  # the smallest prompt width and new-token buffer a program is compiled for
 
@@ -170,6 +170,22 @@ def _padded_stop_ids(stop_ids: tuple[int, ...]) -> np.ndarray:
     padded[:len(stop_ids)] = stop_ids
     return padded
 
+
+def lower_generate(model: nnx.Module, batch: int, width: int, capacity: int, *, greedy: bool = True,
+                   sharding: jax.sharding.Sharding | None = None) -> jax.stages.Lowered:
+    """The program :func:`generate` runs (prefill and decode loop) for ``batch`` prompts ``width`` tokens wide and
+    ``capacity`` new tokens (shape buckets), lowered from abstract inputs placed by ``sharding`` (default: none):
+    what a compile for another platform (``flaxzoo.train.targets.compile_devices``) starts from."""
+    graphdef, state = eval_split(model)
+
+    def spec(shape: tuple[int, ...], dtype) -> jax.ShapeDtypeStruct:
+        return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
+
+    ids = spec((batch, width), jnp.int32)
+    args = (graphdef, jax.tree.map(lambda x: spec(x.shape, x.dtype), state), ids, ids, spec((), jnp.int32),
+            spec((), jax.eval_shape(lambda: jax.random.key(0)).dtype), spec((), jnp.float32), spec((), jnp.int32), spec((), jnp.float32),
+            spec((8,), jnp.int32), spec((), jnp.int32))
+    return _generate.lower(*args, capacity=capacity, greedy=greedy)
 
 def generate(model: nnx.Module, input_ids, max_new_tokens: int, *, attention_mask=None, temperature: float = 0.0,
              top_k: int | None = None, top_p: float | None = None, eos_token_id: int | Sequence[int] | None = None,
