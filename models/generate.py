@@ -181,11 +181,12 @@ def lower_generate(model: nnx.Module, batch: int, width: int, capacity: int, *, 
     def spec(shape: tuple[int, ...], dtype) -> jax.ShapeDtypeStruct:
         return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
 
-    ids = spec((batch, width), jnp.int32)
-    args = (graphdef, jax.tree.map(lambda x: spec(x.shape, x.dtype), state), ids, ids, spec((), jnp.int32),
-            spec((), jax.eval_shape(lambda: jax.random.key(0)).dtype), spec((), jnp.float32), spec((), jnp.int32), spec((), jnp.float32),
-            spec((8,), jnp.int32), spec((), jnp.int32))
+    ids, key = spec((batch, width), jnp.int32), spec((), jax.eval_shape(lambda: jax.random.key(0)).dtype)
+    args = (graphdef, jax.tree.map(lambda x: spec(x.shape, x.dtype), state), ids, ids, spec((), jnp.int32), key,
+            spec((), jnp.float32), spec((), jnp.int32), spec((), jnp.float32), spec((8,), jnp.int32),
+            spec((), jnp.int32))
     return _generate.lower(*args, capacity=capacity, greedy=greedy)
+
 
 def generate(model: nnx.Module, input_ids, max_new_tokens: int, *, attention_mask=None, temperature: float = 0.0,
              top_k: int | None = None, top_p: float | None = None, eos_token_id: int | Sequence[int] | None = None,
