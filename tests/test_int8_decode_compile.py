@@ -28,8 +28,9 @@ def compiled_generate_hlo(target_name: str) -> str:
     if not ok:
         pytest.skip(why)
     device = targets.compile_devices(targets.parse_target(target_name))[0]
-    config = get_preset("gpt2", vocab_size=384, hidden_size=HIDDEN, num_layers=2, num_heads=HEADS, intermediate_size=MLP,
-                        max_position_embeddings=256, bos_token_id=None, eos_token_id=None, dtype="bfloat16")
+    config = get_preset("gpt2", vocab_size=384, hidden_size=HIDDEN, num_layers=2, num_heads=HEADS,
+                        intermediate_size=MLP, max_position_embeddings=256, bos_token_id=None, eos_token_id=None,
+                        dtype="bfloat16")
     model = quantize_model(create_model(config, GPTForCausalLM, seed=0), "int8")
     with jax.default_device(device), targets.persistent_cache_off():  # traced for the GPU
         lowered = generatelib.lower_generate(model, 1, 32, 32, sharding=jax.sharding.SingleDeviceSharding(device))
