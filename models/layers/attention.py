@@ -12,7 +12,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from flaxzoo.models.config import TransformerConfig
-from flaxzoo.models.layers.attention_core import attend, attention_with_weights
+from flaxzoo.models.layers.attention_core import attend, attention_with_weights, cached_attention
 from flaxzoo.models.layers.linear import Dense
 from flaxzoo.models.layers.masking import AttentionLayout
 from flaxzoo.models.layers.partitioning import (ACTIVATION_BATCH, ACTIVATION_HEADS, ACTIVATION_KV_HEADS, ACTIVATION_LENGTH,
@@ -41,9 +41,8 @@ def _cached(cache: KVCache, key: jax.Array, value: jax.Array, offset: jax.Array
     and the whole cache's keys and values as ``[batch, max_len, kv_heads, head_dim]`` for the cores.
 
     Why this layout (``models/layers/DECODING.md``): a sequence-major cache was relaid out (a copy of the whole
-    cache) by every decode step; a ``[batch, kv_heads, ...]`` one was not at batch 2, but at batch 1 XLA dropped the
-    unit batch axis for the matmuls and fused the update into that view too, a copy of the buffer per reader. The
-    cores turn the view heads-major again; XLA folds the two transposes, so the cache is read where it lies."""
+    cache) by every decode step. The decode step's core (``attention_core.cached_attention``) reads the buffers
+    themselves; the views serve the paths that take ``[batch, k, kv_heads, head_dim]`` (attention weights)."""
     batch, q_len, kv_heads, head_dim = key.shape
 
     def write(buffer: jax.Array, new: jax.Array) -> jax.Array:
@@ -133,16 +132,20 @@ class Attention(nnx.Module):
                                  self.query if shared else self.pos_query)
 
     def _core(self, query: jax.Array, key: jax.Array, value: jax.Array, layout: AttentionLayout,
-              bias: jax.Array | None, dropout: jax.Array | None, windowed: bool, return_weights: bool
-              ) -> tuple[jax.Array, jax.Array | None]:
+              bias: jax.Array | None, dropout: jax.Array | None, windowed: bool, return_weights: bool,
+              cache: KVCache | None = None) -> tuple[jax.Array, jax.Array | None]:
         """The softmax core over projected ``query: [batch, q, heads, head_dim]`` and ``key`` / ``value: [batch, k,
         kv_heads, head_dim]``: ``(context [batch, q, heads, head_dim], weights [batch, heads, q, k] or None)``,
-        through ``config.sliding_window`` when ``windowed``."""
+        through ``config.sliding_window`` when ``windowed``. Given the written ``cache`` (a decode step), the
+        matmuls read its buffers (``attention_core.cached_attention``)."""
         config = self.config
         window = config.sliding_window if windowed else None
         mask = layout.mask(config.causal, window=window)
         is_causal = config.causal and mask is None
         softcap = config.attention_softcap
+        if cache is not None and not return_weights and dropout is None:
+            return cached_attention(query, cache.key, cache.value, mask, bias, is_causal,
+                                    window=window if is_causal or mask is None else None, softcap=softcap), None
         if return_weights:
             return attention_with_weights(query, key, value, mask, bias, is_causal, dropout,
                                           window=window if is_causal or mask is None else None, softcap=softcap)
@@ -186,7 +189,7 @@ class Attention(nnx.Module):
         dropout = self._dropout_multiplier(x.shape[0], x.shape[1], key.shape[1])
 
         def core(windowed: bool, query: jax.Array, key: jax.Array, value: jax.Array):
-            return self._core(query, key, value, layout, bias, dropout, windowed, return_weights)
+            return self._core(query, key, value, layout, bias, dropout, windowed, return_weights, cache)
 
         if config.sliding_window is None or isinstance(sliding, bool):
             context, weights = core(config.sliding_window is not None and sliding, query, key, value)

@@ -192,6 +192,29 @@ def softmax_attention(query: jax.Array, key: jax.Array, value: jax.Array, mask: 
     return jnp.concatenate(contexts, axis=1)
 
 
+
+def cached_attention(query: jax.Array, key_rows: jax.Array, value_rows: jax.Array, mask: jax.Array | None,
+                     bias: jax.Array | None, is_causal: bool, *, window: int | None = None,
+                     softcap: float | None = None) -> jax.Array:
+    """``softmax(q·kᵀ/√d + bias) · v`` of ``query: [batch, q, heads, d]`` over a KV cache kept as ``key_rows`` /
+    ``value_rows: [batch · kv_heads, max_len, d]`` (``attention.KVCache``), for a cached decode step; ``mask`` /
+    ``bias`` / ``window`` / ``softcap`` as in :func:`softmax_attention`. Returns ``[batch, q, heads, d]``.
+
+    The matmuls read the cache buffers in their own shape: given a ``[batch, kv_heads, ...]`` view of them instead,
+    XLA fused the step's in-place cache write into that view too, a copy of the whole cache per reader and step
+    (``models/layers/DECODING.md``)."""
+    batch, q_len, heads, head_dim = query.shape
+    kv_heads = key_rows.shape[0] // batch
+    groups = heads // kv_heads
+    rows = _heads_major(query * jnp.asarray(1.0 / math.sqrt(head_dim), query.dtype), kv_heads)
+    scores = jnp.einsum("nqd,nkd->nqk", rows.reshape(batch * kv_heads, groups * q_len, head_dim), key_rows,
+                        preferred_element_type=jnp.float32)
+    probs = _scores_to_probs(scores.reshape(batch, kv_heads, groups * q_len, -1), _as_4d(mask), _as_4d(bias),
+                             is_causal, groups, q_len, window, softcap)
+    context = jnp.einsum("nqk,nkd->nqd", probs.reshape(batch * kv_heads, groups * q_len, -1).astype(value_rows.dtype),
+                         value_rows)
+    return _sequence_major(context.reshape(batch, kv_heads, groups * q_len, head_dim), q_len)
+
 CAUSAL_BLOCK_QUERIES = 64  # the smallest query block worth its own matmuls on the 2-core CPU (train/PERFORMANCE.md)
 MAX_CAUSAL_BLOCKS = 8
 
