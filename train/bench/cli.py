@@ -168,8 +168,12 @@ def run_workload(name: str, args: argparse.Namespace) -> dict[str, Any]:
                  if name == "gpt_generate" else f"batch {spec['batch']} x {spec['seq']}")
         peak = ("measured beside each round" if jax.devices()[0].platform == "cpu"
                 else f"{flopslib.device_peak(jax.devices()[:1])[0] / 1e9:,.0f} GFLOP/s")
-        print(f"{name} [{machine()}, {shape}, {spec['config'].dtype}, attention {backend} ({why}), remat "
-              f"{spec['config'].remat}, scan {spec['config'].scan_layers}, peak {peak}]", flush=True)
+        # Decoding runs its layers one by one whatever the training layout says (models/layers/DECODING.md).
+        decoding = name == "gpt_generate"
+        layers = ("decode: layers one by one, cached attention" if decoding
+                  else f"remat {spec['config'].remat}, scan {spec['config'].scan_layers}")
+        print(f"{name} [{machine()}, {shape}, {spec['config'].dtype}, {'prefill ' if decoding else ''}attention "
+              f"{backend} ({why}), {layers}, peak {peak}]", flush=True)
     ours_rounds: list[dict[str, Any]] = []
     # --compare's sides in the order given (llama.cpp never reaches here: smollm2_generate runs in smollm2.py).
     theirs_rounds: dict[str, list[dict[str, Any]]] = {side: [] for side in args.compares}

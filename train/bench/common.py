@@ -30,10 +30,10 @@ from flaxzoo.train import flops as flopslib
 
 # ===================================================================================================== the host
 def machine() -> str:
-    """The device the workloads run on: ``"<processor> CPU, N cores"`` or ``"N x <device kind>"``."""
+    """The device the workloads run on: ``"<lscpu model name>, N cores"`` or ``"N x <device kind>"``."""
     device = jax.devices()[0]
     if device.platform == "cpu":
-        return f"{platform.processor() or platform.machine()} CPU, {os.cpu_count()} cores"
+        return f"{cpu_model_name()}, {os.cpu_count()} cores"
     return f"{len(jax.devices())} x {device.device_kind}"
 
 
