@@ -11,6 +11,8 @@ absmax scale per output column) runs ``--steps`` times inside a ``lax.fori_loop`
 - ``mixed dot``: ``dot_general(x, q, preferred_element_type=float32)`` (XLA inserts the conversion).
 - ``multiply-reduce``: ``sum(x[:, :, None] * q, axis=1) * scale``, one fusion that reads int8.
 - ``int8 x int8``: the activations quantised per row too, an s8 × s8 → s32 dot (changes the results).
+- ``bfloat16``: the weights stored bfloat16 (2 bytes an entry, what a hoisted int8 → bfloat16 conversion would leave
+  the loop: int8 values are exact in bfloat16) and a bfloat16 × bfloat16 → float32 dot (rounds the activations).
 
 Prints ms per step (the median of ``--rounds`` rounds, the forms alternated within each), the float32-equivalent
 GB/s (4 bytes an entry over the step's time) and the speed relative to float32; ``models/QUANTIZE.md``
@@ -29,6 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 
 Weights = tuple[jax.Array, jax.Array]  # int8 [in, out], float32 scale [out]
+WEIGHT_KINDS = ("float32", "bfloat16", "int8")
 
 
 def quantize_columns(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -56,14 +59,19 @@ def _int8_int8(x: jax.Array, qs: Weights) -> jax.Array:
     return product.astype(jnp.float32) * x_scale * qs[1]
 
 
-# name: (matmul, weights are int8, behind a barrier in the loop body)
-FORMS: dict[str, tuple[Callable, bool, bool]] = {
-    "float32": (lambda x, w: x @ w, False, False),
-    "convert+dot": (_convert_dot, True, False),
-    "convert+dot, in the loop": (_convert_dot, True, True),
-    "mixed dot": (_mixed_dot, True, True),
-    "multiply-reduce": (_multiply_reduce, True, True),
-    "int8 x int8": (_int8_int8, True, True),
+def _bfloat16_dot(x: jax.Array, w: jax.Array) -> jax.Array:
+    return jnp.dot(x.astype(jnp.bfloat16), w, preferred_element_type=jnp.float32)
+
+
+# name: (matmul, the weights it reads (one of WEIGHT_KINDS), behind a barrier in the loop body)
+FORMS: dict[str, tuple[Callable, str, bool]] = {
+    "float32": (lambda x, w: x @ w, "float32", False),
+    "convert+dot": (_convert_dot, "int8", False),
+    "convert+dot, in the loop": (_convert_dot, "int8", True),
+    "mixed dot": (_mixed_dot, "int8", True),
+    "multiply-reduce": (_multiply_reduce, "int8", True),
+    "int8 x int8": (_int8_int8, "int8", True),
+    "bfloat16": (_bfloat16_dot, "bfloat16", False),
 }
 
 
@@ -83,10 +91,12 @@ def decode_like(matmul: Callable, steps: int, barrier: bool) -> Callable:
     return run
 
 
-def make_weights(layers: int, hidden: int, mlp: int, seed: int = 0) -> tuple[list[np.ndarray], list[Weights]]:
-    """``layers`` × 6 projections alternating ``[hidden, mlp]`` and ``[mlp, hidden]``: float32 and int8 versions."""
+def make_weights(layers: int, hidden: int, mlp: int, seed: int = 0,
+                 std: float = 0.02) -> tuple[list[np.ndarray], list[Weights]]:
+    """``layers`` × 6 projections alternating ``[hidden, mlp]`` and ``[mlp, hidden]``, normal with ``std``: float32
+    and int8 versions."""
     rng = np.random.default_rng(seed)
-    floats = [(rng.standard_normal((hidden, mlp) if j % 2 == 0 else (mlp, hidden)) * 0.02).astype(np.float32)
+    floats = [(rng.standard_normal((hidden, mlp) if j % 2 == 0 else (mlp, hidden)) * std).astype(np.float32)
               for j in range(6 * layers)]
     return floats, [tuple(jnp.asarray(a) for a in quantize_columns(w)) for w in floats]
 
@@ -108,9 +118,11 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     floats, int8 = make_weights(args.layers, args.hidden, args.mlp)
     x = jnp.asarray(np.random.default_rng(1).standard_normal((args.batch, args.hidden)).astype(np.float32))
     entries = sum(w.size for w in floats)
+    stored = dict(float32=[jnp.asarray(w) for w in floats], bfloat16=[jnp.asarray(w, jnp.bfloat16) for w in floats],
+                  int8=int8)
     runs = {}
-    for name, (matmul, quantized, barrier) in FORMS.items():  # compile every form first
-        weights = int8 if quantized else [jnp.asarray(w) for w in floats]
+    for name, (matmul, kind, barrier) in FORMS.items():  # compile every form first
+        weights = stored[kind]
         runs[name] = (decode_like(matmul, args.steps, barrier), weights)
         runs[name][0](x, weights).block_until_ready()
     per_round: dict[str, list[float]] = {name: [] for name in FORMS}
