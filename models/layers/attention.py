@@ -143,12 +143,14 @@ class Attention(nnx.Module):
         mask = layout.mask(config.causal, window=window)
         is_causal = config.causal and mask is None
         softcap = config.attention_softcap
+        # The closed-form cores apply the window themselves only where no explicit mask already carries it.
+        own_window = window if is_causal or mask is None else None
         if cache is not None and not return_weights and dropout is None:
-            return cached_attention(query, cache.key, cache.value, mask, bias, is_causal,
-                                    window=window if is_causal or mask is None else None, softcap=softcap), None
+            return cached_attention(query, cache.key, cache.value, mask, bias, is_causal, window=own_window,
+                                    softcap=softcap), None
         if return_weights:
-            return attention_with_weights(query, key, value, mask, bias, is_causal, dropout,
-                                          window=window if is_causal or mask is None else None, softcap=softcap)
+            return attention_with_weights(query, key, value, mask, bias, is_causal, dropout, window=own_window,
+                                          softcap=softcap)
         segments = None if layout.query_segments is None else (layout.query_segments, layout.key_segments)
         return attend(query, key, value, mask=mask, bias=bias, is_causal=is_causal, impl=config.attention_impl,
                       dropout=dropout, segments=segments, causal_segments=config.causal and mask is not None,

@@ -24,13 +24,19 @@ from flaxzoo.train.bench.op_profile import profile_ops
 from flaxzoo.train.roofline import roofline_fields, time_memory_bandwidth
 
 
+def generate_prompt(spec: dict[str, Any], seed: int) -> np.ndarray:
+    """``gpt_generate``'s prompt, the same for every side: ``[spec["batch"], spec["prompt"]]`` int32 ids drawn
+    uniformly from the vocabulary by ``np.random.default_rng(seed)``."""
+    return np.random.default_rng(seed).integers(0, spec["config"].vocab_size, (spec["batch"], spec["prompt"]),
+                                                dtype=np.int32)
+
+
 def run_generate(spec: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     """Time greedy generation of ``spec["new_tokens"]`` tokens after a random ``spec["prompt"]``-token prompt; the
     first 8 new tokens of the first row come back as ``tokens``."""
     config = spec["config"]
     model = create_model(config, GPTForCausalLM, seed=args.seed)
-    prompt = np.random.default_rng(args.seed).integers(0, config.vocab_size, (spec["batch"], spec["prompt"]),
-                                                       dtype=np.int32)
+    prompt = generate_prompt(spec, args.seed)
     new = spec["new_tokens"]
     start = time.perf_counter()
     first = generate(model, prompt, new).block_until_ready()

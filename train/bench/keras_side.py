@@ -21,6 +21,7 @@ import numpy as np
 from flaxzoo.models.families.gpt2 import GPTForCausalLM
 from flaxzoo.train import flops as flopslib
 from flaxzoo.train.bench.common import add_mfu, peak_memory_bytes, timed
+from flaxzoo.train.bench.generation import generate_prompt
 
 
 def import_keras_hub() -> tuple[Any, Any]:
@@ -70,8 +71,7 @@ def keras_param_count(config: Any) -> int:
 
 def run_keras_hub(spec: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     """``gpt_generate``'s KerasHub side, timed as flaxzoo's ``run_generate`` (first call, median of
-    ``args.generate_repeats``); MFU is added by the caller. The prompt is flaxzoo's: ``spec["batch"]`` rows of
-    ``spec["prompt"]`` ids drawn by ``np.random.default_rng(args.seed)`` (``generation.run_generate``)."""
+    ``args.generate_repeats``); MFU is added by the caller. The prompt is flaxzoo's (``generation.generate_prompt``)."""
     import jax
 
     config = spec["config"]
@@ -81,8 +81,7 @@ def run_keras_hub(spec: dict[str, Any], args: argparse.Namespace) -> dict[str, A
     if total > config.max_position_embeddings:
         raise ValueError(f"prompt {prompt_len} + {new} new tokens exceed the model's {config.max_position_embeddings} "
                          "positions")
-    prompt = np.random.default_rng(args.seed).integers(0, config.vocab_size, (spec["batch"], prompt_len),
-                                                       dtype=np.int32)
+    prompt = generate_prompt(spec, args.seed)
     token_ids = np.zeros((spec["batch"], total), np.int32)
     token_ids[:, :prompt_len] = prompt
     inputs = {"token_ids": token_ids, "padding_mask": np.arange(total)[None, :].repeat(spec["batch"], 0) < prompt_len}
