@@ -1,15 +1,22 @@
 """flaxzoo models: shared layers assembled into BERT-style encoders and GPT-style decoders."""
 
-from flaxzoo.models.families.bert import (BertForMaskedLM, BertForQuestionAnswering, BertForSequenceClassification,
-                                          BertForTokenClassification, BertModel, EncoderOutput)
-from flaxzoo.models.config import PRESETS, TransformerConfig, get_preset
-from flaxzoo.models.generate import generate
-from flaxzoo.models.families.gpt2 import GPTForCausalLM, GPTModel
-from flaxzoo.models.families.gpt2.model import GPTForSequenceClassification
-from flaxzoo.models.layers.attention_core import attention_backend
-from flaxzoo.models.layers.decode_state import DecodeState
-from flaxzoo.models.layers.embeddings import check_token_ids
-from flaxzoo.models.modeling import abstract_model, create_model, default_model_class, param_count
+# First, before the imports below start JAX: on a machine without a GPU or TPU, JAX_PLATFORMS=cpu and no CUDA plugin /
+# libtpu start-up noise on standard error (flaxzoo.models.jax_startup says why and what).
+from flaxzoo.models.jax_startup import quiet_jax_startup
+
+quiet_jax_startup()
+
+from flaxzoo.models.families.bert import (  # noqa: E402
+    BertForMaskedLM, BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification, BertModel,
+    EncoderOutput)
+from flaxzoo.models.config import PRESETS, TransformerConfig, get_preset  # noqa: E402
+from flaxzoo.models.generate import generate  # noqa: E402
+from flaxzoo.models.families.gpt2 import GPTForCausalLM, GPTModel  # noqa: E402
+from flaxzoo.models.families.gpt2.model import GPTForSequenceClassification  # noqa: E402
+from flaxzoo.models.layers.attention_core import attention_backend  # noqa: E402
+from flaxzoo.models.layers.decode_state import DecodeState  # noqa: E402
+from flaxzoo.models.layers.embeddings import check_token_ids  # noqa: E402
+from flaxzoo.models.modeling import abstract_model, create_model, default_model_class, param_count  # noqa: E402
 
 __all__ = [
     "BertForMaskedLM", "BertForQuestionAnswering", "BertForSequenceClassification", "BertForTokenClassification",

@@ -14,6 +14,13 @@ NO_LLVM_OPT = "--xla_backend_optimization_level=0"
 if NO_LLVM_OPT not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {NO_LLVM_OPT}".strip()
 
+# JAX_PLATFORMS=cpu on a machine without a GPU or TPU, and JAX's start-up without the CUDA plugin's / libtpu's lines on
+# standard error (flaxzoo.models.jax_startup), as the entry points do: test processes start quiet, and the subprocesses
+# they start inherit JAX_PLATFORMS.
+from flaxzoo.models.jax_startup import quiet_jax_startup  # noqa: E402
+
+quiet_jax_startup()
+
 import jax  # noqa: E402
 import pytest  # noqa: E402
 

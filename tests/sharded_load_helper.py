@@ -144,4 +144,7 @@ def llama(args: dict[str, Any]) -> None:
 
 if __name__ == "__main__":
     sys.path.insert(0, str(REPO))
+    from flaxzoo.models.jax_startup import quiet_jax_startup
+
+    quiet_jax_startup()  # before JAX: without the CUDA plugin's / libtpu's start-up lines in the tests' logs
     {"checks": checks, "memory": memory, "llama": llama}[sys.argv[1]](json.loads(sys.argv[2]))

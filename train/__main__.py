@@ -21,6 +21,10 @@ import time
 
 _START = time.perf_counter()
 
+from flaxzoo.models.jax_startup import quiet_jax_startup  # noqa: E402
+
+quiet_jax_startup()  # before anything imports JAX: no CUDA plugin / libtpu start-up noise on a CPU machine
+
 from absl import flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 

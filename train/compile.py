@@ -36,6 +36,10 @@ os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 # registers it).
 os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")
 
+from flaxzoo.models.jax_startup import quiet_jax_startup
+
+quiet_jax_startup()  # before anything imports JAX: no CUDA plugin / libtpu start-up noise on a CPU machine
+
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 from absl import flags  # noqa: E402

@@ -68,6 +68,9 @@ def versions() -> Figures:
     """Package versions, the JAX devices and ``nvidia-smi``'s view of the GPUs."""
     from importlib import metadata
 
+    from flaxzoo.models.jax_startup import quiet_jax_startup
+
+    quiet_jax_startup()  # before JAX: no CUDA plugin / libtpu start-up noise on a CPU machine (--tiny)
     import jax
 
     figure: dict[str, Any] = {"check": "versions", "python": platform.python_version()}
@@ -100,6 +103,9 @@ def smollm2_decode(gguf: str | None, new_tokens: int, tiny: bool = False) -> Fig
     """Greedy decode tokens/s in bf16 at each of ``DECODE_BATCHES`` (a warm-up call, then one timed call) of
     SmolLM2-135M: the real weights when the GGUF is found, else the ``smollm2-135m`` preset with random weights (the
     same speed). ``tiny``: the ``llama-tiny`` preset, random weights, unless ``gguf`` names a file."""
+    from flaxzoo.models.jax_startup import quiet_jax_startup
+
+    quiet_jax_startup()  # before JAX (as in versions())
     import jax
     import numpy as np
 

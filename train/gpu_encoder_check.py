@@ -23,14 +23,18 @@ import statistics
 import sys
 import time
 
-import jax
-import jax.numpy as jnp
-import numpy as np
-from flax import nnx
+from flaxzoo.models.jax_startup import quiet_jax_startup
 
-from flaxzoo import models
-from flaxzoo.models.layers.attention_core import attend, choose_backend
-from flaxzoo.train.hlo import attention_kernels
+quiet_jax_startup()  # before anything imports JAX: no CUDA plugin / libtpu start-up noise on a CPU machine
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from flax import nnx  # noqa: E402
+
+from flaxzoo import models  # noqa: E402
+from flaxzoo.models.layers.attention_core import attend, choose_backend  # noqa: E402
+from flaxzoo.train.hlo import attention_kernels  # noqa: E402
 
 HEADS, HEAD_DIM = 12, 64
 TINY = "--tiny" in sys.argv  # a CPU smoke run

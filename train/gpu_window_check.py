@@ -19,13 +19,17 @@ import time
 
 import sys
 
-import jax
-import jax.numpy as jnp
-import numpy as np
-from flax import nnx
+from flaxzoo.models.jax_startup import quiet_jax_startup
 
-from flaxzoo import models
-from flaxzoo.models.layers.attention_core import attend, choose_backend
+quiet_jax_startup()  # before anything imports JAX: no CUDA plugin / libtpu start-up noise on a CPU machine
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from flax import nnx  # noqa: E402
+
+from flaxzoo import models  # noqa: E402
+from flaxzoo.models.layers.attention_core import attend, choose_backend  # noqa: E402
 
 HEADS, KV_HEADS, HEAD_DIM = 16, 4, 128
 

@@ -17,10 +17,14 @@ Stages are cached under ``DataConfig.data_dir``, so a second run reuses the firs
 the contract of :mod:`flaxzoo.train.batches` (``IGNORE_INDEX``, ``CAUSAL_KEYS``, ``MLM_KEYS``).
 """
 
-from flaxzoo.train.batches import CAUSAL_KEYS, IGNORE_INDEX, MLM_KEYS
-from flaxzoo.train.data.builders import RawCorpus, cache_key, load_documents, raw_sources
-from flaxzoo.train.data.config import MIN_SEQ_LEN, OBJECTIVES, DataConfig, default_data_dir
-from flaxzoo.train.data.corpus import (
+from flaxzoo.models.jax_startup import quiet_jax_startup
+
+quiet_jax_startup()  # before anything imports JAX: no CUDA plugin / libtpu start-up noise on a CPU machine
+
+from flaxzoo.train.batches import CAUSAL_KEYS, IGNORE_INDEX, MLM_KEYS  # noqa: E402
+from flaxzoo.train.data.builders import RawCorpus, cache_key, load_documents, raw_sources  # noqa: E402
+from flaxzoo.train.data.config import MIN_SEQ_LEN, OBJECTIVES, DataConfig, default_data_dir  # noqa: E402
+from flaxzoo.train.data.corpus import (  # noqa: E402
     TextFiles,
     decode_bytes,
     embedded_documents,
@@ -29,12 +33,12 @@ from flaxzoo.train.data.corpus import (
     split_documents,
     split_sentences,
 )
-from flaxzoo.train.data.loader import BatchIterator, BatchSource, batch_shapes, make_iterator, make_loader
-from flaxzoo.train.data.masking import example_keys, mask_tokens
-from flaxzoo.train.data.packing import PACK_FORMAT_VERSION, pack_causal, pack_mlm, prepare
-from flaxzoo.train.data.stats import corpus_stats, main, measure_throughput, unigram_baseline
-from flaxzoo.train.data.tokenizers import build_tokenizer, check_tokenizer
-from flaxzoo.train.tokenizer import TextTokenizer
+from flaxzoo.train.data.loader import BatchIterator, BatchSource, batch_shapes, make_iterator, make_loader  # noqa: E402
+from flaxzoo.train.data.masking import example_keys, mask_tokens  # noqa: E402
+from flaxzoo.train.data.packing import PACK_FORMAT_VERSION, pack_causal, pack_mlm, prepare  # noqa: E402
+from flaxzoo.train.data.stats import corpus_stats, main, measure_throughput, unigram_baseline  # noqa: E402
+from flaxzoo.train.data.tokenizers import build_tokenizer, check_tokenizer  # noqa: E402
+from flaxzoo.train.tokenizer import TextTokenizer  # noqa: E402
 
 __all__ = [
     "BatchIterator", "BatchSource", "CAUSAL_KEYS", "DataConfig", "IGNORE_INDEX", "MIN_SEQ_LEN", "MLM_KEYS",

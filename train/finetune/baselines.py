@@ -31,10 +31,14 @@ import sys
 import time
 from typing import Any, Protocol, Sequence
 
-import numpy as np
+from flaxzoo.models.jax_startup import quiet_jax_startup
 
-from flaxzoo.train.finetune.report import scores
-from flaxzoo.train.finetune.classifier import packaged_minilm
+quiet_jax_startup()  # before anything imports JAX: no CUDA plugin / libtpu start-up noise on a CPU machine
+
+import numpy as np  # noqa: E402
+
+from flaxzoo.train.finetune.report import scores  # noqa: E402
+from flaxzoo.train.finetune.classifier import packaged_minilm  # noqa: E402
 
 METHODS = ("tfidf", "frozen", "torch")
 DEFAULT_OUT = "~/.cache/flaxzoo/finetune_baselines.json"

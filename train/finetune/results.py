@@ -25,9 +25,13 @@ import sys
 import tempfile
 from typing import Any, Sequence
 
-from flaxzoo.train.config import ConfigError
-from flaxzoo.train.finetune.config import FinetuneConfig
-from flaxzoo.train.finetune.trainer import Finetuner
+from flaxzoo.models.jax_startup import quiet_jax_startup
+
+quiet_jax_startup()  # before anything imports JAX: no CUDA plugin / libtpu start-up noise on a CPU machine
+
+from flaxzoo.train.config import ConfigError  # noqa: E402
+from flaxzoo.train.finetune.config import FinetuneConfig  # noqa: E402
+from flaxzoo.train.finetune.trainer import Finetuner  # noqa: E402
 
 CONFIGS = pathlib.Path(__file__).resolve().parents[2] / "configs"
 # The recipe minus one practice each: the config changes that switch it off.

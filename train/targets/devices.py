@@ -14,6 +14,7 @@ from typing import Iterator
 
 import jax
 
+from flaxzoo.models.jax_startup import quiet_plugin_start
 from flaxzoo.train.targets.chips import Target, parse_target
 from flaxzoo.train.targets.gpu_specs import GPU_SPECS
 
@@ -70,9 +71,10 @@ def _tpu_devices(target: Target) -> list[jax.Device]:
     if importlib.util.find_spec("libtpu") is None:
         raise _missing(target, "libtpu (the jax[tpu] extra)")
     try:
-        topology = topologies.get_topology_desc(
-            platform="tpu", topology_name=target.topology, chip_config_name=target.chip_config_name,
-            chips_per_host_bounds=target.chips_per_host, num_slices=target.slices)
+        with quiet_plugin_start():  # the first call loads libtpu: without its complaints about a CPU host
+            topology = topologies.get_topology_desc(
+                platform="tpu", topology_name=target.topology, chip_config_name=target.chip_config_name,
+                chips_per_host_bounds=target.chips_per_host, num_slices=target.slices)
     except jax.errors.JaxRuntimeError as exc:
         if "lockfile" in str(exc) or "TPU in use" in str(exc):
             raise RuntimeError(f"{target.name}: libtpu is held by another process ({str(exc).splitlines()[0]}); "
@@ -93,13 +95,15 @@ def _gpu_devices(target: Target) -> list[jax.Device]:
     def topology():
         return topologies.get_topology_desc(platform="cuda", topology=target.topology, target_config=config)
 
-    try:
-        desc = topology()
-    except NotImplementedError:
-        # The plugin registers only after its check that CUDA's libraries load, which fails on a machine without
-        # them (its traceback is logged as "Jax plugin configuration error"); compiling needs none of them.
-        _register_cuda_plugin_without_cuda(plugin)
-        desc = topology()
+    with quiet_plugin_start():  # without the CUDA stub's "Could not find cuda drivers" on a CPU host
+        try:
+            desc = topology()
+        except NotImplementedError:
+            # The plugin registers only after its check that CUDA's libraries load, which fails on a machine without
+            # them (its traceback is logged as "Jax plugin configuration error"; with JAX_PLATFORMS=cpu, which
+            # flaxzoo.models.jax_startup sets on such a machine, JAX skips the check); compiling needs none of them.
+            _register_cuda_plugin_without_cuda(plugin)
+            desc = topology()
     devices = sorted(desc.devices, key=lambda d: d.id)
     _check_ptx_toolchain(target, devices[0])
     return devices
