@@ -78,7 +78,16 @@ def pytest_xdist_make_scheduler(config, log):
     return UnitScheduling(config, log)
 
 
+# The expensive proofs are the `slow` tier (`pytest -m "not slow"` is the quick tier, `bash .ci/run` runs both): tests
+# marked `slow` themselves, and every test of these markers (a notebook, a docs page, several JAX processes).
+SLOW_MARKERS = ("notebook", "docs", "multiprocess")
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest's own -m selection reads the marks
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if any(item.get_closest_marker(name) for name in SLOW_MARKERS) and not item.get_closest_marker("slow"):
+            item.add_marker(pytest.mark.slow)
     rank = {name: i for i, name in enumerate(LONG_FILES_FIRST)}
     items.sort(key=lambda item: (rank.get(item.path.name, len(LONG_FILES_FIRST)),
                                  work_unit(item.nodeid) not in (item.nodeid, FINETUNE_UNIT)))
