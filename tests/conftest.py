@@ -85,9 +85,15 @@ SLOW_MARKERS = ("notebook", "docs", "multiprocess")
 
 @pytest.hookimpl(tryfirst=True)  # before pytest's own -m selection reads the marks
 def pytest_collection_modifyitems(config, items):
+    first_cases = set()
     for item in items:
         if any(item.get_closest_marker(name) for name in SLOW_MARKERS) and not item.get_closest_marker("slow"):
             item.add_marker(pytest.mark.slow)
+        if item.get_closest_marker("slow_variants"):  # the function's first case stays quick, the others are slow
+            function = item.nodeid.split("[", 1)[0]
+            if function in first_cases:
+                item.add_marker(pytest.mark.slow)
+            first_cases.add(function)
     rank = {name: i for i, name in enumerate(LONG_FILES_FIRST)}
     items.sort(key=lambda item: (rank.get(item.path.name, len(LONG_FILES_FIRST)),
                                  work_unit(item.nodeid) not in (item.nodeid, FINETUNE_UNIT)))

@@ -1,13 +1,16 @@
-"""Shared checks of an encoder family / head against transformers (PyTorch), for the encoder family test files:
-every output of a class on a right-padded batch (with token types where the family has them), both ways
-(transformers → flaxzoo ``from_pretrained``; flaxzoo ``save_pretrained`` → transformers), in both layer layouts.
+"""Shared checks of an encoder family / head against transformers (PyTorch), for the encoder family test files: every
+output of a class on a right-padded batch (with token types where the family has them), both ways (transformers →
+flaxzoo ``from_pretrained``; flaxzoo ``save_pretrained`` → transformers), in the unrolled layout; the scanned layout
+is proven equal to it once per family (:func:`check_encoder_layouts`: parameters, saved tensors, outputs, and the
+scanned outputs against transformers').
 
 A test builds a random transformers model (``perturbed`` so that biases and norms are not at their init) and calls
-:func:`check_both_ways`; the outputs compared are the head's (``logits``, ``start_logits`` / ``end_logits``) or the
-base model's ``last_hidden_state`` (and ``pooler_output`` when there is one), on real tokens only.
-"""
+:func:`check_both_ways`; the outputs compared are the head's (``logits``, ``start_logits`` / ``end_logits``) or the base
+model's ``last_hidden_state`` (and ``pooler_output`` when there is one), on real tokens only."""
 
 from __future__ import annotations
+
+import pathlib
 
 import jax
 import jax.numpy as jnp
@@ -17,7 +20,7 @@ import transformers
 from flax import nnx
 
 from flaxzoo.models.hub import from_pretrained, save_pretrained
-from tests.family_parity import perturbed
+from tests.family_parity import check_layouts_agree, perturbed
 
 ATOL = 1e-4
 transformers.logging.set_verbosity_error()
@@ -90,7 +93,7 @@ def max_difference(ours: dict[str, np.ndarray], theirs: dict[str, np.ndarray], m
     return worst
 
 
-def check_both_ways(hf: torch.nn.Module, directory, out, *, auto: type, scan: bool, with_types: bool = True,
+def check_both_ways(hf: torch.nn.Module, directory, out, *, auto: type, scan: bool = False, with_types: bool = True,
                     pad_id: int = 0, seq: int = 12, first_id: int = 3) -> tuple[float, float]:
     """``hf`` perturbed and saved to ``directory``; flaxzoo's ``from_pretrained`` (stacked layers with ``scan``)
     gives its outputs, and flaxzoo's ``save_pretrained`` to ``out`` loads with ``auto`` (a transformers Auto class)
@@ -112,3 +115,18 @@ def check_both_ways(hf: torch.nn.Module, directory, out, *, auto: type, scan: bo
     saved = max_difference(flax_outputs(model, ids, mask, types), hf_outputs(again, ids, mask, types), mask)
     assert saved <= ATOL, saved
     return loaded, saved
+
+
+def check_encoder_layouts(hf: torch.nn.Module, directory, out, *, with_types: bool = True, pad_id: int = 0,
+                          seq: int = 12, first_id: int = 3) -> float:
+    """``hf`` perturbed and saved to ``directory``: the scanned layout equals the unrolled one
+    (:func:`tests.family_parity.check_layouts_agree`: stacked parameters, saved tensors and ``config.json``, every
+    output on a right-padded batch), and its outputs are transformers' (|Δ| ≤ 1e-4, returned)."""
+    hf = perturbed(hf)
+    hf.save_pretrained(directory)
+    ids, mask = right_padded(hf.config.vocab_size, seq=seq, pad_id=pad_id, first_id=first_id)
+    types = token_types(mask) if with_types else None
+    scanned = check_layouts_agree(directory, pathlib.Path(out), lambda m: flax_outputs(m, ids, mask, types), mask)
+    worst = max_difference(flax_outputs(scanned, ids, mask, types), hf_outputs(hf, ids, mask, types), mask)
+    assert worst <= ATOL, worst
+    return worst

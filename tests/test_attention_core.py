@@ -148,6 +148,7 @@ def kernel_and_reference():
     return inputs, run(inputs)
 
 
+@pytest.mark.slow_variants
 @pytest.mark.parametrize("case_id", list(CASES))
 def test_softmax_attention_matches_dot_product_attention(kernel_and_reference, case_id):
     """Forward and gradients w.r.t. query, key, value and bias, for MHA / GQA / MQA; no mask, a ``[batch, 1, q, k]``
@@ -230,6 +231,7 @@ def test_fully_masked_row_gets_uniform_weights_and_zero_score_gradient():
     assert np.abs(np.asarray(bias_grad)[~masked]).min() > 0.0
 
 
+@pytest.mark.slow_variants
 @pytest.mark.parametrize("shape", [(BATCH, 1, 4, 6), (1, 1, 1, 6), (BATCH, HEADS, 1, 6)],
                          ids=["per-batch", "keys-only", "per-head-row"])
 def test_broadcast_bias_gets_its_gradient_summed_to_its_shape(shape):
@@ -245,6 +247,7 @@ def test_broadcast_bias_gets_its_gradient_summed_to_its_shape(shape):
         assert_close(grad, ref_grad, 1e-5)
 
 
+@pytest.mark.slow_variants
 @pytest.mark.parametrize("mask_shape, bias_shape", [((4, 6), (4, 6)), ((1, 4, 6), (HEADS, 4, 6)), ((6,), (6,))],
                          ids=["2d", "3d", "keys-vector"])
 def test_masks_and_biases_with_fewer_axes_broadcast_like_dot_product_attention(mask_shape, bias_shape):
@@ -333,6 +336,7 @@ MODELS = {
 }
 
 
+@pytest.mark.slow_variants
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_models_give_the_same_logits_and_gradients_with_either_impl(name):
     """Logits and the gradients of every parameter (of a random linear function of the logits) with
@@ -411,6 +415,7 @@ def test_causal_block_count(q_len, blocks):
     assert causal_blocks(q_len) == blocks
 
 
+@pytest.mark.slow_variants
 @pytest.mark.parametrize("q_len", [256, 192])
 @pytest.mark.parametrize("heads, mask_kind, bias_kind", [("mha", None, None), ("gqa", "keys", "shared"),
                                                          ("mqa", "heads", None), ("gqa", None, "full")])

@@ -84,7 +84,9 @@ KERNELS = {"splash": (splash, TOLERANCE), "gpu_flash": (gpu_flash, GPU_FLASH_GRA
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
-@pytest.mark.parametrize("seq, causal", [(256, True), (256, False), (200, True)])
+# One case per kernel in the quick tier; bidirectional and the padded length in the slow tier.
+@pytest.mark.parametrize("seq, causal", [(256, True), pytest.param(256, False, marks=pytest.mark.slow),
+                                         pytest.param(200, True, marks=pytest.mark.slow)])
 def test_packed_rows(kernel, seq, causal):
     segments = packed_segments(seq)
     inputs = random_inputs(seq, segments.shape[0], seq, seq)
@@ -149,20 +151,20 @@ from flaxzoo.models.layers.partitioning import placed
 from flaxzoo.train import sharding
 
 jax.config.update("jax_default_matmul_precision", "highest")
-impl, mesh_shape = sys.argv[1], json.loads(sys.argv[2])
-mesh = sharding.make_mesh(mesh_shape) if mesh_shape else None
-placement = sharding.activation_placement(mesh) if mesh else None
+impl, mesh_shapes = sys.argv[1], json.loads(sys.argv[2])  # the kernel alone (null) and under each mesh
+placements = {json.dumps(shape): sharding.activation_placement(sharding.make_mesh(shape)) if shape else None
+              for shape in mesh_shapes}
 rng = np.random.default_rng(0)
 segments = np.zeros((8, 160), np.int32)
 for row in range(7):  # packed documents of random lengths, padding at the end; row 7 all padding
     cuts = np.sort(rng.choice(np.arange(8, 150), size=row % 3 + 1, replace=False))
     segments[row, :cuts[-1]] = np.searchsorted(cuts, np.arange(cuts[-1]), side="right") + 1
 ids = jnp.asarray(rng.integers(0, 1000, (8, 160)), jnp.int32)
-out = {}
+out = {key: {} for key in placements}
 for name, cls, preset in (("gpt", GPTForCausalLM, "llama-tiny"), ("bert", BertForMaskedLM, "bert-tiny")):
-    def loss(params, impl_):
+    def loss(params, placement):
         model = nnx.merge(graphdef, params, rest)
-        with placed(placement if impl_ != "softmax" else None):
+        with placed(placement):
             if name == "gpt":
                 logits = model(ids, segment_ids=jnp.asarray(segments))
             else:
@@ -171,24 +173,24 @@ for name, cls, preset in (("gpt", GPTForCausalLM, "llama-tiny"), ("bert", BertFo
         return jnp.mean(jnp.where(jnp.asarray(segments > 0)[..., None], logits, 0.0) ** 2)
     reference_model = cls(get_preset(preset, attention_impl="softmax", max_position_embeddings=256), rngs=nnx.Rngs(1))
     kernel_model = cls(get_preset(preset, attention_impl=impl, max_position_embeddings=256), rngs=nnx.Rngs(1))
-    values = {}
-    for key, model in (("softmax", reference_model), (impl, kernel_model)):
-        graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-        values[key] = jax.jit(jax.value_and_grad(lambda p: loss(p, key)))(params)
-    (l0, g0), (l1, g1) = values["softmax"], values[impl]
-    out[name] = {"loss": abs(float(l0) - float(l1)),
-                 "grad": max(float(jnp.max(jnp.abs(a - b))) for a, b in zip(jax.tree.leaves(g0), jax.tree.leaves(g1)))}
+    graphdef, params, rest = nnx.split(reference_model, nnx.Param, ...)
+    l0, g0 = jax.jit(jax.value_and_grad(lambda p: loss(p, None)))(params)  # once, without a mesh
+    graphdef, params, rest = nnx.split(kernel_model, nnx.Param, ...)
+    for key, placement in placements.items():
+        l1, g1 = jax.jit(jax.value_and_grad(lambda p: loss(p, placement)))(params)
+        out[key][name] = {"loss": abs(float(l0) - float(l1)), "grad": max(
+            float(jnp.max(jnp.abs(a - b))) for a, b in zip(jax.tree.leaves(g0), jax.tree.leaves(g1)))}
 print(json.dumps(out))
 '''
 
 
-@pytest.mark.parametrize("impl, mesh", [("splash", None), ("gpu_flash", None), ("splash", [2, 2, 2]),
-                                        ("gpu_flash", [4, 2, 1])])
+@pytest.mark.slow
+@pytest.mark.parametrize("impl, mesh", [("splash", [2, 2, 2]), ("gpu_flash", [4, 2, 1])])
 def test_models_with_a_kernel_equal_the_softmax_kernel(impl, mesh):
     """A Llama-layout decoder and a BERT encoder on packed rows (and a fully padded one) with ``attention_impl`` set
     to a kernel, alone and under an 8-device mesh (the kernel in a ``shard_map``: batch over data x fsdp, heads over
     tensor), against the closed-form softmax kernel without a mesh: the loss and every parameter's gradient. Its
-    own process: 8 simulated CPU devices."""
+    own process per kernel (8 simulated CPU devices), the softmax reference computed once for both."""
     import json
     import os
     import pathlib
@@ -198,10 +200,13 @@ def test_models_with_a_kernel_equal_the_softmax_kernel(impl, mesh):
     repo = pathlib.Path(__file__).resolve().parent.parent
     env = {**os.environ, "PYTHONPATH": str(repo), "JAX_PLATFORMS": "cpu",
            "XLA_FLAGS": "--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0"}
-    proc = subprocess.run([sys.executable, "-c", MODEL_CHECK, impl, json.dumps(mesh)], cwd=repo, env=env,
+    proc = subprocess.run([sys.executable, "-c", MODEL_CHECK, impl, json.dumps([None, mesh])], cwd=repo, env=env,
                           capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    errors = json.loads(proc.stdout.strip().splitlines()[-1])
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert sorted(report) == sorted(json.dumps(shape) for shape in (None, mesh))
     tolerance = GPU_FLASH_GRAD_TOLERANCE if impl == "gpu_flash" else TOLERANCE
-    for model, error in errors.items():
-        assert error["loss"] < 1e-5 and error["grad"] < tolerance, (model, error)
+    for shape, errors in report.items():
+        assert sorted(errors) == ["bert", "gpt"], shape
+        for model, error in errors.items():
+            assert error["loss"] < 1e-5 and error["grad"] < tolerance, (shape, model, error)

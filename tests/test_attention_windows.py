@@ -76,6 +76,7 @@ def assert_close(fn, expected_fn, args, segment_ids=None):
 CASES = [(1, None), (5, None), (7, 3.0), (None, 2.0)]
 
 
+@pytest.mark.slow_variants
 @pytest.mark.parametrize("impl", ["softmax", "fused"])
 @pytest.mark.parametrize("window, softcap", CASES)
 def test_plain_causal_calls(impl, window, softcap):
@@ -90,6 +91,7 @@ def test_plain_causal_calls(impl, window, softcap):
                  lambda q, k, v: reference(q, k, v, window, softcap), args)
 
 
+@pytest.mark.slow_variants
 @pytest.mark.parametrize("impl", ["softmax", "fused"])
 @pytest.mark.parametrize("window, softcap", CASES)
 def test_packed_documents_through_the_layout(impl, window, softcap):
@@ -105,6 +107,7 @@ def test_packed_documents_through_the_layout(impl, window, softcap):
                  lambda q, k, v: reference(q, k, v, window, softcap, segment_ids), (q, k, v), segment_ids)
 
 
+@pytest.mark.slow_variants
 @pytest.mark.parametrize("causal", [True, False], ids=["decoder", "encoder"])
 def test_a_traced_window_runs_the_core_of_its_kind(causal):
     """A scan over sliding and full layers passes ``sliding`` traced: ``lax.cond`` runs the windowed or the full
@@ -129,6 +132,7 @@ def test_a_traced_window_runs_the_core_of_its_kind(causal):
     assert np.abs(np.asarray(layer(x, layout, sliding=True)[0] - layer(x, layout, sliding=False)[0])).max() > 1e-3
 
 
+@pytest.mark.slow_variants
 @pytest.mark.parametrize("window, softcap", [(5, None), (9, 4.0), (None, 3.0)])
 def test_splash_takes_windows_and_soft_caps(window, softcap):
     """TPU splash (interpret mode): a ``LocalMask`` for the window, its own logit soft cap; with packed segments."""

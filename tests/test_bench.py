@@ -123,6 +123,7 @@ def test_bench_batches_are_the_clis(work, argv):
     assert np.all((ids == bench.MASK_ID) <= ~unmasked)  # [MASK] only where a label is scored
 
 
+@pytest.mark.slow
 def test_bench_json_output_parses():
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     proc = subprocess.run(
@@ -144,6 +145,7 @@ def test_bench_json_output_parses():
         decode["bytes_per_token"] * decode["tokens_per_s"] / decode["bandwidth"])
 
 
+@pytest.mark.slow
 def test_bench_times_the_main_job(tmp_path):
     """``main_gpt_train`` runs ``python -m flaxzoo.train --config gpt_train`` (tiny here) and reports its logged tokens/s."""
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
@@ -188,6 +190,7 @@ def test_bench_imports_no_data_stack():
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
+@pytest.mark.slow
 def test_bench_profile_lists_the_compiled_programs_operations(tmp_path):
     """``--profile`` traces the step and sums per-operation times: the matmuls of the step must be among them,
     labelled with their HLO shapes."""
@@ -205,6 +208,7 @@ def test_bench_profile_lists_the_compiled_programs_operations(tmp_path):
     assert list(tmp_path.glob("gpt_train/**/*.trace.json.gz"))
 
 
+@pytest.mark.slow
 def test_bench_classify_serves_the_same_labels_as_transformers():
     """``--work classify``: the packaged MiniLM with a 5-class head, flaxzoo and transformers on the same weights and
     headlines (times are the benchmark's business; here: it runs, and both sides give the same labels)."""

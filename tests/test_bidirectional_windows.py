@@ -67,6 +67,7 @@ def test_layout_mask_is_the_reference(packed):
     assert layout.mask(True, window=WINDOW, dense=True) is not None  # causal windows are unchanged
 
 
+@pytest.mark.slow_variants
 @pytest.mark.parametrize("impl", ["softmax", "fused", "splash"])
 @pytest.mark.parametrize("packed", [False, True], ids=["one-document", "packed"])
 def test_every_core_takes_the_window(impl, packed):

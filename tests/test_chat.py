@@ -456,6 +456,7 @@ def smol_model() -> tuple[Any, Any]:
     return from_pretrained(smollm2_gguf()), load_tokenizer(smollm2_gguf())
 
 
+@pytest.mark.slow
 def test_generate_text_with_messages_equals_the_rendered_prompt(smol_model):
     from flaxzoo.models import generate_text
 

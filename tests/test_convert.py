@@ -144,6 +144,7 @@ def tiny_gguf(tmp_path_factory):
     return get
 
 
+@pytest.mark.slow_variants
 @pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
 def test_gguf_matches_transformers_gguf_loader(tiny_gguf, tied):
     path, reference = tiny_gguf(tied)
@@ -160,6 +161,7 @@ def test_gguf_matches_transformers_gguf_loader(tiny_gguf, tied):
     np.testing.assert_allclose(np.asarray(base(IDS).hidden), hidden, rtol=0, atol=1e-4)
 
 
+@pytest.mark.slow_variants
 @pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
 def test_gguf_with_a_padded_vocabulary(tiny_gguf, tmp_path, tied):
     """``pad_vocab_to`` on a GGUF: 256 rows padded to 288 (a multiple of 96), the real logits unchanged, the padding
@@ -436,6 +438,7 @@ def stacked(model: nnx.Module) -> bool:
     return not isinstance(paths[0][paths[0].index("layers") + 1], int)
 
 
+@pytest.mark.slow_variants
 @pytest.mark.parametrize("stored, loaded", [(False, True), (True, False), (True, None)],
                          ids=["per_layer_to_stacked", "stacked_to_per_layer", "stacked_kept"])
 def test_training_checkpoint_in_either_layer_layout(tmp_path, stored, loaded):
@@ -485,6 +488,7 @@ def test_training_checkpoint_starts_another_head(tmp_path):
         from_pretrained(tmp_path / "mlm", cls="GPTForCausalLM")
 
 
+@pytest.mark.slow
 def test_convert_cli_minilm_round_trip(tmp_path):
     """Hugging Face → flaxzoo checkpoint → Hugging Face with the CLI; the tokenizer travels along."""
     source = minilm_dir()
@@ -545,6 +549,7 @@ except FileNotFoundError as exc:
 """
 
 
+@pytest.mark.slow_variants
 @pytest.mark.parametrize("mode", ["offline", "no_network"])
 def test_hub_ids_resolve_through_the_local_cache(tmp_path, mode):
     source = minilm_dir()

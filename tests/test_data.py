@@ -79,6 +79,7 @@ def assert_batches_equal(a, b):
 
 
 # ------------------------------------------------------------------------------------------------------- corpus
+@pytest.mark.slow
 def test_embedded_corpus_is_sizeable_and_identical_across_processes(causal_cfg):
     docs = data.embedded_documents()
     chars = sum(map(len, docs))
@@ -465,6 +466,8 @@ def test_process_rows_compose_the_global_batch(causal_setup):
         data.BatchSource(sources["train"], rows=[3, 1], **common)
 
 
+@pytest.mark.slow
+@pytest.mark.slow
 def test_same_seed_same_batches_in_two_processes_different_seed_differs(causal_setup, causal_cfg, tmp_path):
     cfg = causal_cfg.to_dict()
     run_helper("batches", json.dumps(cfg), tmp_path / "a.npz", 4)
@@ -479,6 +482,7 @@ def test_same_seed_same_batches_in_two_processes_different_seed_differs(causal_s
     assert_batches_equal(next(mine), a[0])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("objective", ["causal", "mlm"])
 def test_resume_in_a_new_process_gives_batch_k_plus_1(objective, causal_setup, mlm_setup, causal_cfg, mlm_cfg,
                                                      tmp_path):
@@ -494,6 +498,7 @@ def test_resume_in_a_new_process_gives_batch_k_plus_1(objective, causal_setup, m
     assert not np.array_equal(resumed["input_ids"], uninterrupted[k - 1]["input_ids"])
 
 
+@pytest.mark.slow
 def test_full_pipeline_run_never_imports_tensorflow(tmp_path):
     cfg = DataConfig(data_dir=str(tmp_path / "fresh"), tokenizer="bpe", vocab_size=600, tokenizer_max_docs=400,
                      seq_len=32, batch_size=4)

@@ -17,7 +17,7 @@ import torch
 import transformers
 from flax import nnx
 
-from family_parity import SMALL, VOCAB, checkpoint_fixture, forward, hf_logits, perturbed
+from family_parity import SMALL, VOCAB, checkpoint_fixture, forward, hf_logits, loaded, perturbed, tiered
 from flaxzoo import models
 from flaxzoo.models import GPTForCausalLM, GPTForSequenceClassification
 from flaxzoo.models.families import FAMILIES
@@ -107,20 +107,23 @@ def max_difference(model: nnx.Module, hf: torch.nn.Module, seed: int) -> dict[st
     return out
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
+QUICK = ("llama",)  # the quick tier's case (``-m "not slow"``); the other families' LMs: their family files
+
+
+@pytest.mark.parametrize("case", tiered(CASES, QUICK))
 def test_transformers_classifier_loads_with_same_logits(checkpoint, case):
     hf, directory = checkpoint(case)
-    model = from_pretrained(directory)
+    model = loaded(directory)
     assert isinstance(model, GPTForSequenceClassification) and model.config.model_type == hf.config.model_type
     assert model.config.num_labels == LABELS and model.config.pad_token_id == PAD
     assert model.score.kernel.get_value().shape == (SMALL["hidden_size"], LABELS) and model.score.bias is None
     print(f"\n  {case} transformers -> flaxzoo: max |logit difference| {max_difference(model, hf, seed=0)}")
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("case", tiered(CASES, QUICK))
 def test_saved_classifier_loads_in_transformers_with_same_logits(checkpoint, case, tmp_path):
     hf, directory = checkpoint(case)
-    model = from_pretrained(directory)
+    model = loaded(directory)
     again = transformers.AutoModelForSequenceClassification.from_pretrained(save_pretrained(model, tmp_path)).eval()
     assert type(again) is type(hf)
     assert again.config.architectures == [type(hf).__name__]
@@ -234,6 +237,7 @@ def save_word_tokenizer(directory) -> None:
     tokenizer.save(str(directory / "tokenizer.json"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["llama", "gemma2", "gpt_neox"])
 def test_a_decoder_classifier_finetunes_on_the_engine(tmp_path, case):
     """``init_from`` = a tiny transformers classifier directory of the family (its tokenizer with it): the fine-tuner

@@ -1,6 +1,6 @@
-"""The Llama-layout decoder families (Qwen2 / 2.5, Qwen3, Mistral, Llama 3 RoPE) against transformers: logits both
-ways on left-padded batches in both layer layouts, and 24 greedy tokens past the sliding window
-(``tests/family_parity.py``). Each case turns on its family's mechanisms: q/k/v biases without an output bias,
+"""The Llama-layout decoder families (Qwen2 / 2.5, Qwen3, Mistral, Llama 3 RoPE) against transformers: logits both ways
+on left-padded batches (the scanned layout proven equal to the unrolled one), and 24 greedy tokens past the sliding
+window (``tests/family_parity.py``). Each case turns on its family's mechanisms: q/k/v biases without an output bias,
 sliding windows on some or all layers, YaRN and llama3 RoPE scaling, QK-norm with an explicit head_dim."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import torch
 import transformers
 
 from family_parity import (SMALL, check_greedy_generation, check_loads_with_same_logits,
-                           check_saves_with_same_logits, checkpoint_fixture)
+                           check_saves_with_same_logits, check_scanned_layout, checkpoint_fixture, tiered)
 
 
 
@@ -52,18 +52,28 @@ FAMILY_CASES: dict[str, Callable[[], torch.nn.Module]] = {
 checkpoint = checkpoint_fixture(FAMILY_CASES)
 
 
-@pytest.mark.parametrize("scan", [False, True], ids=["unrolled", "scanned"])
+QUICK = ("qwen2", "qwen3", "mistral", "llama3")  # one case per family in the quick tier (``-m "not slow"``)
+
+
+@pytest.mark.parametrize("case", tiered(FAMILY_CASES, QUICK))
+def test_transformers_checkpoint_gives_same_logits(checkpoint, case):
+    check_loads_with_same_logits(*checkpoint(case))
+
+
+@pytest.mark.parametrize("case", tiered(FAMILY_CASES, QUICK))
+def test_saved_model_loads_in_transformers_with_same_logits(checkpoint, case, tmp_path):
+    check_saves_with_same_logits(*checkpoint(case), tmp_path / "saved")
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(FAMILY_CASES))
-def test_transformers_checkpoint_gives_same_logits(checkpoint, case, scan):
-    check_loads_with_same_logits(*checkpoint(case), scan)
+def test_scanned_layout_equals_the_unrolled_one(checkpoint, case, tmp_path):
+    """Stacked parameters, saved tensors and logits of ``scan_layers=True`` equal the unrolled layout's (the one
+    both directions above run), and its logits are transformers'."""
+    check_scanned_layout(*checkpoint(case), tmp_path)
 
 
-@pytest.mark.parametrize("scan", [False, True], ids=["unrolled", "scanned"])
-@pytest.mark.parametrize("case", sorted(FAMILY_CASES))
-def test_saved_model_loads_in_transformers_with_same_logits(checkpoint, case, scan, tmp_path):
-    check_saves_with_same_logits(*checkpoint(case), tmp_path / "saved", scan)
-
-
+@pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(FAMILY_CASES))
 def test_greedy_generation_equals_transformers_past_the_window(checkpoint, case):
     check_greedy_generation(*checkpoint(case))

@@ -1,11 +1,13 @@
 """Every fenced code block of ``README.md`` and ``docs/*.md`` runs as written.
 
-How a page runs (one test per page, marker ``docs``):
+How a page runs (one test per group of pages, ``page_groups()``, marker ``docs``):
 
-- Its ```` ```python ```` and ```` ```bash ```` blocks run in document order in one fresh Python process
-  (``tests/docs_runner.py``) whose working directory is a new temporary folder holding a link ``configs`` to the
-  repository's ``configs/`` (so ``--config configs/NAME.py`` resolves as in a clone). Python blocks share one
-  namespace: a page's blocks may build on each other, as a notebook's cells do. Bash blocks run with
+- Its ```` ```python ```` and ```` ```bash ```` blocks run in document order in a fresh Python process
+  (``tests/docs_runner.py``), with a working directory of its own: a new temporary folder holding a link ``configs`` to
+  the repository's ``configs/`` (so ``--config configs/NAME.py`` resolves as in a clone). Python blocks share one
+  namespace of the page's own: a page's blocks may build on each other, as a notebook's cells do. The pages of one
+  group run one after the other in one such process (each with its own namespace and folder), so that JAX, flaxzoo
+  and the programs they compile in-process (SmolLM2's load and generation) are paid for once. Bash blocks run with
   ``bash -e -o pipefail``, this environment's ``bin/`` first on ``PATH`` (``python``, ``flaxzoo``), so files one
   block writes (``runs/NAME``, a converted checkpoint) are there for the next.
 - Blocks in any other language (none, ``text``, ``console``, ...) are not run.
@@ -160,6 +162,22 @@ def page_id(page: pathlib.Path) -> str:
     return str(page.relative_to(ROOT))
 
 
+# Pages that run in one process, in this order (each page in its own namespace and folder): the pages whose Python
+# blocks load the packaged SmolLM2 (README's fine-tune command comes first: docs/fine-tuning.md's is the same, so it
+# finds the programs in the persistent compilation cache). docs/adding-a-family.md stays alone: it registers a family.
+SHARED_PROCESS = ("README.md", "docs/fine-tuning.md", "docs/pretrained.md", "docs/lora-int8.md")
+
+
+def page_groups() -> list[tuple[pathlib.Path, ...]]:
+    """Every page once: the ``SHARED_PROCESS`` group first, then each other page alone."""
+    shared = tuple(ROOT / name for name in SHARED_PROCESS)
+    return [shared, *((page,) for page in PAGES if page not in shared)]
+
+
+def group_id(group: tuple[pathlib.Path, ...]) -> str:
+    return "+".join(page_id(page) for page in group)
+
+
 # ======================================================================================================= static
 def test_directives_parse_and_skips_are_rare():
     blocks = all_blocks()
@@ -170,6 +188,13 @@ def test_directives_parse_and_skips_are_rare():
             assert not (b.skip or b.append or b.env), f"{b.where}: a directive on a {b.lang or 'plain'} block"
         if b.append:
             assert b.lang == "bash" and FLAXZOO_COMMAND.search(b.code), f"{b.where}: append on no flaxzoo command"
+
+
+def test_every_page_in_one_group():
+    """The groups run every page, none twice."""
+    groups = page_groups()
+    listed = [page for group in groups for page in group]
+    assert sorted(listed) == sorted(PAGES) and len(listed) == len(set(listed)), "a page missing or run twice"
 
 
 def test_append_rule():
@@ -201,32 +226,41 @@ def test_parse_block_and_directives(tmp_path, monkeypatch):
 
 
 # ===================================================================================================== executed
-def run_page(page: pathlib.Path, tmp_path: pathlib.Path) -> None:
-    blocks = [b for b in blocks_of(page) if b.lang in RUN_LANGS and not b.skip]
-    if not blocks:
-        pytest.skip(f"{page_id(page)} has no code block to run")
-    work = tmp_path / "work"
-    work.mkdir()
+def page_spec(page: pathlib.Path, work: pathlib.Path) -> dict:
+    """The runner's description of one page: its runnable blocks (directives applied) and its own working folder."""
+    work.mkdir(parents=True)
     (work / "configs").symlink_to(ROOT / "configs", target_is_directory=True)
-    spec = [{"where": b.where, "lang": b.lang, "env": b.env,
-             "code": with_appended(b.code, b.append) if b.lang == "bash" else b.code} for b in blocks]
-    (tmp_path / "blocks.json").write_text(json.dumps(spec))
+    blocks = [b for b in blocks_of(page) if b.lang in RUN_LANGS and not b.skip]
+    return {"page": page_id(page), "workdir": str(work),
+            "blocks": [{"where": b.where, "lang": b.lang, "env": b.env,
+                        "code": with_appended(b.code, b.append) if b.lang == "bash" else b.code} for b in blocks]}
+
+
+def run_pages(group: tuple[pathlib.Path, ...], tmp_path: pathlib.Path) -> None:
+    """Run the pages of ``group`` in one runner process; fail with the first failing block's location."""
+    specs = [page_spec(page, tmp_path / f"work{i}") for i, page in enumerate(group)]
+    specs = [spec for spec in specs if spec["blocks"]]
+    if not specs:
+        pytest.skip(f"{group_id(group)} has no code block to run")
+    (tmp_path / "pages.json").write_text(json.dumps(specs))
     env = dict(os.environ)
     env["PATH"] = f"{pathlib.Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     env.setdefault("MPLBACKEND", "Agg")
     env["PYTHONUNBUFFERED"] = "1"
-    done = subprocess.run([sys.executable, str(ROOT / "tests" / "docs_runner.py"), str(tmp_path / "blocks.json")],
-                          cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          timeout=PAGE_TIMEOUT_S)
+    done = subprocess.run([sys.executable, str(ROOT / "tests" / "docs_runner.py"), str(tmp_path / "pages.json")],
+                          cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          timeout=PAGE_TIMEOUT_S * len(specs))
     print(done.stdout[-20000:])
     if done.returncode != 0:
         failed = re.findall(r"^FAILED: (.*)$", done.stdout, re.MULTILINE)
-        pytest.fail(f"{page_id(page)}: {failed[-1] if failed else 'the runner failed'}\n{done.stdout[-12000:]}",
+        pytest.fail(f"{group_id(group)}: {failed[-1] if failed else 'the runner failed'}\n{done.stdout[-12000:]}",
                     pytrace=False)
+    passed = re.findall(r"^PASSED: (\S+)", done.stdout, re.MULTILINE)
+    assert passed == [spec["page"] for spec in specs], f"pages that ran whole: {passed}"
 
 
 @pytest.mark.docs
-@pytest.mark.timeout(PAGE_TIMEOUT_S + 60)
-@pytest.mark.parametrize("page", PAGES, ids=page_id)
-def test_code_blocks_run(page, tmp_path):
-    run_page(page, tmp_path)
+@pytest.mark.timeout(PAGE_TIMEOUT_S * len(SHARED_PROCESS) + 60)
+@pytest.mark.parametrize("group", page_groups(), ids=group_id)
+def test_code_blocks_run(group, tmp_path):
+    run_pages(group, tmp_path)

@@ -157,7 +157,16 @@ def case_id(case: tuple[str, type, bool]) -> str:
     return f"{case[0]}-{case[1].__name__}" + ("-stacked" if case[2] else "")
 
 
-@pytest.mark.parametrize("model_type,cls,scan", CASES, ids=[case_id(c) for c in CASES])
+def tiered_cases() -> list:
+    """CASES as pytest params: each family's base class per layer in the quick tier, the heads and the stacked
+    layout ``slow`` (the heads add a Dense after the backbone the base class exercises; the layouts' equality:
+    the family files' ``test_scanned_layout_equals_the_unrolled_one``)."""
+    return [pytest.param(*case, id=case_id(case),
+                         marks=() if case[1] is FAMILIES[case[0]].base_class and not case[2] else pytest.mark.slow)
+            for case in CASES]
+
+
+@pytest.mark.parametrize("model_type,cls,scan", tiered_cases())
 def test_lora_adapts_the_projections_and_starts_at_the_base_model(built, model_type, cls, scan):
     base, outputs = built(model_type, cls, scan)
     model = apply_lora(nnx.clone(base), LORA, seed=0)
@@ -184,7 +193,7 @@ def probabilities(x: np.ndarray, task: str) -> np.ndarray:
     return np.asarray(jax.nn.sigmoid(x) if task in SIGMOID_TASKS else jax.nn.softmax(x, axis=-1))
 
 
-@pytest.mark.parametrize("model_type,cls,scan", CASES, ids=[case_id(c) for c in CASES])
+@pytest.mark.parametrize("model_type,cls,scan", tiered_cases())
 def test_int8_quantises_the_projections_and_keeps_the_outputs(built, model_type, cls, scan):
     base, outputs = built(model_type, cls, scan)
     model = quantize_model(nnx.clone(base))

@@ -1,16 +1,15 @@
-"""The Gemma line (Gemma, Gemma 2, Gemma 3 text) against transformers: logits both ways on left-padded batches in both
-layer layouts, and 24 greedy tokens past the sliding window (``tests/family_parity.py``); ``config.json`` read in
-transformers v5's form and the older one (``rope_theta`` / ``rope_scaling`` / ``rope_local_base_freq`` /
-``sliding_window_pattern``, no ``layer_types``) as transformers reads it, and written so that transformers reads the
-same values back.
+"""The Gemma line (Gemma, Gemma 2, Gemma 3 text) against transformers: logits both ways on left-padded batches (the
+scanned layout proven equal to the unrolled one), and 24 greedy tokens past the sliding window
+(``tests/family_parity.py``); ``config.json`` read in transformers v5's form and the older one (``rope_theta`` /
+``rope_scaling`` / ``rope_local_base_freq`` / ``sliding_window_pattern``, no ``layer_types``) as transformers reads
+it, and written so that transformers reads the same values back.
 
 Each case turns on its generation's mechanisms: Gemma's (1 + w) RMSNorm, √hidden embedding scale, GELU-tanh and a
 head_dim other than hidden / heads; Gemma 2's sandwich norms, score and logit soft caps, query_pre_attn_scalar other
-than head_dim and alternating sliding / global layers (window 6: generation passes it); Gemma 3's QK-norm and
-per-layer RoPE (local θ unscaled, global θ with linear scaling) on mixed layers, which the scanned layout runs through
-a traced window mask. transformers picks its own attention: sdpa for Gemma and Gemma 3, eager for Gemma 2 (its sdpa
-cannot soft-cap); both agree with flaxzoo.
-"""
+than head_dim and alternating sliding / global layers (window 6: generation passes it); Gemma 3's QK-norm and per-layer
+RoPE (local θ unscaled, global θ with linear scaling) on mixed layers, which the scanned layout runs through a traced
+window mask. transformers picks its own attention: sdpa for Gemma and Gemma 3, eager for Gemma 2 (its sdpa cannot
+soft-cap); both agree with flaxzoo."""
 
 from __future__ import annotations
 
@@ -21,7 +20,7 @@ import torch
 import transformers
 
 from family_parity import (SMALL, check_greedy_generation, check_loads_with_same_logits,
-                           check_saves_with_same_logits, checkpoint_fixture)
+                           check_saves_with_same_logits, check_scanned_layout, checkpoint_fixture, tiered)
 
 from flaxzoo import models
 from flaxzoo.models import families
@@ -53,18 +52,28 @@ FAMILY_CASES: dict[str, Callable[[], torch.nn.Module]] = {"gemma": _gemma, "gemm
 checkpoint = checkpoint_fixture(FAMILY_CASES)
 
 
-@pytest.mark.parametrize("scan", [False, True], ids=["unrolled", "scanned"])
+QUICK = ("gemma", "gemma2", "gemma3")  # one case per family in the quick tier (``-m "not slow"``)
+
+
+@pytest.mark.parametrize("case", tiered(FAMILY_CASES, QUICK))
+def test_transformers_checkpoint_gives_same_logits(checkpoint, case):
+    check_loads_with_same_logits(*checkpoint(case))
+
+
+@pytest.mark.parametrize("case", tiered(FAMILY_CASES, QUICK))
+def test_saved_model_loads_in_transformers_with_same_logits(checkpoint, case, tmp_path):
+    check_saves_with_same_logits(*checkpoint(case), tmp_path / "saved")
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(FAMILY_CASES))
-def test_transformers_checkpoint_gives_same_logits(checkpoint, case, scan):
-    check_loads_with_same_logits(*checkpoint(case), scan)
+def test_scanned_layout_equals_the_unrolled_one(checkpoint, case, tmp_path):
+    """Stacked parameters, saved tensors and logits of ``scan_layers=True`` equal the unrolled layout's (the one
+    both directions above run), and its logits are transformers'."""
+    check_scanned_layout(*checkpoint(case), tmp_path)
 
 
-@pytest.mark.parametrize("scan", [False, True], ids=["unrolled", "scanned"])
-@pytest.mark.parametrize("case", sorted(FAMILY_CASES))
-def test_saved_model_loads_in_transformers_with_same_logits(checkpoint, case, scan, tmp_path):
-    check_saves_with_same_logits(*checkpoint(case), tmp_path / "saved", scan)
-
-
+@pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(FAMILY_CASES))
 def test_greedy_generation_equals_transformers_past_the_window(checkpoint, case):
     check_greedy_generation(*checkpoint(case))

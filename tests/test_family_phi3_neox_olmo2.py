@@ -1,9 +1,9 @@
-"""Phi-3, GPT-NeoX (Pythia) and OLMo 2 against transformers: logits both ways on left-padded batches in both layer
-layouts, and 24 greedy tokens (``tests/family_parity.py``). Each case turns on its family's mechanisms: Phi-3's fused
-q/k/v split unevenly by grouped-query heads, a sliding window the generation passes, LongRoPE with a partial rotary
-crossing ``original_max_position_embeddings``; GPT-NeoX's per-head fused q/k/v with a quarter of each head rotated,
-parallel and sequential residuals, tied and untied heads; OLMo 2's post-branch norms and full-width QK-norm with
-grouped-query heads. Then the older ``config.json`` spellings and the refusals."""
+"""Phi-3, GPT-NeoX (Pythia) and OLMo 2 against transformers: logits both ways on left-padded batches (the scanned layout
+proven equal to the unrolled one), and 24 greedy tokens (``tests/family_parity.py``). Each case turns on its family's
+mechanisms: Phi-3's fused q/k/v split unevenly by grouped-query heads, a sliding window the generation passes,
+LongRoPE with a partial rotary crossing ``original_max_position_embeddings``; GPT-NeoX's per-head fused q/k/v with a
+quarter of each head rotated, parallel and sequential residuals, tied and untied heads; OLMo 2's post-branch norms
+and full-width QK-norm with grouped-query heads. Then the older ``config.json`` spellings and the refusals."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import torch
 import transformers
 
 from family_parity import (SMALL, check_greedy_generation, check_loads_with_same_logits,
-                           check_saves_with_same_logits, checkpoint_fixture)
+                           check_saves_with_same_logits, check_scanned_layout, checkpoint_fixture, tiered)
 
 from flaxzoo import models
 from flaxzoo.models import families
@@ -63,18 +63,28 @@ FAMILY_CASES: dict[str, Callable[[], torch.nn.Module]] = {
 checkpoint = checkpoint_fixture(FAMILY_CASES)
 
 
-@pytest.mark.parametrize("scan", [False, True], ids=["unrolled", "scanned"])
+QUICK = ("phi3", "gpt_neox", "olmo2")  # one case per family in the quick tier (``-m "not slow"``)
+
+
+@pytest.mark.parametrize("case", tiered(FAMILY_CASES, QUICK))
+def test_transformers_checkpoint_gives_same_logits(checkpoint, case):
+    check_loads_with_same_logits(*checkpoint(case))
+
+
+@pytest.mark.parametrize("case", tiered(FAMILY_CASES, QUICK))
+def test_saved_model_loads_in_transformers_with_same_logits(checkpoint, case, tmp_path):
+    check_saves_with_same_logits(*checkpoint(case), tmp_path / "saved")
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(FAMILY_CASES))
-def test_transformers_checkpoint_gives_same_logits(checkpoint, case, scan):
-    check_loads_with_same_logits(*checkpoint(case), scan)
+def test_scanned_layout_equals_the_unrolled_one(checkpoint, case, tmp_path):
+    """Stacked parameters, saved tensors and logits of ``scan_layers=True`` equal the unrolled layout's (the one
+    both directions above run), and its logits are transformers'."""
+    check_scanned_layout(*checkpoint(case), tmp_path)
 
 
-@pytest.mark.parametrize("scan", [False, True], ids=["unrolled", "scanned"])
-@pytest.mark.parametrize("case", sorted(FAMILY_CASES))
-def test_saved_model_loads_in_transformers_with_same_logits(checkpoint, case, scan, tmp_path):
-    check_saves_with_same_logits(*checkpoint(case), tmp_path / "saved", scan)
-
-
+@pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(FAMILY_CASES))
 def test_greedy_generation_equals_transformers(checkpoint, case):
     check_greedy_generation(*checkpoint(case))

@@ -114,6 +114,7 @@ def finished(tmp_path_factory, data_dir, csv_files):
 
 
 # ------------------------------------------------------------------------------------------------ a whole run
+@pytest.mark.slow
 def test_a_shortened_finetune_learns_and_writes_sane_files(finished):
     workdir, summary = finished
     rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
@@ -137,6 +138,7 @@ def test_a_shortened_finetune_learns_and_writes_sane_files(finished):
         assert image.format == "PNG" and image.size[0] > 200
 
 
+@pytest.mark.slow
 def test_the_workdir_loads_as_the_classifier_and_exports_to_transformers(finished, tmp_path, csv_files):
     workdir, _ = finished
     model = models.from_pretrained(workdir)
@@ -480,6 +482,7 @@ def test_the_command_line_exits_2_on_bad_input(tmp_path):
                       "c.precision.compute_dtype = 'bfloat16')"], moved.stderr
 
 
+@pytest.mark.slow
 def test_a_flaxzoo_mlm_workdir_starts_a_classifier(tmp_path, data_dir, csv_files):
     """``init_from`` = a ``python -m flaxzoo.train`` masked-LM work directory (its tokenizer with it): the encoder's weights
     come from the checkpoint, the pooler and classifier are new, and the run trains."""
@@ -501,6 +504,7 @@ def test_a_flaxzoo_mlm_workdir_starts_a_classifier(tmp_path, data_dir, csv_files
 
 
 # ------------------------------------------------------------------------------------------------------ LoRA
+@pytest.mark.slow
 def test_a_lora_finetune_trains_only_the_adapters_and_the_head(tmp_path, data_dir, tiny_encoder, minilm_dir,
                                                                csv_files):
     """``lora.rank`` > 0: the trained state is the adapters on attention + MLP and the fresh pooler + classifier

@@ -103,6 +103,7 @@ def uninterrupted(inputs):
     return workdir
 
 
+@pytest.mark.slow
 def test_sigterm_then_sigkill_then_rerun_ends_as_the_uninterrupted_run(inputs, uninterrupted, tmp_path):
     workdir = tmp_path / "interrupted"
     args = command(inputs, workdir)

@@ -108,12 +108,14 @@ def test_every_listed_family_is_a_registered_encoder():
     assert all(k in FAMILIES and not FAMILIES[k].causal for k in ENCODERS) and set(QA_FAMILIES) <= set(ENCODERS)
 
 
+@pytest.mark.slow  # the quick tier's train step of every family: tests/test_family_train_step.py
 @pytest.mark.parametrize("task", ["classify", "tag"])
 @pytest.mark.parametrize("model_type", list(ENCODERS))
 def test_the_engine_finetunes_each_encoder_family(data, model_type, task, tmp_path):
     finetune(data, model_type, task, tmp_path)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model_type", QA_FAMILIES)
 def test_question_answering_on_encoder_families(data, model_type, tmp_path):
     summary = finetune(data, model_type, "qa", tmp_path)

@@ -59,6 +59,7 @@ def greedy_by_full_passes(kind: str, prompt: np.ndarray, new: int) -> np.ndarray
     return buffer
 
 
+@pytest.mark.slow_variants
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_greedy_equals_argmax_of_full_forward_passes(kind):
     prompt = prompts(2, 5)
@@ -70,6 +71,7 @@ def test_greedy_equals_argmax_of_full_forward_passes(kind):
         assert len(set(row.tolist())) >= 5, f"degenerate greedy sequence {row}: the test would prove little"
 
 
+@pytest.mark.slow_variants
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_cached_steps_equal_full_forward(kind):
     model = model_for(kind)
@@ -98,6 +100,7 @@ def test_cached_steps_equal_full_forward(kind):
     assert np.isnan(np.asarray(logits)).all()
 
 
+@pytest.mark.slow_variants
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_padded_batch_generates_what_each_prompt_generates_alone(kind):
     model = model_for(kind)

@@ -17,6 +17,7 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 CHECKS = ("versions", "gpt2_small_train", "bert_base_train", "train_cli", "smollm2_decode_b1", "smollm2_decode_b16")
 
 
+@pytest.mark.slow
 def test_tiny_check_prints_every_figure(tmp_path):
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     proc = subprocess.run([sys.executable, "-m", "flaxzoo.train.gpu_check", "--tiny", "--logs", str(tmp_path)], cwd=REPO,
@@ -51,6 +52,7 @@ def test_a_part_past_its_time_is_a_failed_figure(tmp_path):
     assert all(f["error"] == "timed out after 2 s" for f in figures)
 
 
+@pytest.mark.slow
 def test_encoder_check_on_cpu_matches_the_definition():
     """``gpu_encoder_check --tiny`` on CPU: the biased padded call (with its bias gradient), the bidirectional window
     and the DeBERTa relative-table gradients within bfloat16's error of the float32 definition."""

@@ -241,6 +241,7 @@ def test_base_class_from_head_checkpoint(hf_checkpoint):
                         run_hf(hf.transformer, ids, mask, None).last_hidden_state, mask)
 
 
+@pytest.mark.slow_variants
 @pytest.mark.parametrize("kind", ["bert_base", "roberta_base"])
 def test_bare_bert_model_checkpoint_round_trip(tmp_path, kind):
     """A BertModel / RobertaModel checkpoint has no ``bert.`` prefix (like all-MiniLM-L6-v2) and a pooler."""
@@ -378,6 +379,7 @@ def param_paths(model) -> set:
     return {p for p, _ in nnx.to_flat_state(nnx.state(model, nnx.Param))}
 
 
+@pytest.mark.slow_variants
 @pytest.mark.parametrize("kind", ["gpt2", "llama", "bert_mlm", "roberta_cls"])
 def test_stacked_layers_both_ways(hf_checkpoint, tmp_path, kind):
     """scan_layers=True: the same per-layer checkpoint builds the scanned model (same logits), which saves back to
@@ -410,6 +412,7 @@ DEFAULT_CONFIGS = {  # what transformers builds with its defaults, only the size
 }
 
 
+@pytest.mark.slow_variants
 @pytest.mark.parametrize("family", sorted(DEFAULT_CONFIGS))
 def test_transformers_default_configs_both_ways(tmp_path, family):
     """GPT-2's defaults keep bos/eos 50256 with a 1000-token vocabulary: they are dropped with a warning each."""

@@ -119,6 +119,7 @@ def ops_in(comps: dict[str, list[str]], name: str) -> set[str]:
     return found
 
 
+@pytest.mark.slow
 def test_the_gpu_decode_loop_reads_int8_weights():
     hlo = compiled_generate_hlo("h100x1")
     carry = loop_carry(hlo)
@@ -130,6 +131,7 @@ def test_the_gpu_decode_loop_reads_int8_weights():
     assert any("reduce" in ops or "dot" in ops for ops in readers), readers
 
 
+@pytest.mark.slow
 def test_a_tpu_decode_step_reads_int8_weights():
     hlo = compiled_decode_step_hlo("v5e-1")
     comps = computations(hlo)

@@ -22,6 +22,7 @@ def test_quantize_columns_round_trips_within_half_a_step():
     assert np.all(np.abs(q * scale - w) <= scale / 2 + 1e-7)
 
 
+@pytest.mark.slow_variants
 @pytest.mark.parametrize("batch", [1, 3])
 @pytest.mark.parametrize("name", list(int8_forms.FORMS))
 def test_every_form_computes_the_chain(name, batch):

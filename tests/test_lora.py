@@ -94,6 +94,7 @@ def test_a_fresh_adapter_leaves_the_output_unchanged_and_training_moves_only_the
     assert not np.allclose(np.asarray(trained(IDS)), np.asarray(base(IDS)), atol=1e-3)
 
 
+@pytest.mark.slow_variants
 @pytest.mark.parametrize("preset", ["llama-tiny", "gpt2-tiny"])
 def test_stacked_layers_hold_the_same_adapters_as_per_layer(preset):
     fresh = adapted(preset, scan=False)
@@ -120,6 +121,7 @@ def test_stacked_layers_hold_the_same_adapters_as_per_layer(preset):
     np.testing.assert_allclose(np.asarray(stacked(IDS)), np.asarray(per_layer(IDS)), atol=1e-5)
 
 
+@pytest.mark.slow_variants
 @pytest.mark.parametrize("scan", [False, True])
 def test_merged_model_is_plain_and_equals_the_adapted_one(scan):
     model = randomise_adapters(adapted(scan=scan, targets=("attention", "mlp")))
@@ -166,6 +168,7 @@ def test_a_target_matching_nothing_lists_the_module_paths():
         apply_lora(adapted(), LoraConfig(rank=2, alpha=4.0))
 
 
+@pytest.mark.slow_variants
 @pytest.mark.parametrize("preset, rope_layout", [("llama-tiny", "half"), ("llama-tiny", "interleaved"),
                                                  ("bert-tiny", None)])
 def test_adapters_in_peft_layout_load_with_peft_onto_the_base_to_the_same_logits(preset, rope_layout, tmp_path):
@@ -196,6 +199,7 @@ def test_adapters_in_peft_layout_load_with_peft_onto_the_base_to_the_same_logits
     np.testing.assert_allclose(np.asarray(model(ids)), out.logits.numpy(), atol=1e-4)
 
 
+@pytest.mark.slow_variants
 @pytest.mark.parametrize("scan, base_dtype", [(False, "int8"), (True, "int8"), (False, "bfloat16")])
 def test_frozen_base_in_int8_or_bfloat16(scan, base_dtype):
     """QLoRA-style: the adapted projections' kernels int8 (qwix, per-channel scales) or bfloat16, adapters float32;
@@ -241,6 +245,7 @@ def test_train_fully_names_select_the_head_or_the_embeddings():
     assert all("lora" in n or n.startswith(("classifier", "pooler")) for n in names)
 
 
+@pytest.mark.slow_variants
 @pytest.mark.parametrize("scan", [False, True])
 def test_bfloat16_base_casts_only_the_adapted_projections(scan):
     """``base_dtype="bfloat16"``: the adapted projections' kernels and biases bfloat16; the head trained fully

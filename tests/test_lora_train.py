@@ -64,6 +64,7 @@ def losses(workdir):
 TABLE = ("backbone", "embeddings", "tokens", "embedding")
 
 
+@pytest.mark.slow
 def test_lora_run_trains_adapters_only_resumes_exactly_refuses_another_base_and_exports(base_dir, tmp_path):
     """One LoRA run (attention + MLP adapters, the token table trained in full: ``lora.train_fully=embeddings``),
     checked for what trains, what the checkpoint holds, exact resume, the base fingerprint, and both exports."""

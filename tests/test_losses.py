@@ -23,6 +23,7 @@ def tiny_lm(kind: str, seed: int = 0, vocab: int = 97):
     return create_model(get_preset("bert-base-uncased", **sizes), BertForMaskedLM, seed=seed)
 
 
+@pytest.mark.slow_variants
 @pytest.mark.parametrize("seq, chunk", [(24, 8), (23, 5), (24, 24)])
 def test_chunked_cross_entropy_equals_the_whole_sequence_in_value_and_gradient(seq, chunk):
     from flax import nnx

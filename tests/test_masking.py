@@ -53,6 +53,7 @@ def test_document_positions_count_real_tokens_of_each_document():
     np.testing.assert_array_equal(np.asarray(document_positions(jnp.asarray(mask))), [[0, 0, 0, 1, 2], [0, 1, 2, 0, 0]])
 
 
+@pytest.mark.slow_variants
 @pytest.mark.parametrize("scan_layers", [False, True], ids=["per-layer", "stacked"])
 @pytest.mark.parametrize("kind", list(PACKED_KINDS))
 def test_packed_documents_give_each_document_its_own_logits(kind, scan_layers):
@@ -104,6 +105,7 @@ def numpy_attention(q, k, v, causal_offset=None, multiplier=None):
     return np.einsum("hqk,khd->qhd", probs, v)
 
 
+@pytest.mark.slow_variants
 @pytest.mark.parametrize("impl", ["softmax", "fused", "auto"])
 @pytest.mark.parametrize("q_len, k_len", [(3, 5), (1, 6), (4, 4)])
 def test_causal_attention_is_bottom_right_aligned_on_every_core(impl, q_len, k_len):

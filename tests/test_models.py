@@ -98,6 +98,7 @@ def position_jacobian_norms(model, seq: int, attention_mask=None, *, encoder: bo
     return np.linalg.norm(np.asarray(jacobian)[:, 0], axis=-1)
 
 
+@pytest.mark.slow_variants
 @pytest.mark.parametrize("kind, with_mask", [("gpt2", False), ("llama", False), ("alibi", False), ("sinusoidal", False),
                                              ("llama", True)])
 def test_decoder_is_causal(kind, with_mask):
@@ -135,6 +136,7 @@ def test_inputs_embeds_equals_token_lookup():
 PAD = 7  # any id: padded positions must not matter, whatever token they hold
 
 
+@pytest.mark.slow_variants
 @pytest.mark.parametrize("kind", ["gpt2", "llama", "alibi", "sinusoidal", "llama-interleaved-mqa", "gpt2-mqa"])
 def test_decoder_padding_leaves_real_positions_unchanged(kind):
     config = decoder_config(kind)
@@ -160,6 +162,7 @@ def test_decoder_padding_leaves_real_positions_unchanged(kind):
             np.testing.assert_allclose(real, alone[0], atol=1e-5, rtol=0, err_msg=f"{side} padding, row {row}")
 
 
+@pytest.mark.slow_variants
 @pytest.mark.parametrize("cls", [BertForMaskedLM, BertForSequenceClassification, BertModel])
 def test_bert_right_padding_leaves_real_positions_unchanged(cls):
     config = get_preset("bert-tiny")
@@ -212,6 +215,7 @@ def test_sinusoidal_model_adds_the_vaswani_table():
 # ------------------------------------------------------------------------------------------ attention-weights path
 
 
+@pytest.mark.slow_variants
 @pytest.mark.parametrize("kind", ["gpt2", "llama", "alibi", "bert"])
 def test_attention_weights_path_matches_fused_path(kind):
     if kind == "bert":
@@ -352,6 +356,7 @@ def test_gpt2_matches_numpy_forward():
 # ---------------------------------------------------------------------------------------------------- param_count
 
 
+@pytest.mark.slow_variants
 @pytest.mark.parametrize("name, cls, expected", [
     ("gpt2", None, 124_439_808),                    # transformers' GPT2LMHeadModel (tied head counted once)
     ("bert-base-uncased", BertModel, 109_482_240),  # transformers' BertModel with pooler
@@ -361,6 +366,7 @@ def test_param_count_matches_transformers(name, cls, expected):
     assert models.param_count(get_preset(name), cls) == expected
 
 
+@pytest.mark.slow_variants
 @pytest.mark.parametrize("name, cls", [("gpt2-tiny", None), ("llama-tiny", None), ("bert-tiny", BertForMaskedLM),
                                         ("bert-tiny", BertForSequenceClassification)])
 def test_param_count_equals_materialised_params(name, cls):

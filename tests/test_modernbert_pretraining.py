@@ -39,6 +39,7 @@ def trainer(tmp_path_factory):
     return Trainer(config, str(base / "work"), devices=jax.devices()[:1])
 
 
+@pytest.mark.slow
 def test_masked_lm_loss_falls(trainer):
     assert trainer.model_cls.__name__ == "ModernBertForMaskedLM"
     config = trainer.model_config

@@ -25,6 +25,7 @@ def wheel(tmp_path_factory) -> pathlib.Path:
     return built
 
 
+@pytest.mark.slow
 def test_wheel_holds_only_the_flaxzoo_package(wheel):
     names = zipfile.ZipFile(wheel).namelist()
     tops = {name.split("/")[0] for name in names}
@@ -53,6 +54,7 @@ def test_wheel_metadata_license_and_console_script(wheel):
     assert "flaxzoo = flaxzoo.train.cli:main" in entry_points
 
 
+@pytest.mark.slow
 def test_installed_wheel_imports_from_its_own_folder(wheel, tmp_path):
     """Installed (not editable) into a folder: flaxzoo.* come from there, and no ``models`` / ``train`` appears."""
     target = tmp_path / "site"

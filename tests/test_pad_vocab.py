@@ -50,6 +50,7 @@ def test_padded_vocab_size(vocab, multiple, padded):
 
 # ---------------------------------------------------------------------------------------------------------- layers
 
+@pytest.mark.slow_variants
 @pytest.mark.parametrize("name", ["gpt2-tiny", "llama-tiny", "bert-tiny"])  # tied; untied head; MLM head with bias
 def test_padded_tables_start_at_zero_and_padding_logits_are_masked(name):
     config = get_preset(name, pad_vocab_to=128)

@@ -45,6 +45,7 @@ def transformers_count(config: models.TransformerConfig) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
+@pytest.mark.slow_variants
 @pytest.mark.parametrize("name", sorted(PUBLISHED))
 def test_preset_parameter_count_equals_transformers(name):
     config = models.get_preset(name)
@@ -112,6 +113,7 @@ ENCODERS_PUBLISHED = {"distilbert-base-uncased": 66_362_880, "xlm-roberta-base":
                       "deberta-v3-small": 141_304_320}
 
 
+@pytest.mark.slow_variants
 @pytest.mark.parametrize("name", sorted(ENCODERS_PUBLISHED))
 def test_encoder_preset_count_equals_transformers_base_model(name):
     """flaxzoo's base model as a Hugging Face base checkpoint of the family builds it (the family's factory: a pooler

@@ -136,6 +136,7 @@ def test_minilm_embeds_a_long_text_as_sentence_transformers_truncates_it(minilm,
                                rtol=0, atol=1e-5)
 
 
+@pytest.mark.slow_variants
 @pytest.mark.parametrize("cls", [models.BertForSequenceClassification, models.BertForTokenClassification])
 def test_minilm_starts_a_classifier(minilm, minilm_dir, cls):
     """The real encoder as a classifier: the new head (and the pooler, where the file has none) are listed in one
@@ -215,6 +216,7 @@ def smol_hf_gguf(smol_file):
                                                              dtype=torch.float32).eval()
 
 
+@pytest.mark.slow
 def test_smollm2_config_from_gguf_metadata(smol):
     c = smol.config
     assert isinstance(smol, models.GPTForCausalLM)
@@ -225,6 +227,7 @@ def test_smollm2_config_from_gguf_metadata(smol):
     assert (c.norm, c.mlp_gated, c.activation, c.attention_bias) == ("rmsnorm", True, "silu", False)
 
 
+@pytest.mark.slow
 def test_smollm2_tokenizer_matches_transformers_gguf_tokenizer(smol_file, smol_tok):
     reference = transformers.AutoTokenizer.from_pretrained(smol_file.parent, gguf_file=smol_file.name)
     texts = TOKENIZER_TEXTS + ["The capital of France is", "<|im_start|>user\nWhat is 2+2?<|im_end|>\n",
@@ -238,6 +241,7 @@ def test_smollm2_tokenizer_matches_transformers_gguf_tokenizer(smol_file, smol_t
     assert smol_tok.encode("The capital of France is").ids == [504, 3575, 282, 4649, 314]
 
 
+@pytest.mark.slow
 def test_smollm2_greedy_says_paris(smol, smol_tok):
     prompt, new = "The capital of France is", 16
     start = time.perf_counter()
@@ -252,6 +256,7 @@ def test_smollm2_greedy_says_paris(smol, smol_tok):
     report(greedy_text=repr(text), first_call_seconds=f"{first:.1f}", steady_new_tokens_per_second=f"{steady:.1f}")
 
 
+@pytest.mark.slow
 def test_smollm2_logits_match_transformers(smol, smol_tok, smol_hf_gguf):
     text = ("In 1969, Neil Armstrong became the first person to walk on the Moon, and the world watched the "
             "grainy pictures live.")
@@ -266,6 +271,7 @@ def test_smollm2_logits_match_transformers(smol, smol_tok, smol_hf_gguf):
     assert (logits.argmax(-1) == ref.argmax(-1)).all()
 
 
+@pytest.mark.slow
 def test_smollm2_kv_cache_generation_equals_uncached(smol, smol_tok):
     """``generate_text`` on a batch (left padding, prefill + cached decode steps) against a full forward pass per
     new token with no cache (right padding), greedy, each row stopping at EOS."""
@@ -289,6 +295,7 @@ def test_smollm2_kv_cache_generation_equals_uncached(smol, smol_tok):
     assert texts == expected
 
 
+@pytest.mark.slow
 def test_smollm2_save_pretrained_round_trip(smol, smol_tok, smol_hf_gguf, tmp_path):
     """flaxzoo (interleaved RoPE) → save_pretrained (rotate-half) → transformers: the same logits."""
     save_pretrained(smol, tmp_path)

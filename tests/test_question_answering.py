@@ -166,6 +166,7 @@ def qa_run(tmp_path_factory):
     return root / "work", task, task.run()
 
 
+@pytest.mark.slow
 def test_a_tiny_bert_learns_squad_style_questions_on_the_engine(qa_run):
     workdir, task, summary = qa_run
     assert task.MODEL is BertForQuestionAnswering and len(task.encoded["train"]) > 48  # long contexts: windows

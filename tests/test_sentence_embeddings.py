@@ -129,6 +129,7 @@ CASES = {"cls+normalize": ("cls", True), "max": ("max", False), "mean": ("mean",
          "cls+max+normalize": (("cls", "max"), True)}
 
 
+@pytest.mark.slow_variants
 @pytest.mark.parametrize("case", list(CASES))
 def test_tiny_poolings_match_sentence_transformers(case, tiny_hf, tmp_path):
     pooling, normalize = CASES[case]

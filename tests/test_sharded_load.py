@@ -128,6 +128,7 @@ def report(tmp_path_factory) -> dict:
     return json.loads(out.read_text())
 
 
+@pytest.mark.slow
 def test_every_parameter_equals_from_pretrained_with_the_sharding_asked_for(report):
     assert len(report) == 21
     for name, case in report.items():
@@ -142,6 +143,7 @@ def test_every_parameter_equals_from_pretrained_with_the_sharding_asked_for(repo
     assert report["wd_bert_2x2x2_BertForSequenceClassification_4"]["initialised"] == 1
 
 
+@pytest.mark.slow
 def test_each_stored_element_is_read_once_by_the_box(report):
     """Every tensor is read exactly (never whole), each element once in the process whatever mesh (a shard that
     several devices replicate is read once); on FSDP over 8 devices every matrix is read in 8 parts of 1/8 each."""
@@ -167,6 +169,7 @@ def test_each_stored_element_is_read_once_by_the_box(report):
             assert read["count"] == 8 and read["largest"] * 8 == read["total"], (llama, tensor, read)
 
 
+@pytest.mark.slow
 def test_sharded_peak_host_memory_is_below_from_pretrained(tmp_path):
     """A 29 M-parameter float32 Llama (112 MiB): the peak resident set of a process loading it sharded over 8 devices stays
     below that of one loading it with ``from_pretrained`` (which holds the read tensors beside the model)."""

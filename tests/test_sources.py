@@ -76,6 +76,7 @@ def hidden(model, ids, mask) -> np.ndarray:
     return np.asarray(model(ids, mask).last_hidden_state, np.float32)
 
 
+@pytest.mark.slow_variants
 @pytest.mark.parametrize("dtype, param_dtype, leaves", [
     ("bfloat16", "float32", {"float32"}),  # float32 parameters, bfloat16 compute
     ("bfloat16", None, {"bfloat16"}),  # dtype alone: parameters follow it
@@ -122,6 +123,7 @@ def test_packaged_minilm_by_name(minilm_float32, minilm_inputs):
     assert [e.ids for e in by_name.encode_batch(SENTENCES)] == [e.ids for e in by_path.encode_batch(SENTENCES)]
 
 
+@pytest.mark.slow
 def test_packaged_smollm2_by_name_says_paris():
     source = open_source("smollm2-135m-instruct")
     assert isinstance(source, GGUFSource) and source.root == smollm2_gguf()

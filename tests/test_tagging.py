@@ -71,6 +71,7 @@ def tagged(tmp_path_factory, minilm_dir):
     return root / "work", summary, tagger
 
 
+@pytest.mark.slow
 def test_the_tagger_learns_the_tags_and_reports_seqeval_scores_of_its_predictions(tagged):
     from seqeval.metrics import accuracy_score, f1_score, precision_score, recall_score
 
@@ -91,6 +92,7 @@ def test_the_tagger_learns_the_tags_and_reports_seqeval_scores_of_its_prediction
     assert metrics["f1"] > 0.8 and summary.metrics["f1"] == metrics["f1"]
 
 
+@pytest.mark.slow
 def test_the_export_is_a_token_classifier_that_predicts_the_reported_tags(tagged, minilm_dir):
     workdir, _, tagger = tagged
     model = models.from_pretrained(workdir)

@@ -118,6 +118,7 @@ def test_parameters_load_from_the_checkpoint(baseline):
     assert logits.shape == (1, 3, 512) and bool(np.isfinite(np.asarray(logits)).all())
 
 
+@pytest.mark.slow
 def test_sigkill_then_restart_gives_bit_identical_losses(baseline, data_dir, tmp_path):
     kill_at = random.Random(1234).randint(10, 30)
     print(f"SIGKILL at step {kill_at}")
@@ -141,6 +142,7 @@ def test_sigkill_then_restart_gives_bit_identical_losses(baseline, data_dir, tmp
     assert [got[s] for s in range(1, restart + 1)] == [expected[s] for s in range(1, restart + 1)]
 
 
+@pytest.mark.slow
 def test_sigterm_saves_a_checkpoint_and_exits_75_then_the_rerun_finishes_with_0(baseline, data_dir, tmp_path):
     workdir = tmp_path / "w"
     code, out, err = run_until(workdir, data_dir, 12, signal.SIGTERM)
@@ -164,6 +166,7 @@ def truncate_largest_file(step_dir):
     return largest
 
 
+@pytest.mark.slow
 def test_damaged_latest_checkpoint_resumes_from_the_previous_one(baseline, data_dir, tmp_path):
     workdir = tmp_path / "w"
     shutil.copytree(baseline[0], workdir)
@@ -190,6 +193,7 @@ def test_no_good_checkpoint_stops_with_a_clear_message(baseline, data_dir, tmp_p
     assert not (workdir / "checkpoints" / "45").exists()
 
 
+@pytest.mark.slow
 def test_non_finite_loss_stops_with_the_step_and_keeps_the_last_good_checkpoint(baseline, data_dir, tmp_path):
     workdir = tmp_path / "w"
     shutil.copytree(baseline[0], workdir)
@@ -203,6 +207,7 @@ def test_non_finite_loss_stops_with_the_step_and_keeps_the_last_good_checkpoint(
     assert checkpoint_steps(workdir) == [30, 35, 40]
 
 
+@pytest.mark.slow
 def test_bert_pretraining_reports_masked_token_accuracy(data_dir, tmp_path):
     proc = run(tmp_path / "w", data_dir, kind="bert", steps=10, checkpoint_every=0, eval_every=10)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]

@@ -13,6 +13,8 @@ import pytest
 REPO = pathlib.Path(__file__).resolve().parent.parent
 HELPER = REPO / "tests" / "train_helper.py"
 MESHES = [[8, 1, 1], [2, 4, 1], [2, 2, 2], [1, 1, 8]]
+# Each test trains in its own 8-device process, a compile per mesh: the slow tier.
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="session")

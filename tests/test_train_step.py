@@ -42,6 +42,7 @@ def test_token_cross_entropy_matches_a_numpy_reference():
     assert float(correct) == float((logits.argmax(-1) == labels)[valid].sum())
 
 
+@pytest.mark.slow_variants
 @pytest.mark.parametrize("kind", ["gpt", "bert"])
 def test_gradient_accumulation_equals_the_whole_batch(data_dir, tmp_path, kind):
     """4 micro-batches of 2 rows = one batch of 8 (MLM micro-batches hold different numbers of masked tokens)."""
@@ -53,6 +54,7 @@ def test_gradient_accumulation_equals_the_whole_batch(data_dir, tmp_path, kind):
     assert max_diff(flat_state(state_a["params"]), flat_state(state_b["params"])) < 1e-5
 
 
+@pytest.mark.slow_variants
 @pytest.mark.parametrize("kind, remat, scan", [
     ("gpt", "full", False), ("gpt", "dots", False), ("gpt", "none", True), ("gpt", "full", True),
     ("bert", "dots", True),
@@ -102,6 +104,7 @@ def test_compute_dtype_bfloat16_runs_with_fp32_parameters(data_dir, tmp_path):
     assert {leaf.dtype for leaf in jax.tree.leaves(state["params"])} == {jnp.dtype("float32")}
 
 
+@pytest.mark.slow_variants
 @pytest.mark.parametrize("kind", ["gpt", "bert"])
 def test_evaluation_covers_a_split_smaller_than_one_batch(data_dir, tmp_path, kind):
     """The tiny run's validation split (hundreds of examples of 32 tokens) is smaller than a batch of 2,048: it is
@@ -121,6 +124,7 @@ def test_evaluation_covers_a_split_smaller_than_one_batch(data_dir, tmp_path, ki
 
 
 
+@pytest.mark.slow_variants
 @pytest.mark.parametrize("kind, chunk", [("gpt", 12), ("bert", 3)])
 def test_chunked_loss_in_the_loop_gives_the_plain_losses(data_dir, tmp_path, kind, chunk):
     """``precision.loss_chunk`` changes how the loss is computed, not its value or the update."""
