@@ -47,20 +47,15 @@ def minilm_dir() -> pathlib.Path:
 LONG_FILES_FIRST = ("test_notebooks.py", "test_docs.py", "test_multihost.py", "test_compile.py")
 SOLO_TESTS = {"test_notebooks.py": "test_runs_in_small_mode", "test_docs.py": "test_code_blocks_run"}
 SMOLLM2_FILES = ("test_pretrained.py", "test_quantize.py")
-# Docs pages that run the same fine-tuning command (the same compiled programs): one unit, so that the second page
-# finds them in the persistent compilation cache (run in parallel, both would compile them).
-FINETUNE_PAGES = ("README.md", "docs/fine-tuning.md")
-FINETUNE_UNIT = "docs-finetune"
 
 
 def work_unit(nodeid: str) -> str:
-    """The unit of a test id (``tests/test_x.py::test_y[param]``): its file, itself, the SmolLM2 unit or the docs
-    fine-tuning unit."""
+    """The unit of a test id (``tests/test_x.py::test_y[param]``): its file, itself or the SmolLM2 unit. (The docs
+    pages that share programs, README.md's and docs/fine-tuning.md's fine-tune among them, run in one process: one
+    test, tests/docs_runner.py.)"""
     path, _, test = nodeid.partition("::")
     name = path.rsplit("/", 1)[-1]
     if SOLO_TESTS.get(name) == test.split("[", 1)[0]:
-        if name == "test_docs.py" and test.split("[", 1)[-1].rstrip("]") in FINETUNE_PAGES:
-            return FINETUNE_UNIT
         return nodeid
     return "smollm2" if name in SMOLLM2_FILES else path
 
@@ -96,7 +91,7 @@ def pytest_collection_modifyitems(config, items):
             first_cases.add(function)
     rank = {name: i for i, name in enumerate(LONG_FILES_FIRST)}
     items.sort(key=lambda item: (rank.get(item.path.name, len(LONG_FILES_FIRST)),
-                                 work_unit(item.nodeid) not in (item.nodeid, FINETUNE_UNIT)))
+                                 work_unit(item.nodeid) != item.nodeid))
 
 
 # ------------------------------------------------------------------------------------------- the packaged SmolLM2

@@ -174,6 +174,7 @@ def test_the_workdir_loads_as_the_classifier_and_exports_to_transformers(finishe
         np.testing.assert_allclose(probs, np.exp(logits) / np.exp(logits).sum(), atol=1e-5)
 
 
+@pytest.mark.slow  # it needs the shortened fine-tune of the real MiniLM above (about 25 s of work)
 def test_a_finished_workdir_is_not_overwritten(finished, data_dir, tiny_encoder, minilm_dir, csv_files, capsys):
     workdir, summary = finished
     before = {p: p.stat().st_mtime_ns for p in workdir.rglob("*") if p.is_file()}

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 import transformers
+from family_parity import tiered
 from flax import nnx
 from safetensors.numpy import load_file, save_file
 
@@ -151,6 +152,9 @@ def write_config(directory, config):
 
 KINDS = ["gpt2", "llama", "llama_tied", "bert_mlm", "bert_cls", "bert_tok", "roberta_mlm", "roberta_cls",
          "roberta_tok"]
+# The quick tier's parity each way: one model per family (the heads' parity is the slow tier's, and the classifier
+# and tagger heads have their own quick tests in test_classify.py / test_token_classify.py).
+QUICK_KINDS = ("gpt2", "llama", "bert_mlm", "roberta_mlm")
 FLAX_CLASS = {"gpt2": GPTForCausalLM, "llama": GPTForCausalLM, "llama_tied": GPTForCausalLM,
               "bert_mlm": BertForMaskedLM, "bert_cls": BertForSequenceClassification,
               "bert_tok": BertForTokenClassification, "roberta_mlm": BertForMaskedLM,
@@ -193,7 +197,7 @@ def hf_checkpoint(tmp_path_factory):
 # --------------------------------------------------------------------------------------------- transformers → flaxzoo
 
 @pytest.mark.parametrize("padded", [False, True], ids=["unpadded", "padded"])
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", tiered(KINDS, QUICK_KINDS))
 def test_transformers_checkpoint_gives_same_logits(hf_checkpoint, kind, padded):
     hf, _, model = hf_checkpoint(kind)
     assert isinstance(model, FLAX_CLASS[kind])
@@ -295,7 +299,7 @@ def flax_checkpoint(tmp_path_factory):
 
 
 @pytest.mark.parametrize("padded", [False, True], ids=["unpadded", "padded"])
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", tiered(KINDS, QUICK_KINDS))
 def test_saved_model_loads_in_transformers_with_same_logits(flax_checkpoint, kind, padded):
     model, hf, info = flax_checkpoint(kind)
     assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"], info
