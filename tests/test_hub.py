@@ -152,9 +152,9 @@ def write_config(directory, config):
 
 KINDS = ["gpt2", "llama", "llama_tied", "bert_mlm", "bert_cls", "bert_tok", "roberta_mlm", "roberta_cls",
          "roberta_tok"]
-# The quick tier's parity each way: one model per family (the heads' parity is the slow tier's, and the classifier
-# and tagger heads have their own quick tests in test_classify.py / test_token_classify.py).
-QUICK_KINDS = ("gpt2", "llama", "bert_mlm", "roberta_mlm")
+# The quick tier's parity each way: one model per family and the token-classification head (the sequence classifier
+# is compared with transformers in test_classify.py's quick tier); the other heads and the tied Llama are slow.
+QUICK_KINDS = ("gpt2", "llama", "bert_mlm", "bert_tok", "roberta_mlm")
 FLAX_CLASS = {"gpt2": GPTForCausalLM, "llama": GPTForCausalLM, "llama_tied": GPTForCausalLM,
               "bert_mlm": BertForMaskedLM, "bert_cls": BertForSequenceClassification,
               "bert_tok": BertForTokenClassification, "roberta_mlm": BertForMaskedLM,
