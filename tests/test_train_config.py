@@ -609,3 +609,34 @@ def test_an_object_store_work_directory_is_used_as_a_uri(tmp_path, monkeypatch):
     rows = [json.loads(line) for line in (tmp_path / "bucket" / "run" / "metrics.jsonl").read_text().splitlines()]
     assert rows == [{"step": 1, "loss": 3.0}, {"step": 2, "loss": 2.5}, {"step": 3, "loss": 2.0}]
     assert ("open", "gs://bucket/run/metrics.jsonl") in calls
+
+
+def test_tensorboard_events_are_written_without_importing_torch(tmp_path):
+    """tensorboardX's writer imports torch (1.5 s) only to take torch tensors: the metrics writer keeps it out of a
+    training process, writes the scalars TensorBoard reads, and leaves ``import torch`` working afterwards."""
+    script = f"""
+import struct, sys
+from etils import epath
+from flaxzoo.train.hooks import MetricsWriter
+writer = MetricsWriter(epath.Path({str(tmp_path)!r}), start_step=0)
+writer.write({{"step": 1, "loss": 2.5, "val_loss": 3.0, "note": "text is not a scalar"}})
+writer.write({{"step": 2, "loss": 2.0}})
+writer.close()
+assert "torch" not in sys.modules, "tensorboardX imported torch"
+from tensorboardX.proto import event_pb2
+(path,) = epath.Path({str(tmp_path)!r}, "tensorboard").glob("events.out.tfevents.*")
+data, i, scalars = path.read_bytes(), 0, []
+while i < len(data):
+    (n,) = struct.unpack("<Q", data[i:i + 8])
+    event = event_pb2.Event.FromString(data[i + 12:i + 12 + n])
+    scalars += [(event.step, v.tag, round(v.simple_value, 4)) for v in event.summary.value]
+    i += 12 + n + 4
+print(sorted(scalars))
+import torch
+print(torch.tensor([1.5]).item())
+"""
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    assert lines[-2] == "[(1, 'eval/loss', 3.0), (1, 'train/loss', 2.5), (2, 'train/loss', 2.0)]", proc.stdout
+    assert lines[-1] == "1.5"

@@ -76,6 +76,21 @@ def _has_module(name: str) -> bool:
         return False
 
 
+def _summary_writer_class() -> type:
+    """tensorboardX's ``SummaryWriter``, imported without torch when torch is not loaded already: tensorboardX's writer
+    imports torch (1.5 s of CPU) only to accept torch tensors, and the rows written here hold Python numbers."""
+    if "torch" in sys.modules:
+        from tensorboardX import SummaryWriter
+        return SummaryWriter
+    sys.modules["torch"] = None  # `import torch` raises ImportError, which tensorboardX catches
+    try:
+        from tensorboardX import SummaryWriter
+    finally:
+        if sys.modules.get("torch", 0) is None:
+            del sys.modules["torch"]
+    return SummaryWriter
+
+
 class MetricsWriter:
     """``metrics.jsonl`` (one JSON object per logged step) and TensorBoard events, on process 0 only.
 
@@ -113,9 +128,7 @@ class MetricsWriter:
             log.warning("no TensorBoard events in %s: tensorboardX writes gs:// with google-cloud-storage and s3:// "
                         "with boto3 installed", workdir)
             return
-        from tensorboardX import SummaryWriter
-
-        self.tb = SummaryWriter(str(workdir / "tensorboard"), purge_step=start_step + 1 if start_step else None)
+        self.tb = _summary_writer_class()(str(workdir / "tensorboard"), purge_step=start_step + 1 if start_step else None)
 
     def write(self, row: dict[str, Any]) -> None:
         if not self.enabled:
