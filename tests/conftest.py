@@ -17,9 +17,10 @@ if NO_LLVM_OPT not in os.environ.get("XLA_FLAGS", ""):
 # JAX_PLATFORMS=cpu on a machine without a GPU or TPU, and JAX's start-up without the CUDA plugin's / libtpu's lines on
 # standard error (flaxzoo.models.jax_startup), as the entry points do: test processes start quiet, and the subprocesses
 # they start inherit JAX_PLATFORMS.
-from flaxzoo.models.jax_startup import quiet_jax_startup  # noqa: E402
+from flaxzoo.models.jax_startup import fewer_gc_passes, quiet_jax_startup  # noqa: E402
 
 quiet_jax_startup()
+fewer_gc_passes()  # the test processes trace thousands of programs: Python's collector walked the heap for 12% of it
 
 import jax  # noqa: E402
 import pytest  # noqa: E402

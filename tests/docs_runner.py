@@ -17,6 +17,8 @@ import sys
 import time
 import traceback
 
+from flaxzoo.models.jax_startup import fewer_gc_passes
+
 
 def run_block(block: dict, namespace: dict) -> bool:
     """Run one block with its environment variables set for it alone; False (after saying why) when it failed."""
@@ -61,6 +63,7 @@ def run_page(page: dict) -> bool:
 
 
 def main(path: str) -> int:
+    fewer_gc_passes()  # as the tests' own processes (tests/conftest.py)
     with open(path) as f:
         pages = json.load(f)
     return 0 if all(run_page(page) for page in pages) else 1

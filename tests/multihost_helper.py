@@ -181,9 +181,10 @@ def shared(template: str) -> int:
 
 
 if __name__ == "__main__":
-    from flaxzoo.models.jax_startup import quiet_jax_startup
+    from flaxzoo.models.jax_startup import fewer_gc_passes, quiet_jax_startup
 
     quiet_jax_startup()  # before JAX: without the CUDA plugin's / libtpu's start-up lines in the tests' logs
+    fewer_gc_passes()
     command = sys.argv[1]
     if command == "meshes":
         meshes(json.loads(sys.argv[2]))

@@ -144,7 +144,8 @@ def llama(args: dict[str, Any]) -> None:
 
 if __name__ == "__main__":
     sys.path.insert(0, str(REPO))
-    from flaxzoo.models.jax_startup import quiet_jax_startup
+    from flaxzoo.models.jax_startup import fewer_gc_passes, quiet_jax_startup
 
     quiet_jax_startup()  # before JAX: without the CUDA plugin's / libtpu's start-up lines in the tests' logs
+    fewer_gc_passes()
     {"checks": checks, "memory": memory, "llama": llama}[sys.argv[1]](json.loads(sys.argv[2]))

@@ -5,6 +5,7 @@ a user's JAX_PLATFORMS is left as it is."""
 from __future__ import annotations
 
 import ctypes
+import json
 import importlib.util
 import os
 import re
@@ -180,3 +181,21 @@ def test_jax_starts_quietly_and_deviceless_compiles_still_work():
                            env=env, timeout=300)
     assert plain.returncode == 0, plain.stderr
     assert "Could not find cuda drivers" in plain.stderr and "TPU_WORKER_HOSTNAMES" in plain.stderr, plain.stderr
+
+
+def test_the_entry_points_collect_garbage_less_often_and_importing_flaxzoo_does_not():
+    """``fewer_gc_passes`` is a program's choice: the training and compile entry points make it, while importing
+    flaxzoo's packages and those entry points' modules leaves Python's thresholds as they were."""
+    script = textwrap.dedent("""
+        import gc, json, sys
+        before = gc.get_threshold()
+        import flaxzoo.models, flaxzoo.train, flaxzoo.train.compile, flaxzoo.train.__main__ as cli
+        imported = gc.get_threshold()
+        cli.main(["flaxzoo.train", "--help"])
+        print(json.dumps([before, imported, gc.get_threshold()]))
+        """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    before, imported, after = json.loads(proc.stdout.splitlines()[-1])
+    assert imported == before != list(jax_startup.FEWER_GC_PASSES)
+    assert after == list(jax_startup.FEWER_GC_PASSES)

@@ -179,9 +179,10 @@ def main(command: str, args: dict[str, Any]) -> None:
 
 if __name__ == "__main__":
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    from flaxzoo.models.jax_startup import quiet_jax_startup
+    from flaxzoo.models.jax_startup import fewer_gc_passes, quiet_jax_startup
 
     quiet_jax_startup()  # before JAX: without the CUDA plugin's / libtpu's start-up lines in the tests' logs
+    fewer_gc_passes()
     import jax
 
     cache = os.environ.get("FLAXZOO_JAX_CACHE")

@@ -21,7 +21,7 @@ import time
 
 _START = time.perf_counter()
 
-from flaxzoo.models.jax_startup import quiet_jax_startup  # noqa: E402
+from flaxzoo.models.jax_startup import fewer_gc_passes, quiet_jax_startup  # noqa: E402
 
 quiet_jax_startup()  # before anything imports JAX: no CUDA plugin / libtpu start-up noise on a CPU machine
 
@@ -117,6 +117,7 @@ def config_key_error(exc: BaseException, argv: list[str], config_path: str) -> s
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv if argv is None else argv)
+    fewer_gc_passes()
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("flaxzoo.train").setLevel(logging.INFO)
     if any(arg in ("-h", "--help", "-help", "--helpshort") for arg in argv[1:]):

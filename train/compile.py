@@ -36,7 +36,7 @@ os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 # registers it).
 os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")
 
-from flaxzoo.models.jax_startup import quiet_jax_startup
+from flaxzoo.models.jax_startup import fewer_gc_passes, quiet_jax_startup
 
 quiet_jax_startup()  # before anything imports JAX: no CUDA plugin / libtpu start-up noise on a CPU machine
 
@@ -344,6 +344,7 @@ def _compile_config(config: ConfigDict, target: Target, devices: list[jax.Device
 
 
 def main(argv: list[str] | None = None) -> int:
+    fewer_gc_passes()
     args, rest = parse_args(list(sys.argv[1:] if argv is None else argv))
     unknown = [a for a in rest if not a.startswith("--config.")]
     if unknown:
