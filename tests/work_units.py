@@ -4,8 +4,8 @@ A unit runs whole on one worker (its module fixtures built once): a test file, e
 
 - the tests that are minutes each on their own (a notebook, a docs page group: ``SOLO_TESTS``), one unit apiece so
   that both workers take them;
-- the files that use the real SmolLM2 (``SMOLLM2_FILES``), one unit together, so that the session fixture of
-  ``tests/conftest.py`` loads its float + int8 pair once.
+- the files that use the real SmolLM2 (``SMOLLM2_FILES``), one unit together, so that the SmolLM2 fixture of
+  ``tests/conftest.py`` loads its float + int8 pair once per worker.
 
 Units are handed out longest first, by the seconds a full run measured (``unit_seconds.json``, written by
 ``python tests/suite_budget.py prof.xml --write-unit-seconds tests/unit_seconds.json``): the last units to start are
