@@ -477,10 +477,11 @@ def test_a_list_of_conversations_renders_to_a_list_of_prompts():
     assert chat_prompts(USER, "smollm2-135m-instruct") == apply_chat_template("smollm2-135m-instruct", USER)
 
 
-def test_generate_text_argument_errors(smol_model):
-    from flaxzoo.models import generate_text
+def test_generate_text_argument_errors():
+    """Checked before the model runs: a random tiny decoder stands in for SmolLM2 (whose load costs seconds)."""
+    from flaxzoo.models import create_model, generate_text, get_preset, load_tokenizer
 
-    model, tok = smol_model
+    model, tok = create_model(get_preset("llama-tiny")), load_tokenizer(smollm2_gguf())
     with pytest.raises(ValueError, match="a prompt or messages, not both"):
         generate_text(model, tok, "hi", messages=USER, chat_template="smollm2-135m-instruct")
     with pytest.raises(ValueError, match="messages= needs chat_template="):
