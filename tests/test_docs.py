@@ -7,7 +7,9 @@ How a page runs (one test per group of pages, ``page_groups()``, marker ``docs``
   the repository's ``configs/`` (so ``--config configs/NAME.py`` resolves as in a clone). Python blocks share one
   namespace of the page's own: a page's blocks may build on each other, as a notebook's cells do. The pages of one
   group run one after the other in one such process (each with its own namespace and folder), so that JAX, flaxzoo
-  and the programs they compile in-process (SmolLM2's load and generation) are paid for once. Bash blocks run with
+  and the programs they compile in-process (SmolLM2's load and generation) are paid for once. A bash block whose
+  commands (comments aside) and environment equal those of a block an earlier page of the group passed is not run
+  again: what that block created is linked into the page's folder. Bash blocks run with
   ``bash -e -o pipefail``, this environment's ``bin/`` first on ``PATH`` (``python``, ``flaxzoo``), so files one
   block writes (``runs/NAME``, a converted checkpoint) are there for the next.
 - Blocks in any other language (none, ``text``, ``console``, ...) are not run.
@@ -154,6 +156,12 @@ def with_appended(code: str, args: str) -> str:
     return "\n".join(out) + "\n"
 
 
+def without_comments(code: str) -> str:
+    """A bash block's command lines, comments and blank lines dropped: what decides whether two blocks are the same."""
+    lines = (split_comment(line)[0] for line in code.splitlines())
+    return "\n".join(line for line in lines if line.strip())
+
+
 def all_blocks() -> list[Block]:
     return [b for page in PAGES for b in blocks_of(page)]
 
@@ -163,8 +171,8 @@ def page_id(page: pathlib.Path) -> str:
 
 
 # Pages that run in one process, in this order (each page in its own namespace and folder): the pages whose Python
-# blocks load the packaged SmolLM2 (README's fine-tune command comes first: docs/fine-tuning.md's is the same, so it
-# finds the programs in the persistent compilation cache). docs/adding-a-family.md stays alone: it registers a family.
+# blocks load the packaged SmolLM2 (README's fine-tune command comes first: docs/fine-tuning.md shows the same command,
+# which the runner does not run twice but links its outputs). docs/adding-a-family.md stays alone: it registers a family.
 SHARED_PROCESS = ("README.md", "docs/fine-tuning.md", "docs/pretrained.md", "docs/lora-int8.md")
 
 
@@ -225,15 +233,43 @@ def test_parse_block_and_directives(tmp_path, monkeypatch):
         blocks_of(page)
 
 
+def test_a_repeated_bash_block_runs_once_and_its_outputs_reach_the_later_page(tmp_path):
+    """Two pages with the same command (other comments): it runs once; the second page's Python block reads what it
+    wrote; a third page's different command runs."""
+    pages = []
+    for i, command in enumerate(["echo run >> ../ran && mkdir -p runs/a && echo {i} > runs/a/out  # page {i}"] * 2
+                                + ["echo other >> ../ran"]):
+        work = tmp_path / f"w{i}"
+        work.mkdir()
+        code = command.format(i=i) if i == 0 else command.format(i=0).replace("# page 0", "# shown again")
+        pages.append({"page": f"p{i}", "workdir": str(work), "blocks": [
+            {"where": f"p{i}:1", "lang": "bash", "env": {}, "code": code, "commands": without_comments(code)},
+            {"where": f"p{i}:5", "lang": "python", "env": {}, "code": "import os\nprint('sees', os.path.exists("
+             "'runs/a/out') and open('runs/a/out').read().strip())\n"}]})
+    (tmp_path / "pages.json").write_text(json.dumps(pages))
+    done = subprocess.run([sys.executable, str(ROOT / "tests" / "docs_runner.py"), str(tmp_path / "pages.json")],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (tmp_path / "ran").read_text().split() == ["run", "other"]
+    assert re.findall(r"^sees (\S+)", done.stdout, re.MULTILINE) == ["0", "0", "False"]  # the third page made none
+    assert "p1:1: the block of p0:1, which passed; its outputs linked: runs" in done.stdout
+    assert (tmp_path / "w1" / "runs").is_symlink()
+
+
 # ===================================================================================================== executed
 def page_spec(page: pathlib.Path, work: pathlib.Path) -> dict:
     """The runner's description of one page: its runnable blocks (directives applied) and its own working folder."""
     work.mkdir(parents=True)
     (work / "configs").symlink_to(ROOT / "configs", target_is_directory=True)
     blocks = [b for b in blocks_of(page) if b.lang in RUN_LANGS and not b.skip]
-    return {"page": page_id(page), "workdir": str(work),
-            "blocks": [{"where": b.where, "lang": b.lang, "env": b.env,
-                        "code": with_appended(b.code, b.append) if b.lang == "bash" else b.code} for b in blocks]}
+    specs = []
+    for b in blocks:
+        spec = {"where": b.where, "lang": b.lang, "env": b.env, "code": b.code}
+        if b.lang == "bash":
+            spec["code"] = with_appended(b.code, b.append)
+            spec["commands"] = without_comments(spec["code"])
+        specs.append(spec)
+    return {"page": page_id(page), "workdir": str(work), "blocks": specs}
 
 
 def run_pages(group: tuple[pathlib.Path, ...], tmp_path: pathlib.Path) -> None:

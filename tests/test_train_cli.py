@@ -181,6 +181,7 @@ def test_damaged_latest_checkpoint_resumes_from_the_previous_one(baseline, data_
     assert [losses(workdir)[s] for s in range(36, 41)] == [expected[s] for s in range(36, 41)]
 
 
+@pytest.mark.slow  # a training process of its own
 def test_no_good_checkpoint_stops_with_a_clear_message(baseline, data_dir, tmp_path):
     workdir = tmp_path / "w"
     shutil.copytree(baseline[0], workdir)
@@ -218,6 +219,7 @@ def test_bert_pretraining_reports_masked_token_accuracy(data_dir, tmp_path):
     assert checkpoint_steps(tmp_path / "w") == [10]
 
 
+@pytest.mark.slow  # a training process of its own
 def test_an_error_after_the_first_step_exits_1_and_before_it_2(data_dir, tmp_path):
     """Exit code 2 means nothing was computed (a bad config or input); a ValueError once training runs is a run
     failure (1). The failure is simulated by a metrics writer that raises, in a real ``python -m flaxzoo.train`` process."""
