@@ -3,14 +3,15 @@
 ``python tests/docs_runner.py PAGES.json``. The file lists pages ``{"page", "workdir", "blocks"}``, run one after
 the other in this one process (JAX, flaxzoo and the programs they compiled are imported / traced once for all of
 them), each page as if alone: a fresh namespace (``__name__ == "__main__"``) and its own working directory. Each block
-is ``{"where", "lang", "code", "env"}`` (bash blocks also ``"commands"``: the code without its comments): ``python`` blocks are executed in the page's namespace (later blocks build on
-earlier ones, as a notebook's cells do), ``bash`` blocks with ``bash -e -o pipefail`` in the page's directory. The
-first failure stops the run with the block's location (exit code 1); ``PASSED: PAGE`` marks each page that ran whole.
+is ``{"where", "lang", "code", "env"}``, bash blocks also ``"commands"`` (the code without its comments): ``python``
+blocks are executed in the page's namespace (later blocks build on earlier ones, as a notebook's cells do), ``bash``
+blocks with ``bash -e -o pipefail`` in the page's directory. The first failure stops the run with the block's location
+(exit code 1); ``PASSED: PAGE`` marks each page that ran whole.
 
-A bash block identical (its commands without comments, and its environment) to one an earlier page of the run already passed is not run again: the
-files and folders that block created in its page's folder are linked into this page's folder instead, so the page's
-later blocks read the same outputs (``docs/fine-tuning.md`` shows README's fine-tune command, which takes ~20 s).
-A block that created nothing new runs again.
+A bash block whose commands and environment equal those of a block an earlier page of the run passed is not run
+again: the files and folders that block created in its page's folder are linked into this page's folder instead, so
+the page's later blocks read the same outputs (``docs/fine-tuning.md`` shows README's fine-tune command, ~20 s). A
+block that created nothing new runs again.
 """
 
 from __future__ import annotations

@@ -171,8 +171,8 @@ def page_id(page: pathlib.Path) -> str:
 
 
 # Pages that run in one process, in this order (each page in its own namespace and folder): the pages whose Python
-# blocks load the packaged SmolLM2 (README's fine-tune command comes first: docs/fine-tuning.md shows the same command,
-# which the runner does not run twice but links its outputs). docs/adding-a-family.md stays alone: it registers a family.
+# blocks load the packaged SmolLM2 (README's fine-tune command comes first; docs/fine-tuning.md shows the same one,
+# which the runner does not run twice: it links the outputs). docs/adding-a-family.md stays alone: it registers a family.
 SHARED_PROCESS = ("README.md", "docs/fine-tuning.md", "docs/pretrained.md", "docs/lora-int8.md")
 
 
