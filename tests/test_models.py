@@ -15,6 +15,7 @@ from flaxzoo import models
 from flaxzoo.models import (BertForMaskedLM, BertForSequenceClassification, BertModel, GPTForCausalLM, GPTModel,
                     TransformerConfig, get_preset)
 from flaxzoo.models.layers.attention import Attention
+from flaxzoo.models.layers.linear import next_key
 from flaxzoo.models.layers.masking import AttentionLayout
 
 DECODERS = {
@@ -479,3 +480,20 @@ def test_replace_derives_heads_again():
     assert config.head_dim == 32
     model = models.abstract_model(get_preset("gpt2-tiny", num_heads=8))
     assert model.backbone.layers[0].attention.key.kernel.shape == (64, 8, 8)
+
+
+def test_next_key_draws_the_keys_and_counts_of_the_flax_stream():
+    """``next_key(rngs.params)`` is ``rngs.params()``: the same keys in turn and the same count after, eagerly and
+    inside ``jit`` (where the parameters of a model built under ``jit`` / ``eval_shape`` draw theirs)."""
+    def draws(take, seed):
+        rngs = nnx.Rngs(seed)
+        keys = [jax.random.key_data(take(rngs.params)) for _ in range(4)]
+        return jnp.stack(keys), rngs.params.count.get_value()
+
+    for seed in (0, 7):
+        ours, theirs = draws(next_key, seed), draws(lambda stream: stream(), seed)
+        jitted = jax.jit(lambda: draws(next_key, seed))()
+        for got in (ours, jitted):
+            np.testing.assert_array_equal(got[0], theirs[0])
+            assert int(got[1]) == int(theirs[1]) == 4
+    assert len({tuple(np.asarray(k)) for k in draws(next_key, 0)[0]}) == 4  # four different keys
