@@ -171,9 +171,10 @@ def page_id(page: pathlib.Path) -> str:
 
 
 # Pages that run in one process, in this order (each page in its own namespace and folder): the pages whose Python
-# blocks load the packaged SmolLM2 (README's fine-tune command comes first; docs/fine-tuning.md shows the same one,
-# which the runner does not run twice: it links the outputs). docs/adding-a-family.md stays alone: it registers one.
-SHARED_PROCESS = ("README.md", "docs/fine-tuning.md", "docs/pretrained.md", "docs/lora-int8.md")
+# blocks load the packaged SmolLM2, and the pages that repeat a README command (fine-tuning.md its fine-tune,
+# training.md its default training run, with the same appended flags), which the runner does not run twice: it links
+# README's outputs. docs/adding-a-family.md stays alone: it registers a family.
+SHARED_PROCESS = ("README.md", "docs/fine-tuning.md", "docs/training.md", "docs/pretrained.md", "docs/lora-int8.md")
 
 
 def page_groups() -> list[tuple[pathlib.Path, ...]]:
