@@ -22,7 +22,6 @@ def get_config():
     c.optim.weight_decay = 0.1
     c.precision.remat = "dots"
     c.precision.scan_layers = True
-    c.precision.loss_chunk = 256  # the float32 logits 256 positions at a time (flaxzoo.train.step)
     c.model = model_fields("gpt2-medium", dropout=0.0, attention_dropout=0.0)
     c.model.pad_vocab_to = 128  # 50,257 rows -> 50,304 = 128 x 393: the table and its moments split over fsdp
     c.data = data_fields(source="embedded", tokenizer="bpe", vocab_size=50257)

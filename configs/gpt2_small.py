@@ -26,8 +26,6 @@ def get_config():
     c.optim.grad_clip = 1.0
     c.optim.accum_steps = 1  # raise it when the per-device batch does not fit
     c.precision.compute_dtype = "auto"  # bfloat16 on GPU / TPU
-    # [rows, 1024, 50304] float32 logits are 206 MB per row: compute the loss 256 positions at a time (flaxzoo.train.step)
-    c.precision.loss_chunk = 256
     c.model = model_fields("gpt2", dropout=0.0, attention_dropout=0.0)
     c.model.pad_vocab_to = 128  # 50,257 rows -> 50,304 = 128 x 393: the table and its moments split over fsdp
     c.data = data_fields(source="embedded", tokenizer="bpe", vocab_size=50257, tokenizer_max_docs=0)

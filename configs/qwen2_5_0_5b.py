@@ -21,7 +21,6 @@ def get_config():
     c.optim.warmup_steps = 500
     c.optim.weight_decay = 0.1
     c.precision.remat = "dots"
-    c.precision.loss_chunk = 256  # a vocabulary this large: never hold [batch, seq, vocab] logits at once
     c.model = model_fields("qwen2.5-0.5b", max_position_embeddings=4096)
     c.data = data_fields(source="embedded", tokenizer="bpe", vocab_size=151936)
     c.sample.prompt = "The"

@@ -540,6 +540,12 @@ PRESETS: dict[str, TransformerConfig] = {
         model_type="qwen3", vocab_size=151936, hidden_size=1024, num_layers=28, num_heads=16, num_kv_heads=8,
         head_dim=128, intermediate_size=3072, max_position_embeddings=40960, rope_theta=1_000_000.0, norm_eps=1e-6,
         qk_norm="head", tie_word_embeddings=True, bos_token_id=151643, eos_token_id=151645),
+    "llama-3.2-1b": _llama(
+        vocab_size=128256, hidden_size=2048, num_layers=16, num_heads=32, num_kv_heads=8, intermediate_size=8192,
+        max_position_embeddings=131072, rope_theta=500_000.0,
+        rope_scaling=(("factor", 32.0), ("high_freq_factor", 4.0), ("low_freq_factor", 1.0),
+                      ("original_max_position_embeddings", 8192), ("rope_type", "llama3")),
+        tie_word_embeddings=True, bos_token_id=128000, eos_token_id=128001),
     "mistral-7b": _llama(
         model_type="mistral", vocab_size=32000, hidden_size=4096, num_layers=32, num_heads=32, num_kv_heads=8,
         intermediate_size=14336, max_position_embeddings=32768, rope_theta=10_000.0, sliding_window=4096,

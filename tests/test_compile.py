@@ -98,6 +98,23 @@ def test_the_batch_is_never_replicated(target_name, mesh, cli_compile):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("target_name, config, preset", [
+    (TPU, "default", "qwen2.5-0.5b"), (GPU, "default", "qwen2.5-0.5b"),  # a tied token table
+    (TPU, "default", "mistral-7b"), (GPU, "bert_tiny", "bert-base-uncased")])  # an own head; an MLM head
+def test_no_buffer_holds_the_global_batch_at_a_large_vocabulary(target_name, config, preset):
+    """With 16,384 token rows split over FSDP 8, XLA looked the embeddings up by collecting every device's ids:
+    ``f32[40, 256, 128]``, the whole global batch's embeddings, on each device (``f32[32, 2048, 2048]`` for
+    Llama-3.2-1B's step on a v5p-8). The lookup now gathers the table instead, as FSDP gathers every weight; the
+    compile report names any buffer that leads with the global ``[rows, seq]`` (or their product)."""
+    need(targets.parse_target(target_name).platform)
+    report = compile_tiny(target_name, *FSDP8, f"--config.model.preset={preset}", "--config.model.vocab_size=16384",
+                          "--config.model.bos_token_id=1", "--config.model.eos_token_id=2",
+                          "--config.model.pad_token_id=0", "--config.model.num_kv_heads=2", config=config)
+    assert report.mesh == {"data": 1, "fsdp": 8, "tensor": 1} and report.fits
+    assert report.global_batch_buffers == []
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("target_name", [TPU, GPU])
 def test_fsdp_gradients_are_reduced_to_each_devices_slice(target_name, cli_compile):
     """Under fsdp=8 no weight's gradient is all-reduced whole: the layers' gradients are reduce-scattered (on TPU
@@ -253,9 +270,19 @@ def test_hlo_readers_count_collectives_and_kernels():
 """
     assert hlolib.collectives(hlo) == {"all-gather": 1, "all-reduce": 1, "reduce-scatter": 1}
     assert hlolib.attention_kernels(hlo) == ["splash"]
-    assert hlolib.largest_buffers(hlo, top=1) == ["bf16[12,64,1024,3072] (big): 4.50 GiB"]
+    assert hlolib.largest_buffers(hlo, top=1) == ["bf16[12,64,1024,3072] (big, a fusion): 4.50 GiB"]
+    traced = ('%convert.7 = f32[8,256,50304]{2,1,0} convert(bf16[8,256,50304]{2,1,0} %d), '
+              'metadata={op_name="jit(train_step)/jvp(loss)/while/body/lm_head/convert_element_type"}')
+    assert hlolib.largest_buffers(traced) == [
+        "f32[8,256,50304] (convert.7, a convert from .../body/lm_head/convert_element_type): 0.38 GiB"]
+    whole = ("%gather_fusion = f32[10240,128]{1,0} fusion(f32[2048,128]{1,0} %t, s32[10240]{0} %i), kind=kLoop\n"
+             "%input = f32[40,256,128]{2,1,0} parameter(0)\n%ids = s32[40,256]{1,0} parameter(1)\n"
+             "%mine = f32[5,256,128]{2,1,0} add(%a, %b)\n")
+    assert hlolib.global_batch_buffers(whole, 40, 256) == ["f32[10240,128] (gather_fusion, a fusion)",
+                                                           "f32[40,256,128] (input, a parameter)"]
     fused = "%fused_computation.1 (p: f32[4]) -> f32[4] {\n  %inner = f32[999,999,999] add(%p, %p)\n}\n"
     assert hlolib.largest_buffers(fused) == []  # a fusion's inner values are no buffers
+    assert hlolib.global_batch_buffers(fused, 999, 999) == []
     assert hlolib.collectives("%r = f32[8] ragged-all-to-all(%a)") == {}
     cudnn = '%c = bf16[8,12,64] custom-call(%q), custom_call_target="__cudnn$fmhaSoftmax"'
     assert hlolib.attention_kernels(cudnn) == ["cudnn"]

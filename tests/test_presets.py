@@ -18,6 +18,7 @@ from flaxzoo.models.families.fields import common_to_hf
 
 # Preset → the parameter count its model card gives (transformers counts tied tables once, as flaxzoo does).
 PUBLISHED = {
+    "llama-3.2-1b": 1_235_814_400,
     "qwen2.5-0.5b": 494_032_768,
     "qwen3-0.6b": 596_049_920,
     "mistral-7b": 7_241_732_096,

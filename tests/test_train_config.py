@@ -20,6 +20,7 @@ from jax.sharding import PartitionSpec as P
 from flaxzoo.models import get_preset, param_count
 from flaxzoo.train import flops, optim, sharding
 from flaxzoo.train.config import ConfigError, MeshConfig, OptimConfig, TrainConfig, execution_defaults
+from flaxzoo.train.config_sections import LOSS_CHUNK_BYTES, auto_loss_chunk
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 ALL_CONFIGS = sorted(p.stem for p in (REPO / "configs").glob("*.py") if not p.stem.startswith("_"))
@@ -195,7 +196,7 @@ def test_auto_precision_on_cpu_follows_the_depth(layers, remat, scan):
     cfg = resolve(config, 1, backend="cpu")
     assert (cfg.precision.remat, cfg.precision.scan_layers) == (remat, scan)
     assert (cfg.model.remat, cfg.model.scan_layers, cfg.model.dtype) == (remat, scan, "float32")
-    assert set(cfg.precision.auto) == {"compute_dtype", "remat", "scan_layers"}
+    assert set(cfg.precision.auto) == {"compute_dtype", "remat", "scan_layers", "loss_chunk"}
     assert cfg.precision.describe("remat") == f"{remat} (auto)"
     # Resolved again (a resumed run on the same backend): the same layout, so the checkpoint's parameters fit.
     assert resolve(config, 1, backend="cpu").model == cfg.model
@@ -207,8 +208,49 @@ def test_explicit_precision_values_win_over_auto():
     config = load_config("default")  # 4 layers: auto would be dots + scan on CPU
     config.precision.remat, config.precision.scan_layers = "full", False
     cfg = resolve(config, 1, backend="cpu")
-    assert (cfg.model.remat, cfg.model.scan_layers) == ("full", False) and cfg.precision.auto == ("compute_dtype",)
+    assert (cfg.model.remat, cfg.model.scan_layers) == ("full", False)
+    assert cfg.precision.auto == ("compute_dtype", "loss_chunk")
     assert cfg.precision.describe("scan_layers") == "False"
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_auto_loss_chunk_is_the_largest_power_of_two_within_the_budget(seed):
+    """Checked by its definition on random shapes: one piece when all float32 logits fit the budget, else a power of
+    two of positions whose logits fit and whose double does not (1 when even one position is over it)."""
+    rng = np.random.default_rng(seed)
+    budget = LOSS_CHUNK_BYTES
+    for _ in range(200):
+        rows, positions, vocab = (int(rng.integers(1, 65)), int(rng.integers(1, 8193)),
+                                  int(rng.choice([1000, 32000, 50304, 128256, 151936, 262144, 1 << 26])))
+        chunk = auto_loss_chunk(rows, positions, vocab)
+        logits = lambda n: 4 * rows * n * vocab  # noqa: E731
+        if chunk == 0:
+            assert logits(positions) <= budget
+            continue
+        assert logits(positions) > budget and chunk & (chunk - 1) == 0
+        assert logits(chunk) <= budget < logits(2 * chunk) or (chunk == 1 and logits(1) > budget)
+
+
+def test_auto_loss_chunk_follows_the_rows_per_device_and_an_explicit_value_wins(monkeypatch):
+    gpt2 = load_config("gpt2_small")  # 64 rows of 1024, 50,304 logits (padded vocabulary), data over every device
+    assert gpt2.precision.loss_chunk == "auto"
+    on8 = resolve(gpt2, 8, backend="tpu")  # 8 rows per device: 1.5 GiB of float32 logits at once
+    assert on8.precision.loss_chunk == 128 and "loss_chunk" in on8.precision.auto
+    assert on8.loss_shape() == (8, 1024, 50304)
+    assert resolve(gpt2, 64, backend="tpu").precision.loss_chunk == 0  # 1 row per device: 196 MiB, one piece
+    llama = load_config("llama3_2_1b")  # 32 rows of 2048, 128,256 logits, FSDP over every device
+    assert resolve(llama, 4, backend="tpu").precision.loss_chunk == 64
+    assert resolve(llama, 8, backend="tpu").precision.loss_chunk == 128
+    llama.mesh.fsdp, llama.mesh.tensor = 4, 2  # the vocabulary split over tensor: half the logits per device
+    assert resolve(llama, 8, backend="tpu").precision.loss_chunk == 128
+    # A CPU run of the default config: its logits fit, one piece (the main job's loss is computed as before).
+    assert resolve(load_config("default"), 1, backend="cpu").precision.loss_chunk == 0
+    config = parse_command_line(monkeypatch, "--config.precision.loss_chunk=64")
+    cfg = resolve(config, 1, backend="cpu")
+    assert cfg.precision.loss_chunk == 64 and "loss_chunk" not in cfg.precision.auto
+    config = parse_command_line(monkeypatch, "--config.precision.loss_chunk=many")
+    with pytest.raises(ConfigError, match=r"^precision\.loss_chunk: 'many': expected an integer >= 0 or 'auto'"):
+        resolve(config, 1)
 
 
 def parse_command_line(monkeypatch, *overrides):

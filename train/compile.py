@@ -10,7 +10,7 @@ data is read. Fine-tuning configs (``task="classify"``, ``"tag"``, ``"qa"``) com
 ``aot`` extra (``pip install "flaxzoo[aot]"``: libtpu and the CUDA compiler plugin).
 
 It prints the devices and mesh; per-device memory (arguments, outputs, temporaries, code) against the chip's, with
-fits / does not fit and, when it does not, the largest buffers; model FLOPs per device (analytic,
+fits / does not fit, and the five largest buffers (shape, the instruction and the JAX operation that produced each); model FLOPs per device (analytic,
 ``flaxzoo.train.flops``: XLA's cost analysis counts a loop body once); a roofline lower bound of the step time; the
 collectives by kind; the attention kernel found in the compiled HLO. ``--json``: the same as one JSON line.
 ``docs/accelerators.md`` says what a compile proves and what it does not.
@@ -92,6 +92,7 @@ class Report:
     compile_s: float
     largest_buffers: list[str]
     notes: list[str]
+    global_batch_buffers: list[str] = dataclasses.field(default_factory=list)
 
     def text(self) -> str:
         gib = 2**30
@@ -105,8 +106,10 @@ class Report:
             + f" (arguments {self.argument_bytes / gib:.2f}, outputs {self.output_bytes / gib:.2f}, temporaries "
             f"{self.temp_bytes / gib:.2f}, code {self.code_bytes / gib:.3f} GiB)",
         ]
-        if not self.fits and self.largest_buffers:
-            lines.append("largest buffers: " + "; ".join(self.largest_buffers))
+        if self.largest_buffers:
+            lines.append("largest buffers per device: " + "; ".join(self.largest_buffers))
+        if self.global_batch_buffers:
+            lines.append("WHOLE GLOBAL BATCH on each device: " + "; ".join(self.global_batch_buffers))
         lines += [
             f"FLOPs per device per step: {self.flops_per_device / 1e9:,.1f} GFLOP ({self.flops_source})",
             f"roofline lower bound: {1e3 * self.roofline_s:.1f} ms per step of {self.tokens_per_step:,} tokens: "
@@ -129,7 +132,10 @@ def roofline(flops_per_device: float, bytes_per_device: float, target: Target) -
 
 def _report(target: Target, step: str, devices: list[jax.Device], mesh: jax.sharding.Mesh,
             compiled: jax.stages.Compiled, *, flops_total: float, flops_source: str, tokens: int,
-            attention: tuple[str, str], remat: str, scan_layers: bool, compile_s: float, notes: list[str]) -> Report:
+            attention: tuple[str, str], remat: str, scan_layers: bool, compile_s: float, notes: list[str],
+            batch: tuple[int, int] | None = None) -> Report:
+    """The report of one compiled program. ``batch``: its global ``(rows, seq)`` when the rows are split over
+    several devices, to find buffers that hold them all (:func:`flaxzoo.train.hlo.global_batch_buffers`)."""
     memory = MemoryFigures.of(compiled)
     hlo = compiled.as_text()
     flops_per_device = flops_total / len(devices)
@@ -153,7 +159,8 @@ def _report(target: Target, step: str, devices: list[jax.Device], mesh: jax.shar
         tokens_per_s_at_50_mfu=(0.5 * tokens / (flops_per_device / target.peak_flops)) if flops_per_device else 0.0,
         collectives=hlolib.collectives(hlo), attention=kernel, attention_reason=reason, remat=remat,
         scan_layers=scan_layers, compile_s=compile_s,
-        largest_buffers=hlolib.largest_buffers(hlo) if memory.total > target.usable_hbm_bytes else [], notes=notes)
+        largest_buffers=hlolib.largest_buffers(hlo), notes=notes,
+        global_batch_buffers=hlolib.global_batch_buffers(hlo, *batch) if batch else [])
 
 
 # ================================================================================================= compiling
@@ -189,11 +196,13 @@ def compile_pretraining(cfg: TrainConfig, target: Target, devices: list[jax.Devi
         _dump(dump_hlo, f"{target.name}x{target.slices}_{step}", compiled)
     attention = attention_backend(cfg.model, q_len=cfg.seq_len, masked=True, training=step == "train",
                                   platform=platform)
+    rows = cfg.batch_size // (cfg.optim.accum_steps if step == "train" else 1)  # a (micro-)batch's rows
+    split = cfg.mesh.data * cfg.mesh.fsdp > 1
     return [_report(target, step, devices, mesh, compiled, flops_total=per_token * tokens,
                     flops_source="analytic model FLOPs, flaxzoo.train.flops (6N + 12LTd; XLA counts a scanned layer "
                                  "once)",
                     tokens=tokens, attention=attention, remat=cfg.model.remat, scan_layers=cfg.model.scan_layers,
-                    compile_s=compile_s, notes=notes)]
+                    compile_s=compile_s, notes=notes, batch=(rows, cfg.seq_len) if split else None)]
 
 
 def compile_generate(cfg: TrainConfig, target: Target, devices: list[jax.Device], mesh: jax.sharding.Mesh, *,

@@ -123,7 +123,19 @@ class TrainConfig(Section):
         execution = self.precision.model_fields()
         if any(getattr(self.model, k) != v for k, v in execution.items()):
             object.__setattr__(self, "model", build_model_config(self.model.replace, execution))
+        if self.precision.loss_chunk == "auto":
+            object.__setattr__(self, "precision", self.precision.with_loss_chunk(*self.loss_shape()))
         super().__post_init__()
+
+    def loss_shape(self) -> tuple[int, int, int]:
+        """``(rows, positions, vocab)`` of the logits one device holds for the loss: a micro-batch's rows over
+        ``mesh.data`` x ``mesh.fsdp``, the scored positions per row (``seq_len``; a masked LM's ``predictions``) and
+        the padded vocabulary over ``mesh.tensor`` (where it divides)."""
+        rows = self.batch_size // max(self.optim.accum_steps, 1) // max(self.mesh.batch_axes, 1)
+        positions = self.seq_len if self.objective == "causal" else self.data.predictions
+        vocab = self.model.padded_vocab_size
+        tensor = self.mesh.tensor if self.mesh.tensor > 0 else 1
+        return max(rows, 1), positions, vocab // tensor if vocab % tensor == 0 else vocab
 
     def _validate(self) -> None:
         if self.lora.enabled and not self.init_from:

@@ -171,11 +171,12 @@ def reject_unknown_keys(section: str, values: Mapping[str, Any], known: typing.I
 
 
 def section_dict(cls: type[Section]) -> ConfigDict:
-    """The ``ConfigDict`` of a section's keys with their defaults (a bool that also takes "auto" accepts any type)."""
+    """The ``ConfigDict`` of a section's keys with their defaults (a bool or an integer that also takes "auto"
+    accepts any type)."""
     out = ConfigDict()
     for name, value in cls.defaults().items():
         spec = cls.__dataclass_fields__[name].metadata["spec"]
-        mixed = spec.kind == "bool" and bool(spec.also)  # "auto" or true / false: any type parses
+        mixed = spec.kind in ("bool", "int") and bool(spec.also)  # "auto" or true / false (a number): any type parses
         out[name] = FieldReference(value, field_type=object) if mixed else value
     return out
 

@@ -107,6 +107,24 @@ def execution_defaults(backend: str, num_layers: int) -> tuple[str, bool]:
     return "none", True
 
 
+LOSS_CHUNK_BYTES = 256 * 2**20
+
+
+def auto_loss_chunk(rows: int, positions: int, vocab: int, budget: int = LOSS_CHUNK_BYTES) -> int:
+    """Positions per cross-entropy chunk for ``rows`` rows per device of ``positions`` scored positions with
+    ``vocab`` logits each: 0 (the whole sequence in one piece) when its float32 logits ``[rows, positions, vocab]``
+    fit in ``budget`` bytes, else the largest power of two of positions whose logits do (at least 1).
+
+    GPT-2's 50,304 logits at 8 rows of 1024 per device: 1.5 GiB at once, chunks of 128 (0.2 GiB); Llama 3's 128,256
+    at 8 rows of 2048: 7.8 GiB, chunks of 64; a CPU run's 8,000-token vocabulary at 16 rows of 128: 62 MiB, one
+    piece."""
+    per_position = 4 * max(rows, 1) * vocab
+    if per_position * positions <= budget:
+        return 0
+    fitting = max(1, budget // per_position)
+    return 1 << (fitting.bit_length() - 1)
+
+
 @dataclasses.dataclass(frozen=True)
 class PrecisionConfig(Section):
     """``precision.*``: how the model runs (compute / parameter dtypes, remat, scan over layers). "auto" values are
@@ -119,8 +137,11 @@ class PrecisionConfig(Section):
     param_dtype: str = checked("float32", choice(*DTYPES))
     remat: str = checked("auto", choice(*REMAT_POLICIES, also=("auto",)))
     scan_layers: Any = checked("auto", Spec("bool", also=("auto",)))
-    # Positions per cross-entropy chunk: the logits exist one [batch, chunk, vocab] piece at a time (flaxzoo.train.step).
-    loss_chunk: int = checked(0, integer(0, note="(0 = the whole sequence at once)"))
+    # Positions per cross-entropy chunk: the logits exist one [batch, chunk, vocab] piece at a time (flaxzoo.train.step);
+    # auto: from the vocabulary and the rows per device (:func:`auto_loss_chunk`).
+    loss_chunk: Any = checked("auto", Spec("int", low=0, also=("auto",),
+                                           note="(0 = the whole sequence at once; auto: float32 logits of at most "
+                                                f"{LOSS_CHUNK_BYTES // 2**20} MiB per device at a time)"))
     auto: tuple[str, ...] = checked((), None)
 
     def _validate(self) -> None:
@@ -145,8 +166,17 @@ class PrecisionConfig(Section):
         return {"dtype": self.compute_dtype, "param_dtype": self.param_dtype, "remat": self.remat,
                 "scan_layers": self.scan_layers}
 
+    def with_loss_chunk(self, rows: int, positions: int, vocab: int) -> "PrecisionConfig":
+        """The same settings with ``loss_chunk="auto"`` decided for ``rows`` rows per device, ``positions`` scored
+        positions per row and ``vocab`` logits per position on a device (:func:`auto_loss_chunk`)."""
+        if self.loss_chunk != "auto":
+            return self
+        return dataclasses.replace(self, loss_chunk=auto_loss_chunk(rows, positions, vocab),
+                                   auto=tuple(sorted({*self.auto, "loss_chunk"})))
+
     def describe(self, name: str) -> str:
         return f"{getattr(self, name)}{' (auto)' if name in self.auto else ''}"
+
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""Reading a compiled program's HLO text: its collectives, its fused attention kernels, its largest buffers.
+"""Reading a compiled program's HLO text: its collectives, its fused attention kernels, its largest buffers, the
+buffers that hold a whole global batch.
 
 Used by ``flaxzoo.train.compile`` (the deviceless compile report) and ``flaxzoo.train.bench`` (which kernel a timed step ran).
 Shapes in a partitioned (SPMD) program are per device.
@@ -39,9 +40,10 @@ def attention_kernels(hlo: str) -> list[str]:
 
 
 def largest_buffers(hlo: str, top: int = 5) -> list[str]:
-    """The ``top`` largest arrays that instructions outside fusions produce, in words (``"bf16[12,64,1024,3072]
-    (fusion.12): 4.50 GiB"``), largest first, each shape once. (A fusion's inner values live in registers or
-    on-chip memory; its output is the instruction that calls it.)"""
+    """The ``top`` largest arrays that instructions outside fusions produce, in words, largest first, each shape
+    once: ``"bf16[12,64,1024,3072] (fusion.12, a fusion from .../mlp/dot_general): 4.50 GiB"``: the instruction, its
+    op and the last steps of the JAX operation it came from (``metadata={op_name=...}``, when the line has it). (A
+    fusion's inner values live in registers or on-chip memory; its output is the instruction that calls it.)"""
     largest: dict[str, tuple[float, str]] = {}
     inside_fusion = False
     for line in hlo.splitlines():
@@ -56,6 +58,45 @@ def largest_buffers(hlo: str, top: int = 5) -> list[str]:
         size = BYTES_PER_ELEMENT[dtype] * math.prod(int(d) for d in dims.split(",") if d)
         shape = f"{dtype}[{dims}]"
         if shape not in largest or largest[shape][0] < size:
-            largest[shape] = (size, name)
+            largest[shape] = (size, _producer(name, line))
     ranked = sorted(largest.items(), key=lambda item: -item[1][0])[:top]
-    return [f"{shape} ({name}): {size / 2**30:.2f} GiB" for shape, (size, name) in ranked]
+    return [f"{shape} ({producer}): {size / 2**30:.2f} GiB" for shape, (size, producer) in ranked]
+
+
+def global_batch_buffers(hlo: str, rows: int, seq: int) -> list[str]:
+    """The float arrays outside fusions whose leading dimensions are the global batch's ``[rows, seq]`` (or their
+    product, ``[rows * seq, ...]``), each shape once with what produced it: in a program whose batch is split over
+    several devices, activations that every device holds whole. Empty is right; pick ``rows`` that no other
+    dimension of the program has."""
+    found: dict[str, str] = {}
+    inside_fusion = False
+    for line in hlo.splitlines():
+        header = _COMPUTATION.match(line)
+        if header:
+            inside_fusion = "fused" in header.group(1) or header.group(1).startswith("wrapped")
+            continue
+        match = _ARRAY.match(line)
+        if inside_fusion or not match or match.group(2) not in BYTES_PER_ELEMENT or match.group(2)[0] not in "fb":
+            continue
+        name, dtype, dims = match.groups()
+        shape = [int(d) for d in dims.split(",") if d]
+        if shape[:2] == [rows, seq] or (len(shape) >= 2 and shape[0] == rows * seq):
+            found.setdefault(f"{dtype}[{dims}]", _producer(name, line))
+    return [f"{shape} ({producer})" for shape, producer in found.items()]
+
+
+_OP = re.compile(r"\]\S*\s+([\w-]+)\(")
+_OP_NAME = re.compile(r'op_name="([^"]*)"')
+
+
+def _producer(name: str, line: str) -> str:
+    """``"name"``, or ``"name, a fusion from .../dot_general"``: the HLO op and the last three steps of the JAX
+    operation's name where the line carries them."""
+    op, origin = _OP.search(line), _OP_NAME.search(line)
+    if not op:
+        return name
+    where = ""
+    if origin:
+        steps = origin.group(1).split("/")
+        where = " from " + (".../" if len(steps) > 3 else "") + "/".join(steps[-3:])
+    return f"{name}, {'an' if op.group(1)[0] in 'aeiou' else 'a'} {op.group(1)}{where}"

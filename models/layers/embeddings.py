@@ -11,7 +11,8 @@ from flax import nnx
 from flaxzoo.models.config import TransformerConfig
 from flaxzoo.models.layers.linear import Dense, logical_param, take_rows
 from flaxzoo.models.layers.norms import make_norm
-from flaxzoo.models.layers.partitioning import ACTIVATION_BATCH, ACTIVATION_LENGTH, ACTIVATION_VOCAB, HIDDEN, constrain
+from flaxzoo.models.layers.partitioning import (ACTIVATION_BATCH, ACTIVATION_EMBED, ACTIVATION_LENGTH, ACTIVATION_VOCAB,
+                                                HIDDEN, constrain)
 from flaxzoo.models.layers.positions import LearnedPositions, sinusoidal_table
 
 
@@ -120,13 +121,22 @@ class TokenEmbedding(nnx.Module):
                                        (rows, hidden_size), ("vocab", "embed"), param_dtype)
 
     def __call__(self, ids: jax.Array) -> jax.Array:
-        """``[batch, seq]`` int → ``[batch, seq, hidden]``."""
-        return take_rows(self.embedding[...], ids, self.vocab_size).astype(self.dtype)
+        """``[batch, seq]`` int → ``[batch, seq, hidden]``.
+
+        On a mesh the table is gathered for the lookup in the compute dtype, whole along ``embed`` (split over
+        ``tensor`` along ``vocab``, where each device then looks up its rows and one all-reduce of its own batch
+        rows adds them), as FSDP gathers every weight: the lookup keeps the batch split. Left to itself, XLA
+        gathered a row-split table by collecting every device's ids and built the embeddings of the whole global
+        batch on each device before reduce-scattering them (``f32[32, 2048, 2048]`` for Llama-3.2-1B at batch 32 on
+        a v5p-8)."""
+        table = constrain(self.embedding[...].astype(self.dtype), (ACTIVATION_VOCAB, ACTIVATION_EMBED))
+        return take_rows(table, ids, self.vocab_size)
 
     def attend(self, hidden: jax.Array) -> jax.Array:
-        """Tied output logits ``hidden · tableᵀ``: ``[batch, seq, hidden]`` → ``[batch, seq, rows]`` (padding ids
-        unmasked: ``LMHead`` masks them)."""
-        return jnp.einsum("bsd,vd->bsv", hidden.astype(self.dtype), self.embedding[...].astype(self.dtype))
+        """Tied output logits ``hidden · tableᵀ``: ``[batch, seq, hidden]`` → ``[batch, seq, rows]`` float32, the
+        product of compute-dtype operands accumulated in float32 (padding ids unmasked: ``LMHead`` masks them)."""
+        return jnp.einsum("bsd,vd->bsv", hidden.astype(self.dtype), self.embedding[...].astype(self.dtype),
+                          preferred_element_type=jnp.float32)
 
 
 class InputEmbeddings(nnx.Module):
@@ -182,7 +192,9 @@ class InputEmbeddings(nnx.Module):
 class LMHead(nnx.Module):
     """Hidden states → vocabulary logits, tied to the token table or with its own kernel, optional bias.
 
-    ``[batch, seq, hidden]`` → ``[batch, seq, padded_vocab]`` in float32, ``padded_vocab = config.padded_vocab_size``
+    ``[batch, seq, hidden]`` → ``[batch, seq, padded_vocab]`` in the compute dtype (``config.dtype``: float32 logits
+    for a float32 model, bfloat16 for a bfloat16 one, as MaxText's and Hugging Face's heads give; the product is
+    accumulated, biased and soft-capped in float32 and rounded once), ``padded_vocab = config.padded_vocab_size``
     (= ``vocab_size`` unless ``config.pad_vocab_to`` pads it). The logits of the padding ids ``[vocab_size,
     padded_vocab)`` are ``PADDED_LOGIT`` (``mask_padded_logits``): softmax, argmax, sampling and cross-entropy never
     pick them, and ``logits[..., :vocab_size]`` are the unpadded model's. The untied kernel is
@@ -208,10 +220,11 @@ class LMHead(nnx.Module):
         if self.kernel is None:
             logits = tokens.attend(hidden)
         else:
-            logits = jnp.einsum("bsd,dv->bsv", hidden.astype(self.dtype), self.kernel[...].astype(self.dtype))
-        logits = constrain(logits, (ACTIVATION_BATCH, ACTIVATION_LENGTH, ACTIVATION_VOCAB)).astype(jnp.float32)
+            logits = jnp.einsum("bsd,dv->bsv", hidden.astype(self.dtype), self.kernel[...].astype(self.dtype),
+                                preferred_element_type=jnp.float32)
+        logits = constrain(logits, (ACTIVATION_BATCH, ACTIVATION_LENGTH, ACTIVATION_VOCAB))
         if self.bias is not None:
-            logits = logits + self.bias[...]
+            logits = logits + self.bias[...].astype(jnp.float32)
         if self.softcap is not None:  # Gemma 2: c · tanh(logits / c)
             logits = self.softcap * jnp.tanh(logits / self.softcap)
-        return mask_padded_logits(logits, self.vocab_size)
+        return mask_padded_logits(logits, self.vocab_size).astype(self.dtype)

@@ -48,10 +48,10 @@ class LanguageModel(StackModel):
     def __call__(self, input_ids: jax.Array, attention_mask: jax.Array | None = None,
                  token_type_ids: jax.Array | None = None, position_ids: jax.Array | None = None, *,
                  segment_ids: jax.Array | None = None) -> jax.Array:
-        """``[batch, seq]`` ids → logits ``[batch, seq, vocab]`` (float32)."""
+        """``[batch, seq]`` ids → logits ``[batch, seq, vocab]`` (the compute dtype, ``config.dtype``)."""
         return self.logits(self.hidden_states(input_ids, attention_mask, token_type_ids, position_ids,
                                               segment_ids=segment_ids))
 
     def logits(self, hidden: jax.Array) -> jax.Array:
-        """The head alone: ``[batch, n, hidden]`` states → ``[batch, n, vocab]`` logits (float32)."""
+        """The head alone: ``[batch, n, hidden]`` states → ``[batch, n, vocab]`` logits (the compute dtype)."""
         raise NotImplementedError(f"{type(self).__name__} defines no logits")

@@ -19,9 +19,9 @@ Keys (``--config.KEY=VALUE``):
   (bfloat16 keeps float32's exponent range, so its gradients need no loss scaling; ``float16`` is refused, by the
   rules of ``flaxzoo.train.precision``); ``precision.param_dtype`` ``float32`` (the master weights);
   ``precision.remat`` / ``precision.scan_layers`` (``auto`` decides from the backend and the depth:
-  :meth:`FinetuneConfig.execution`). ``precision.loss_chunk`` must stay 0: it chunks a language model's vocabulary
-  logits, and a fine-tune's head has none. The top-level ``compute_dtype`` / ``remat`` / ``scan_layers`` of earlier
-  versions are refused with the key they moved to.
+  :meth:`FinetuneConfig.execution`). ``precision.loss_chunk`` must stay 0 or auto: it chunks a language model's
+  vocabulary logits, and a fine-tune's head has none. The top-level ``compute_dtype`` / ``remat`` / ``scan_layers``
+  of earlier versions are refused with the key they moved to.
 - ``task``: ``"classify"`` (a label per text), ``"tag"`` (a tag per word: CoNLL files), ``"qa"`` (extractive
   question answering: SQuAD-style JSON in ``data.train_path`` / ``data.test_path``, windows of ``data.max_len``
   pieces every ``data.doc_stride`` context pieces, questions cut to ``data.max_query_length`` pieces, answers of at
@@ -190,10 +190,10 @@ class FinetuneConfig(Section):
     SECTIONS: ClassVar[tuple[str, ...]] = ("optim", "data", "vocab", "model", "lora", "mesh", "precision")
 
     def _validate(self) -> None:
-        if self.precision.loss_chunk:
+        if self.precision.loss_chunk not in (0, "auto"):
             raise ConfigError("precision.loss_chunk", f"{self.precision.loss_chunk}: it chunks a language model's "
                                                       "vocabulary logits, and a fine-tune's head has a few per row "
-                                                      "or token; expected 0")
+                                                      "or token; expected 0 or 'auto'")
         if self.init_from == SCRATCH and not self.tokenizer:
             raise ConfigError("tokenizer", "'': init_from='scratch' needs a tokenizer path (a folder with "
                                            "tokenizer.json / vocab.txt)")

@@ -97,8 +97,8 @@ class BertForMaskedLM(LanguageModel):
         self.decoder = LMHead(config, use_bias=True, rngs=rngs, features=width)
 
     def logits(self, hidden: jax.Array) -> jax.Array:
-        """The MLM head alone: ``[batch, n, hidden]`` encoder states → ``[batch, n, vocab]`` logits (float32), e.g. for
-        the scored positions only (BERT's pre-training gathers them first)."""
+        """The MLM head alone: ``[batch, n, hidden]`` encoder states → ``[batch, n, vocab]`` logits (the compute
+        dtype), e.g. for the scored positions only (BERT's pre-training gathers them first)."""
         hidden = self.transform_norm(ACTIVATION_FUNCTIONS[self.config.activation](self.transform(hidden)))
         return self.decoder(hidden, self.backbone.embeddings.tokens)
 

@@ -44,7 +44,7 @@ class GPTForCausalLM(LanguageModel):
         self.lm_head = LMHead(config, use_bias=False, rngs=rngs)
 
     def logits(self, hidden: jax.Array) -> jax.Array:
-        """The head alone: ``[batch, n, hidden]`` → ``[batch, n, vocab]`` logits (float32)."""
+        """The head alone: ``[batch, n, hidden]`` → ``[batch, n, vocab]`` logits (the compute dtype)."""
         return self.lm_head(hidden, self.backbone.embeddings.tokens)
 
     def decode(self, input_ids: jax.Array, state: DecodeState, new_valid: jax.Array | None = None, *,

@@ -137,7 +137,7 @@ class ModernBertForMaskedLM(_ModernBert, LanguageModel):
         self.decoder = LMHead(config, use_bias=config.decoder_bias, rngs=rngs)
 
     def logits(self, hidden: jax.Array) -> jax.Array:
-        """``[batch, n, hidden]`` encoder states → ``[batch, n, vocab]`` logits (float32)."""
+        """``[batch, n, hidden]`` encoder states → ``[batch, n, vocab]`` logits (the compute dtype)."""
         name = self.config.pooler_activation
         act = jnp.tanh if name == "tanh" else ACTIVATION_FUNCTIONS[name]
         return self.decoder(self.transform_norm(act(self.transform(hidden))), self.backbone.embeddings.tokens)
