@@ -20,7 +20,8 @@ import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from flaxzoo.models.layers.partitioning import (ACTIVATION_BATCH, ACTIVATION_EMBED, ACTIVATION_HEADS, ACTIVATION_KV_HEADS,
-                                        ACTIVATION_LENGTH, ACTIVATION_MLP, ACTIVATION_VOCAB, ActivationPlacement)
+                                        ACTIVATION_LENGTH, ACTIVATION_MLP, ACTIVATION_VOCAB, HEAD_BATCH, HEAD_VOCAB,
+                                        ActivationPlacement)
 
 MESH_AXES = ("data", "fsdp", "tensor")
 BATCH_AXES = ("data", "fsdp")
@@ -45,12 +46,17 @@ LOGICAL_RULES: dict[str | None, str | tuple[str, ...] | None] = {
     ACTIVATION_KV_HEADS: "tensor",
     ACTIVATION_MLP: "tensor",
     ACTIVATION_VOCAB: "tensor",
+    HEAD_BATCH: "data",
+    HEAD_VOCAB: ("tensor", "fsdp"),
     None: None,
 }
 # Whole-parameter overrides, checked first. The token table is split over its rows only: splitting [vocab, embed] as
 # ("tensor", "fsdp") makes XLA rematerialise the whole table at the gather ("Involuntary full rematerialization").
+# An untied output kernel is split the same way, along its vocabulary: the head's logits and gradients are computed
+# where its rows are (``LMHead``), never gathered whole.
 PARAMETER_RULES: dict[tuple[str | None, ...], tuple[Any, ...]] = {
     ("vocab", "embed"): (("tensor", "fsdp"), None),
+    ("embed", "vocab"): (None, ("tensor", "fsdp")),
 }
 
 

@@ -12,7 +12,7 @@ from flaxzoo.models.config import TransformerConfig
 from flaxzoo.models.layers.linear import Dense, logical_param, take_rows
 from flaxzoo.models.layers.norms import make_norm
 from flaxzoo.models.layers.partitioning import (ACTIVATION_BATCH, ACTIVATION_EMBED, ACTIVATION_LENGTH, ACTIVATION_VOCAB,
-                                                HIDDEN, constrain)
+                                                HEAD_BATCH, HEAD_VOCAB, HIDDEN, constrain, split_ways)
 from flaxzoo.models.layers.positions import LearnedPositions, sinusoidal_table
 
 
@@ -205,7 +205,7 @@ class LMHead(nnx.Module):
     def __init__(self, config: TransformerConfig, *, use_bias: bool, rngs: nnx.Rngs, features: int | None = None):
         vocab, rows = config.vocab_size, config.padded_vocab_size
         features = config.hidden_size if features is None else features
-        self.vocab_size = vocab
+        self.vocab_size, self.rows = vocab, rows
         self.kernel = (None if config.tie_word_embeddings else
                        logical_param(rngs, zero_rows_from(jax.nn.initializers.normal(config.initializer_range),
                                                           vocab, axis=1),
@@ -217,12 +217,29 @@ class LMHead(nnx.Module):
         self.softcap = config.final_logit_softcap
 
     def __call__(self, hidden: jax.Array, tokens: TokenEmbedding) -> jax.Array:
+        # On a mesh whose FSDP axis splits the vocabulary rows of the table (or of the kernel), each device computes
+        # the logits of its own rows for the rows of the batch its FSDP group holds (the hidden states gathered
+        # over FSDP), as Megatron's vocabulary-parallel cross-entropy does: the weights are never gathered for the
+        # head, and their gradient is computed on the device that keeps those rows. Splitting by batch instead,
+        # every device gathered the whole table and built a whole float32 gradient for it, reduced over the
+        # devices for every loss chunk (1 GiB each for Llama 3's 128,256 x 2048 table). Chosen when the gathered
+        # states are the smaller of the two: fewer tokens in the group's call than vocabulary rows (a loss chunk
+        # of a large vocabulary; ``loss_chunk="auto"`` cuts those).
+        shape = (*hidden.shape[:-1], self.rows)
+        by_vocab = (HEAD_BATCH, ACTIVATION_LENGTH, HEAD_VOCAB)
+        by_batch = (ACTIVATION_BATCH, ACTIVATION_LENGTH, ACTIVATION_VOCAB)
+        vocab_parallel = False
+        if hidden.ndim == 3 and split_ways(by_vocab, shape) >= split_ways(by_batch, shape) > 1:
+            group_rows = hidden.shape[0] // split_ways((HEAD_BATCH,), hidden.shape[:1])
+            vocab_parallel = group_rows * hidden.shape[1] < self.rows
+        if vocab_parallel:
+            hidden = constrain(hidden, (HEAD_BATCH, ACTIVATION_LENGTH, ACTIVATION_EMBED))
         if self.kernel is None:
             logits = tokens.attend(hidden)
         else:
             logits = jnp.einsum("bsd,dv->bsv", hidden.astype(self.dtype), self.kernel[...].astype(self.dtype),
                                 preferred_element_type=jnp.float32)
-        logits = constrain(logits, (ACTIVATION_BATCH, ACTIVATION_LENGTH, ACTIVATION_VOCAB))
+        logits = constrain(logits, by_vocab if vocab_parallel else by_batch)
         if self.bias is not None:
             logits = logits + self.bias[...].astype(jnp.float32)
         if self.softcap is not None:  # Gemma 2: c · tanh(logits / c)

@@ -34,6 +34,10 @@ ACTIVATION_HEADS = "activation_heads"
 ACTIVATION_KV_HEADS = "activation_kv_heads"
 ACTIVATION_MLP = "activation_mlp"
 ACTIVATION_VOCAB = "activation_vocab"
+# The output head's logits split by vocabulary rather than by batch (see ``LMHead``): their rows over the data axis
+# only, the vocabulary over every axis that splits the token table's rows.
+HEAD_BATCH = "activation_head_batch"
+HEAD_VOCAB = "activation_head_vocab"
 
 # [batch, seq, hidden]: the residual stream between layers
 HIDDEN = (ACTIVATION_BATCH, ACTIVATION_LENGTH, ACTIVATION_EMBED)
@@ -84,6 +88,18 @@ def constrain(x: jax.Array, logical: Sequence[str | None]) -> jax.Array:
     if len(logical) != x.ndim:
         raise ValueError(f"logical axes {tuple(logical)} do not match an activation of shape {tuple(x.shape)}")
     return jax.lax.with_sharding_constraint(x, NamedSharding(placement.mesh, placement.spec(logical, x.shape)))
+
+
+def split_ways(logical: Sequence[str | None], shape: Sequence[int]) -> int:
+    """Over how many devices a constraint by ``logical`` splits an array of ``shape`` (1 outside a placement)."""
+    placement = _PLACEMENT.get()
+    if placement is None:
+        return 1
+    ways = 1
+    for axes in placement.spec(logical, shape):
+        for axis in (() if axes is None else (axes,) if isinstance(axes, str) else axes):
+            ways *= placement.mesh.shape[axis]
+    return ways
 
 
 def current_platform() -> str:
