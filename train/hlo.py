@@ -10,6 +10,7 @@ from __future__ import annotations
 import collections
 import math
 import re
+from typing import Iterator
 
 COLLECTIVES = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute")
 # An instruction whose op is a collective (its async "-start" half counted once; "ragged-all-to-all" is not one).
@@ -45,16 +46,7 @@ def largest_buffers(hlo: str, top: int = 5) -> list[str]:
     op and the last steps of the JAX operation it came from (``metadata={op_name=...}``, when the line has it). (A
     fusion's inner values live in registers or on-chip memory; its output is the instruction that calls it.)"""
     largest: dict[str, tuple[float, str]] = {}
-    inside_fusion = False
-    for line in hlo.splitlines():
-        header = _COMPUTATION.match(line)
-        if header:
-            inside_fusion = "fused" in header.group(1) or header.group(1).startswith("wrapped")
-            continue
-        match = _ARRAY.match(line)
-        if inside_fusion or not match or match.group(2) not in BYTES_PER_ELEMENT:
-            continue
-        name, dtype, dims = match.groups()
+    for name, dtype, dims, line in _buffers(hlo):
         size = BYTES_PER_ELEMENT[dtype] * math.prod(int(d) for d in dims.split(",") if d)
         shape = f"{dtype}[{dims}]"
         if shape not in largest or largest[shape][0] < size:
@@ -69,6 +61,18 @@ def global_batch_buffers(hlo: str, rows: int, seq: int) -> list[str]:
     several devices, activations that every device holds whole. Empty is right; pick ``rows`` that no other
     dimension of the program has."""
     found: dict[str, str] = {}
+    for name, dtype, dims, line in _buffers(hlo):
+        if dtype[0] not in "fb":  # float types only (f32, bf16, f16, f8...): not ids, masks or iotas
+            continue
+        shape = [int(d) for d in dims.split(",") if d]
+        if shape[:2] == [rows, seq] or (len(shape) >= 2 and shape[0] == rows * seq):
+            found.setdefault(f"{dtype}[{dims}]", _producer(name, line))
+    return [f"{shape} ({producer})" for shape, producer in found.items()]
+
+
+def _buffers(hlo: str) -> Iterator[tuple[str, str, str, str]]:
+    """``(name, dtype, dims, line)`` of each array instruction outside fusions (a fusion's inner values live in
+    registers or on-chip memory; its output is the instruction that calls it)."""
     inside_fusion = False
     for line in hlo.splitlines():
         header = _COMPUTATION.match(line)
@@ -76,13 +80,8 @@ def global_batch_buffers(hlo: str, rows: int, seq: int) -> list[str]:
             inside_fusion = "fused" in header.group(1) or header.group(1).startswith("wrapped")
             continue
         match = _ARRAY.match(line)
-        if inside_fusion or not match or match.group(2) not in BYTES_PER_ELEMENT or match.group(2)[0] not in "fb":
-            continue
-        name, dtype, dims = match.groups()
-        shape = [int(d) for d in dims.split(",") if d]
-        if shape[:2] == [rows, seq] or (len(shape) >= 2 and shape[0] == rows * seq):
-            found.setdefault(f"{dtype}[{dims}]", _producer(name, line))
-    return [f"{shape} ({producer})" for shape, producer in found.items()]
+        if not inside_fusion and match and match.group(2) in BYTES_PER_ELEMENT:
+            yield (*match.groups(), line)
 
 
 _OP = re.compile(r"\]\S*\s+([\w-]+)\(")
