@@ -10,9 +10,10 @@ data is read. Fine-tuning configs (``task="classify"``, ``"tag"``, ``"qa"``) com
 ``aot`` extra (``pip install "flaxzoo[aot]"``: libtpu and the CUDA compiler plugin).
 
 It prints the devices and mesh; per-device memory (arguments, outputs, temporaries, code) against the chip's, with
-fits / does not fit, and the five largest buffers (shape, the instruction and the JAX operation that produced each); model FLOPs per device (analytic,
-``flaxzoo.train.flops``: XLA's cost analysis counts a loop body once); a roofline lower bound of the step time; the
-collectives by kind; the attention kernel found in the compiled HLO. ``--json``: the same as one JSON line.
+fits / does not fit, and the five largest buffers (shape, the instruction and the JAX operation that produced
+each); model FLOPs per device (analytic, ``flaxzoo.train.flops``: XLA's cost analysis counts a loop body once); a
+roofline lower bound of the step time; the collectives by kind; the attention kernel found in the compiled HLO.
+``--json``: the same as one JSON line.
 ``docs/accelerators.md`` says what a compile proves and what it does not.
 
 Exit codes: 0 compiled (on GPU also when it does not fit: XLA's GPU compiler does not refuse it, and the report says

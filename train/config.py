@@ -131,10 +131,9 @@ class TrainConfig(Section):
         """``(rows, positions, vocab)`` of the logits one device holds for the loss: a micro-batch's rows over
         ``mesh.data`` x ``mesh.fsdp``, the scored positions per row (``seq_len``; a masked LM's ``predictions``) and
         the padded vocabulary over ``mesh.tensor`` (where it divides)."""
-        rows = self.batch_size // max(self.optim.accum_steps, 1) // max(self.mesh.batch_axes, 1)
+        rows = self.batch_size // self.optim.accum_steps // self.mesh.batch_axes
         positions = self.seq_len if self.objective == "causal" else self.data.predictions
-        vocab = self.model.padded_vocab_size
-        tensor = self.mesh.tensor if self.mesh.tensor > 0 else 1
+        vocab, tensor = self.model.padded_vocab_size, self.mesh.tensor
         return max(rows, 1), positions, vocab // tensor if vocab % tensor == 0 else vocab
 
     def _validate(self) -> None:
