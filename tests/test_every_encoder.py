@@ -176,8 +176,8 @@ def test_lora_adapts_the_projections_and_starts_at_the_base_model(built, model_t
     assert len(adapted) >= 6 * blocks(base.config)  # q, k, v, out and two or three MLP projections a block
     fresh = run(model)
     assert fresh.keys() == outputs.keys()
-    for name in outputs:
-        np.testing.assert_array_equal(fresh[name], outputs[name], err_msg=name)
+    for name in outputs:  # B = 0 adds exactly zero; the adapted program may fuse the rest in another order (ulps)
+        np.testing.assert_allclose(fresh[name], outputs[name], rtol=0, atol=2e-6, err_msg=name)
 
     state = nnx.state(model, nnx.LoRAParam)
     leaves, tree = jax.tree.flatten(state)
