@@ -49,6 +49,43 @@ def test_keras_hub_decodes_the_same_model_beside_flaxzoo(monkeypatch, capsys):
     assert theirs["flops_per_token"] == result["flops_per_token"]
 
 
+def bert_mlm_params(config) -> int:
+    """BERT with its MLM head (the output tied to the token table, its own bias): the token, position and segment
+    tables and the embeddings' layer norm; per layer Q/K/V and the attention output with biases, two layer norms, the
+    MLP with biases; the head's dense + layer norm and the vocabulary bias. KerasHub's ``BertBackbone`` adds a pooler
+    (hidden x hidden + bias)."""
+    d, f, v = config.hidden_size, config.intermediate_size, config.vocab_size
+    per_layer = 4 * (d * d + d) + 2 * 2 * d + (d * f + f) + (f * d + d)
+    return ((v + config.max_position_embeddings + config.type_vocab_size) * d + 2 * d + config.num_layers * per_layer
+            + d * d + d + 2 * d + v)
+
+
+@pytest.mark.parametrize("work", ["gpt_train", "bert_train"])
+def test_keras_hub_trains_the_same_model_on_the_same_batch(work, monkeypatch):
+    """The training workloads' KerasHub side: a tiny round each, KerasHub's model with flaxzoo's sizes (GPT-2's
+    parameters equal; BERT's plus KerasHub's pooler), its first loss ln(vocab) and its loss after the same steps
+    near flaxzoo's, and MFU from flaxzoo's FLOPs per token."""
+    import math
+
+    monkeypatch.setenv("KERAS_BACKEND", "jax")
+    pytest.importorskip("keras_hub")
+    [result] = bench.main(["--work", work, "--tiny", "--json", "--steps", "2", "--warmup", "1", "--peak-size", "256",
+                           "--compare", "keras_hub"])
+    theirs = result["keras_hub"]
+    config = bench.workload_spec(work, bench.parse_args(["--work", work, "--tiny"]))["config"]
+    if work == "gpt_train":
+        assert theirs["params"] == result["params"]
+    else:
+        d = config.hidden_size
+        assert result["params"] == bert_mlm_params(config) and theirs["params"] == result["params"] + d * d + d
+    # Both start from random weights (the cross-entropy of near-uniform logits: ln(vocab)) and take the same four
+    # AdamW steps on the same batch; the loss is the mean over the same scored tokens.
+    assert abs(theirs["first_loss"] - math.log(config.vocab_size)) < 0.3, theirs["first_loss"]
+    assert abs(theirs["loss"] - result["loss"]) < 0.3, (theirs["loss"], result["loss"])
+    assert theirs["flops_per_token"] == result["flops_per_token"] and theirs["tokens_per_s"] > 0
+    assert result["keras_hub_ratio"] == pytest.approx(result["tokens_per_s"] / theirs["tokens_per_s"])
+
+
 def test_keras_hub_beside_transformers(monkeypatch):
     """``--compare transformers,keras_hub``: both sides, transformers under the keys it always had."""
     result = run_tiny("transformers, keras_hub", monkeypatch)
@@ -62,9 +99,11 @@ def test_keras_hub_beside_transformers(monkeypatch):
     (["--work", "gpt_generate", "--compare", "llama.cpp"],
      "--compare llama.cpp: only the smollm2_generate workload has a llama.cpp counterpart"),
     (["--work", "smollm2_generate", "--compare", "keras_hub"],
-     "--compare keras_hub: only the gpt_generate workload has a KerasHub counterpart (got --work smollm2_generate)"),
-    (["--work", "gpt_train", "--compare", "transformers,keras_hub"],
-     "--compare keras_hub: only the gpt_generate workload has a KerasHub counterpart (got --work gpt_train)"),
+     "--compare keras_hub: only the gpt_generate, gpt_train, bert_train workloads have a KerasHub counterpart "
+     "(got --work smollm2_generate)"),
+    (["--work", "gpt_train,gpt2_small", "--compare", "transformers,keras_hub"],
+     "--compare keras_hub: only the gpt_generate, gpt_train, bert_train workloads have a KerasHub counterpart "
+     "(got --work gpt_train,gpt2_small)"),
     (["--work", "gpt_generate", "--compare", "keras"], "--compare 'keras': expected one of"),
     (["--work", "gpt_generate", "--compare", "keras_hub,keras_hub"], "each once"),
     (["--work", "smollm2_generate", "--compare", "llama.cpp,keras_hub"], "llama.cpp (smollm2_generate only) is "
@@ -82,7 +121,8 @@ def test_compare_lists_parse():
     """A comma list (spaces allowed) keeps its order; a single side reads as before (``args.compare`` unchanged)."""
     args = bench.parse_args(["--work", "gpt_generate", "--compare", "transformers, keras_hub"])
     assert args.compares == ("transformers", "keras_hub") and args.compare == "transformers,keras_hub"
-    for side, work in (("transformers", "gpt_train"), ("keras_hub", "gpt_generate"), ("llama.cpp", "smollm2_generate")):
+    for side, work in (("transformers", "gpt_train"), ("keras_hub", "gpt_generate"), ("keras_hub", "bert_train"),
+                       ("llama.cpp", "smollm2_generate")):
         args = bench.parse_args(["--work", work, "--compare", side])
         assert (args.compare, args.compares) == (side, (side,))
     assert bench.parse_args(["--work", "gpt_generate"]).compares == ()

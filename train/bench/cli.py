@@ -26,6 +26,7 @@ from flaxzoo.train.bench.workloads import CPU_WORKLOADS, WORKLOADS, workload_spe
 DESCRIPTION = ("``python -m flaxzoo.train.bench --work NAME [--json] [--compare transformers,keras_hub]``: the "
                "benchmark workloads.")
 COMPARES = ("transformers", "keras_hub", "llama.cpp")
+KERAS_HUB_WORKLOADS = ("gpt_generate", "gpt_train", "bert_train")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -38,8 +39,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "'gpu' = the accelerator check of train/gpu_check.py (--tiny passes on); 'classify' = "
                              "serving a headline classifier beside transformers (train/bench/classify.py)")
     parser.add_argument("--json", action="store_true", help="print one JSON line per workload")
-    parser.add_argument("--compare", help="also run, in this process, transformers (PyTorch) and/or (gpt_generate) "
-                                          "keras_hub (KerasHub on jax): one or a comma-separated list; "
+    parser.add_argument("--compare", help="also run, in this process, transformers (PyTorch) and/or (gpt_generate, "
+                                          "gpt_train, bert_train) keras_hub (KerasHub on jax): one or a comma-separated list; "
                                           "smollm2_generate: llama.cpp (llama-cpp-python) on the same GGUF")
     parser.add_argument("--quantize", help="smollm2_generate: also run the model loaded with from_pretrained(..., "
                                            "quantize=QUANTIZE); accepted: int8")
@@ -111,9 +112,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             parser.error(f"--quantize {args.quantize!r}: expected one of {', '.join(QUANTIZE_TYPES)}")
     if "llama.cpp" in args.compares and len(args.compares) > 1:
         parser.error(f"--compare {args.compare}: llama.cpp (smollm2_generate only) is compared alone")
-    if "keras_hub" in args.compares and set(names) != {"gpt_generate"}:
-        parser.error("--compare keras_hub: only the gpt_generate workload has a KerasHub counterpart "
-                     f"(got --work {args.work})")
+    if "keras_hub" in args.compares and not set(names) <= set(KERAS_HUB_WORKLOADS):
+        parser.error(f"--compare keras_hub: only the {', '.join(KERAS_HUB_WORKLOADS)} workloads have a KerasHub "
+                     f"counterpart (got --work {args.work})")
     if args.compare == "llama.cpp" and set(names) != {"smollm2_generate"}:
         parser.error("--compare llama.cpp: only the smollm2_generate workload has a llama.cpp counterpart "
                      f"(got --work {args.work})")
@@ -152,7 +153,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
 
 def run_workload(name: str, args: argparse.Namespace) -> dict[str, Any]:
     """One workload, ``args.rounds`` rounds. A round measures the peak (on CPU: now, beside the work), runs flaxzoo,
-    then each ``--compare`` side in the order given (transformers; keras_hub for gpt_generate); each side's MFU is
+    then each ``--compare`` side in the order given (transformers; keras_hub for gpt_generate, gpt_train, bert_train); each side's MFU is
     against that round's peak (``common.add_mfu``: never above 1). The result is flaxzoo's median round with, per
     side, its median round (``transformers``, ``keras_hub``), the median of the per-round tokens/s ratios flaxzoo /
     side (``ratio``, ``keras_hub_ratio``) and the ratios of every round (``round_ratios``,
@@ -190,20 +191,20 @@ def run_workload(name: str, args: argparse.Namespace) -> dict[str, Any]:
             label = f"round {round_index + 1}, flaxzoo:" if args.rounds > 1 else "flaxzoo:"
             print(f"  {label:<25s} {report_line(name, ours)}", flush=True)
             if ours["profile"]:
-                unit = "call" if name == "gpt_generate" else "step"
-                print(f"  profile ({os.path.join(args.profile, name)}), ms per {unit}:")
-                for row in ours["profile"]:
-                    print(f"    {row['ms_per_call']:9.2f} ms  x{row['count_per_call']:<6g} {row['op']}  {row['label']}")
+                print_profile(ours["profile"], os.path.join(args.profile, name),
+                              "call" if name == "gpt_generate" else "step")
         for side, rounds in theirs_rounds.items():
             if side == "keras_hub":
                 from flaxzoo.train.bench.keras_side import run_keras_hub_round
 
-                rounds.append(run_keras_hub_round(spec, args, peak, peak_kind))
+                rounds.append(run_keras_hub_round(name, spec, args, peak, peak_kind))
             else:
                 rounds.append(run_transformers_round(name, spec, args, peak, peak_kind))
             if not args.json:
                 label = f"round {round_index + 1}, {side}:" if args.rounds > 1 else f"{side}:"
                 print(f"  {label:<25s} {report_line(name, rounds[-1])}", flush=True)
+                if rounds[-1].get("profile"):
+                    print_profile(rounds[-1]["profile"], os.path.join(args.profile, f"{name}_{side}"), "step")
     # Each side's median round; a ratio is the median of the per-round ratios (a round's runs are seconds apart, so
     # a shared machine's slow phases cancel in its ratio).
     result.update(median_round(ours_rounds), rounds=args.rounds)
@@ -220,6 +221,13 @@ def run_workload(name: str, args: argparse.Namespace) -> dict[str, Any]:
     if args.json:
         print(json.dumps(result), flush=True)
     return result
+
+
+def print_profile(rows: list[dict[str, Any]], directory: str, unit: str) -> None:
+    """``profile_ops``' rows, one line each."""
+    print(f"  profile ({directory}), ms per {unit}:")
+    for row in rows:
+        print(f"    {row['ms_per_call']:9.2f} ms  x{row['count_per_call']:<6g} {row['op']}  {row['label']}")
 
 
 def run_transformers_round(name: str, spec: dict[str, Any], args: argparse.Namespace, peak: float,
