@@ -93,6 +93,22 @@ def test_masked_lm_loss_on_gathered_positions_equals_the_full_head():
     assert abs(float(gathered[0]) - float(full[0])) < 1e-4 and float(gathered[2]) == float(full[2])
 
 
+def test_blocked_argmax_is_numpys_first_maximum():
+    """The accuracy's argmax, found per vocabulary block, equals numpy's (the first maximum) with ties within and
+    across blocks, NaN, -inf rows, and vocabularies of no, few and many power-of-two factors."""
+    from flaxzoo.train.step import blocked_argmax
+
+    rng = np.random.default_rng(7)
+    for shape in [(3, 5, 512), (2, 3, 50304), (4, 6, 1000), (2, 3, 999), (5, 6), (2, 3, 128256 // 8)]:
+        logits = np.round(rng.standard_normal(shape) * 2).astype(np.float32) / 2  # ties everywhere
+        np.testing.assert_array_equal(jax.jit(blocked_argmax)(logits), np.argmax(logits, axis=-1), err_msg=str(shape))
+    special = np.zeros((3, 64), np.float32)
+    special[0, [9, 40]] = np.nan
+    special[1] = -np.inf
+    special[2, [3, 35]] = 5.0  # the same maximum in the first and the second half
+    np.testing.assert_array_equal(blocked_argmax(special), [9, 0, 3])
+
+
 def test_accuracy_is_skipped_when_not_asked_for():
     from flaxzoo.train.step import token_cross_entropy
 

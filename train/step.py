@@ -16,6 +16,7 @@ batches where micro-batches hold different numbers of masked tokens.
 
 from __future__ import annotations
 
+import math
 import zlib
 
 from typing import Any, Callable
@@ -37,6 +38,29 @@ TrainState = dict[str, Any]
 Sums = tuple[jax.Array, jax.Array, jax.Array]  # (sum of −log p(label), scored tokens, scored tokens predicted right)
 
 
+ARGMAX_BLOCKS = 256  # at most; a power of two, so that any power-of-two count of vocabulary shards divides it
+
+
+def blocked_argmax(logits: jax.Array) -> jax.Array:
+    """``jnp.argmax(logits, axis=-1)`` (the first maximum), found per block of the vocabulary.
+
+    ``logits: [..., vocab]`` -> ``[...]`` int32. The vocabulary is cut into ``n`` blocks (the largest power of two up
+    to ``ARGMAX_BLOCKS`` dividing it); each block's first maximum is found within the block, then the first block
+    holding the overall maximum. Why: with the vocabulary sharded over devices (the vocab-parallel head), a plain
+    argmax over the sharded axis makes XLA's partitioner materialise a ``[..., vocab / shards]`` int32 index array per
+    device (GPT-2 on v5e-8 at fsdp=8: two of 0.19 GiB); blocks that follow the shards keep the index local to a block,
+    where it fuses into the reduction.
+    """
+    vocab = logits.shape[-1]
+    blocks = math.gcd(vocab, ARGMAX_BLOCKS) if vocab % 2 == 0 else 1
+    if blocks == 1:
+        return jnp.argmax(logits, axis=-1)
+    split = logits.reshape(*logits.shape[:-1], blocks, vocab // blocks)
+    within = jnp.argmax(split, axis=-1)  # [..., blocks]
+    best = jnp.argmax(jnp.max(split, axis=-1), axis=-1)  # the first block holding the maximum
+    return best * (vocab // blocks) + jnp.take_along_axis(within, best[..., None], axis=-1)[..., 0]
+
+
 def token_cross_entropy(logits: jax.Array, labels: jax.Array, valid: jax.Array,
                         with_accuracy: bool | jax.Array = True) -> Sums:
     """``(sum of −log p(label), number of valid tokens, number of valid tokens predicted right)``, all float32.
@@ -50,7 +74,7 @@ def token_cross_entropy(logits: jax.Array, labels: jax.Array, valid: jax.Array,
     validf = valid.astype(jnp.float32)
 
     def correct() -> jax.Array:
-        hits = jnp.argmax(jax.lax.stop_gradient(logits), axis=-1) == safe_labels
+        hits = blocked_argmax(jax.lax.stop_gradient(logits)) == safe_labels
         return jnp.sum(hits.astype(jnp.float32) * validf)
 
     if isinstance(with_accuracy, bool):
