@@ -52,7 +52,7 @@ def blocked_argmax(logits: jax.Array) -> jax.Array:
     where it fuses into the reduction.
     """
     vocab = logits.shape[-1]
-    blocks = math.gcd(vocab, ARGMAX_BLOCKS) if vocab % 2 == 0 else 1
+    blocks = math.gcd(vocab, ARGMAX_BLOCKS)
     if blocks == 1:
         return jnp.argmax(logits, axis=-1)
     split = logits.reshape(*logits.shape[:-1], blocks, vocab // blocks)

@@ -59,6 +59,13 @@ def import_keras_hub() -> tuple[Any, Any]:
     return keras, keras_hub
 
 
+def backbone_sizes(config: Any) -> dict[str, Any]:
+    """The arguments KerasHub's GPT-2 and BERT backbones share, from a flaxzoo ``TransformerConfig``; no dropout."""
+    return dict(vocabulary_size=config.vocab_size, num_layers=config.num_layers, num_heads=config.num_heads,
+                hidden_dim=config.hidden_size, intermediate_dim=config.intermediate_size, dropout=0.0,
+                max_sequence_length=config.max_position_embeddings, dtype=config.dtype)
+
+
 def keras_gpt2(config: Any, seed: int = 0) -> Any:
     """A randomly initialised ``keras_hub.models.GPT2CausalLM`` of ``config``'s sizes (a flaxzoo GPT-2
     ``TransformerConfig``: tied embeddings, learned positions), no preprocessor, the greedy sampler. The weights come
@@ -69,10 +76,7 @@ def keras_gpt2(config: Any, seed: int = 0) -> Any:
                          f"tie_word_embeddings={config.tie_word_embeddings}, activation={config.activation}, "
                          f"norm_eps={config.norm_eps}")
     keras.utils.set_random_seed(seed)
-    backbone = keras_hub.models.GPT2Backbone(
-        vocabulary_size=config.vocab_size, num_layers=config.num_layers, num_heads=config.num_heads,
-        hidden_dim=config.hidden_size, intermediate_dim=config.intermediate_size, dropout=0.0,
-        max_sequence_length=config.max_position_embeddings, dtype=config.dtype)
+    backbone = keras_hub.models.GPT2Backbone(**backbone_sizes(config))
     model = keras_hub.models.GPT2CausalLM(backbone=backbone, preprocessor=None)
     model.compile(sampler="greedy")
     return model
@@ -135,10 +139,7 @@ def keras_bert_mlm(config: Any, seed: int = 0) -> Any:
                          f"activation={config.activation}, norm_eps={config.norm_eps}, "
                          f"position={config.position}")
     keras.utils.set_random_seed(seed)
-    backbone = keras_hub.models.BertBackbone(
-        vocabulary_size=config.vocab_size, num_layers=config.num_layers, num_heads=config.num_heads,
-        hidden_dim=config.hidden_size, intermediate_dim=config.intermediate_size, dropout=0.0,
-        max_sequence_length=config.max_position_embeddings, num_segments=config.type_vocab_size, dtype=config.dtype)
+    backbone = keras_hub.models.BertBackbone(**backbone_sizes(config), num_segments=config.type_vocab_size)
     return keras_hub.models.BertMaskedLM(backbone=backbone, preprocessor=None)
 
 
