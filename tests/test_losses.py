@@ -95,13 +95,18 @@ def test_masked_lm_loss_on_gathered_positions_equals_the_full_head():
 
 def test_blocked_argmax_is_numpys_first_maximum():
     """The accuracy's argmax, found per vocabulary block, equals numpy's (the first maximum) with ties within and
-    across blocks, NaN, -inf rows, and vocabularies of no, few and many power-of-two factors."""
+    across blocks, NaN, -inf rows, vocabularies of no, few and many power-of-two factors and any block count."""
     from flaxzoo.train.step import blocked_argmax
 
     rng = np.random.default_rng(7)
     for shape in [(3, 5, 512), (2, 3, 50304), (4, 6, 1000), (2, 3, 999), (5, 6), (2, 3, 128256 // 8)]:
         logits = np.round(rng.standard_normal(shape) * 2).astype(np.float32) / 2  # ties everywhere
         np.testing.assert_array_equal(jax.jit(blocked_argmax)(logits), np.argmax(logits, axis=-1), err_msg=str(shape))
+    logits = np.round(rng.standard_normal((4, 3, 96)) * 2).astype(np.float32) / 2
+    for blocks in (1, 2, 3, 8, 12, 96):  # any divisor, as a vocabulary split over that many devices gets
+        np.testing.assert_array_equal(blocked_argmax(logits, blocks), np.argmax(logits, axis=-1), err_msg=str(blocks))
+    with pytest.raises(ValueError, match="blocks=5: expected a positive divisor of the vocabulary size 96"):
+        blocked_argmax(logits, 5)
     special = np.zeros((3, 64), np.float32)
     special[0, [9, 40]] = np.nan
     special[1] = -np.inf

@@ -27,7 +27,7 @@ import optax
 from einops import rearrange
 from flax import nnx
 
-from flaxzoo.models.layers.partitioning import ActivationPlacement, placed
+from flaxzoo.models.layers.partitioning import HEAD_VOCAB, ActivationPlacement, placed, split_ways
 from flaxzoo.train.batches import IGNORE_INDEX
 
 Batch = dict[str, jax.Array]
@@ -41,18 +41,22 @@ Sums = tuple[jax.Array, jax.Array, jax.Array]  # (sum of −log p(label), scored
 ARGMAX_BLOCKS = 256  # at most; a power of two, so that any power-of-two count of vocabulary shards divides it
 
 
-def blocked_argmax(logits: jax.Array) -> jax.Array:
+def blocked_argmax(logits: jax.Array, blocks: int | None = None) -> jax.Array:
     """``jnp.argmax(logits, axis=-1)`` (the first maximum), found per block of the vocabulary.
 
-    ``logits: [..., vocab]`` -> ``[...]`` int32. The vocabulary is cut into ``n`` blocks (the largest power of two up
-    to ``ARGMAX_BLOCKS`` dividing it); each block's first maximum is found within the block, then the first block
-    holding the overall maximum. Why: with the vocabulary sharded over devices (the vocab-parallel head), a plain
-    argmax over the sharded axis makes XLA's partitioner materialise a ``[..., vocab / shards]`` int32 index array per
-    device (GPT-2 on v5e-8 at fsdp=8: two of 0.19 GiB); blocks that follow the shards keep the index local to a block,
-    where it fuses into the reduction.
+    ``logits: [..., vocab]`` -> ``[...]`` int32. The vocabulary is cut into ``blocks`` equal blocks (None: as many as
+    the devices it is split over, where that divides it, else the largest power of two up to ``ARGMAX_BLOCKS``
+    dividing it); each block's first maximum is found within the block, then the first block holding the overall
+    maximum. Why: with the vocabulary sharded over devices (the vocab-parallel head), a plain argmax over the sharded
+    axis makes XLA's partitioner materialise a ``[..., vocab / shards]`` int32 index array per device (GPT-2 on v5e-8
+    at fsdp=8: two of 0.19 GiB); one block per shard keeps each index local, where it fuses into the reduction.
     """
     vocab = logits.shape[-1]
-    blocks = math.gcd(vocab, ARGMAX_BLOCKS)
+    if blocks is None:
+        shards = split_ways((HEAD_VOCAB,), (vocab,))
+        blocks = shards if shards > 1 and vocab % shards == 0 else math.gcd(vocab, ARGMAX_BLOCKS)
+    if blocks < 1 or vocab % blocks:
+        raise ValueError(f"blocks={blocks}: expected a positive divisor of the vocabulary size {vocab}")
     if blocks == 1:
         return jnp.argmax(logits, axis=-1)
     split = logits.reshape(*logits.shape[:-1], blocks, vocab // blocks)
