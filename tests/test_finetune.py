@@ -27,7 +27,8 @@ from flaxzoo.train.finetune import vocab as vocablib
 from flaxzoo.train.finetune.config import FinetuneConfig, base_config
 from flaxzoo.train.finetune.trainer import Finetuner, class_weights, epoch_batches
 from flaxzoo.train.optim import make_finetune_optimizer
-from flaxzoo.train.step import classification_loss, make_train_step
+from flaxzoo.train.losses import classification_loss
+from flaxzoo.train.step import make_train_step
 
 transformers.logging.set_verbosity_error()
 REPO = pathlib.Path(__file__).resolve().parent.parent

@@ -72,12 +72,12 @@ def test_predictions_need_a_masked_lm_head_and_a_count_in_range():
 
 
 def test_predictions_match_xla_count_of_the_mlm_loss():
-    """XLA's count of ``flaxzoo.train.step.masked_lm_loss``'s forward (encoder on every position, head on the gathered
+    """XLA's count of ``flaxzoo.train.losses.masked_lm_loss``'s forward (encoder on every position, head on the gathered
     ``masked_positions``) on the bench's packed batch: a third of ``flops_per_token(..., predictions=P)`` within the
     element-wise ops the formula leaves out (norms, GELU, softmax, the loss: ~2 % at this width). The head counted
     on every position instead would be ~25 % too high."""
     from flaxzoo.train import bench
-    from flaxzoo.train.step import masked_lm_loss
+    from flaxzoo.train.losses import masked_lm_loss
 
     config = get_preset("bert-base-uncased", vocab_size=4096, hidden_size=512, num_layers=2, num_heads=8,
                         intermediate_size=2048, max_position_embeddings=128, dropout=0.0, attention_dropout=0.0)

@@ -1,5 +1,6 @@
-"""The losses and the update of train/step.py and train/optim.py on their own (no data, no trainer): chunked
-cross-entropy, the MLM head on gathered positions, accuracy on request, clipping by the step's one gradient norm."""
+"""The losses (train/losses.py) and the update of train/step.py and train/optim.py on their own (no data, no
+trainer): chunked cross-entropy, the MLM head on gathered positions, accuracy on request, clipping by the step's one
+gradient norm."""
 
 import pathlib
 
@@ -28,7 +29,7 @@ def tiny_lm(kind: str, seed: int = 0, vocab: int = 97):
 def test_chunked_cross_entropy_equals_the_whole_sequence_in_value_and_gradient(seq, chunk):
     from flax import nnx
 
-    from flaxzoo.train.step import causal_lm_loss
+    from flaxzoo.train.losses import causal_lm_loss
 
     model = tiny_lm("gpt", seed=seq + chunk)
     model.eval()
@@ -61,7 +62,7 @@ def test_chunked_cross_entropy_equals_the_whole_sequence_in_value_and_gradient(s
 
 def test_masked_lm_loss_on_gathered_positions_equals_the_full_head():
     """The head on ``masked_positions`` only scores exactly what the head on every position scores at ``labels``."""
-    from flaxzoo.train.step import masked_lm_loss
+    from flaxzoo.train.losses import masked_lm_loss
 
     model = tiny_lm("bert", seed=3)
     model.eval()
@@ -96,7 +97,7 @@ def test_masked_lm_loss_on_gathered_positions_equals_the_full_head():
 def test_blocked_argmax_is_numpys_first_maximum():
     """The accuracy's argmax, found per vocabulary block, equals numpy's (the first maximum) with ties within and
     across blocks, NaN, -inf rows, vocabularies of no, few and many power-of-two factors and any block count."""
-    from flaxzoo.train.step import blocked_argmax
+    from flaxzoo.train.losses import blocked_argmax
 
     rng = np.random.default_rng(7)
     for shape in [(3, 5, 512), (2, 3, 50304), (4, 6, 1000), (2, 3, 999), (5, 6), (2, 3, 128256 // 8)]:
@@ -115,7 +116,7 @@ def test_blocked_argmax_is_numpys_first_maximum():
 
 
 def test_accuracy_is_skipped_when_not_asked_for():
-    from flaxzoo.train.step import token_cross_entropy
+    from flaxzoo.train.losses import token_cross_entropy
 
     logits = jnp.asarray(np.random.default_rng(1).standard_normal((2, 5, 11)), jnp.float32)
     labels = jnp.argmax(logits, -1)

@@ -18,7 +18,7 @@ from flaxzoo.train.config import ConfigError
 from flaxzoo.train.finetune.config import FinetuneConfig
 from flaxzoo.train.finetune.spans import (CLS_INDEX, Question, answer_pieces, best_answers, encode_questions,
                                           exact_match, f1_score, normalize_answer, read_squad, squad_scores)
-from flaxzoo.train.step import LOSSES
+from flaxzoo.train.losses import LOSSES
 
 
 # ------------------------------------------------------------------------------------------------- the metrics

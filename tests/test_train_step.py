@@ -14,7 +14,7 @@ from train_helper import flat_state, make_config, run_steps  # noqa: E402
 
 from flaxzoo.train.loop import Trainer  # noqa: E402
 from flaxzoo.train.sharding import global_batch  # noqa: E402
-from flaxzoo.train.step import token_cross_entropy  # noqa: E402
+from flaxzoo.train.losses import token_cross_entropy  # noqa: E402
 
 
 @pytest.fixture(scope="session")

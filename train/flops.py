@@ -19,7 +19,7 @@ Convention (Kaplan et al., 2020; PaLM, Chowdhery et al., 2022, appendix B), for 
 
 Two refinements, both arguments of :func:`flops_per_token`:
 
-- ``predictions`` (masked LM): the MLM loss (``flaxzoo.train.step.masked_lm_loss``) gathers the ``P`` slots of
+- ``predictions`` (masked LM): the MLM loss (``flaxzoo.train.losses.masked_lm_loss``) gathers the ``P`` slots of
   ``masked_positions [batch, P]`` (``DataConfig.predictions``, padding slots included) before the head, so the head's
   parameters (:func:`mlm_head_params`: the transform dense and its norm, the vocabulary projection, i.e. the tied
   token table, and its bias) work on ``P / T`` of the positions: ``N = N_encoder + (P / T) · N_head``. Without it

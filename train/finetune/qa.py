@@ -12,7 +12,7 @@ checkpoints, resume, meshes, several processes, LoRA, layer-wise LR decay, freez
   it, the other windows point at [CLS] (``spans.encode_questions``);
 - the model is the family's question-answering class (``BertForQuestionAnswering`` for BERT, RoBERTa and a random
   encoder: a span head ``qa_outputs`` on every token), trained on the mean of the start and end cross-entropies
-  (``train/step.py`` ``span``);
+  (``train/losses.py`` ``span``);
 - the prediction of a question is its best span across its windows (start ≤ end, at most
   ``data.max_answer_length`` pieces, inside the context) as the context's characters; the scores are the official
   SQuAD v1.1 evaluation's exact match and F1 (percent): ``eval/metrics.json``, and each dev question with its

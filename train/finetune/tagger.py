@@ -9,7 +9,7 @@ checkpoints, resume, meshes, several processes, LoRA, layer-wise LR decay, freez
   special tokens ignored (Hugging Face's ``run_ner.py`` alignment);
 - the model is the family's token classifier (``BertForTokenClassification`` for BERT, RoBERTa and a random
   encoder; no pooler: the head is the per-token classifier), trained on the
-  mean cross-entropy over the labelled pieces (``train/step.py`` ``token_classify``);
+  mean cross-entropy over the labelled pieces (``train/losses.py`` ``token_classify``);
 - the scores are seqeval's (conlleval's chunks, micro entity F1, per-type F1, token accuracy) on the word-level tag
   sequences: ``eval/metrics.json``, and each test sentence with its true and predicted tags in
   ``eval/predictions.jsonl``.

@@ -53,7 +53,7 @@ class FinetuneTask(Task):
     random one) with a fresh head, loaded shard by shard onto the mesh, trained on the one training loop with the
     recipe's optimizer (layer-wise LR decay, the head alone first, LoRA), exported as a flaxzoo checkpoint.
 
-    A subclass sets ``MODEL`` (the class trained), ``OBJECTIVE`` (its loss in ``train/step.py``'s ``LOSSES``),
+    A subclass sets ``MODEL`` (the class trained), ``OBJECTIVE`` (its loss in ``train/losses.py``'s ``LOSSES``),
     ``make_predict`` (``(graphdef, placement) -> predict(params, rest, batch)``) and writes ``_load_data`` (sets
     ``data``, ``train_texts``, ``split_description``; returns the label names), ``_encode``, ``epoch_batches``,
     ``evaluate_at`` and ``_finish`` (the test scores and ``eval/``)."""
