@@ -1,4 +1,4 @@
-"""Token classification building blocks (flaxzoo.train.finetune.tokens, step.token_classification_loss): CoNLL
+"""Token classification building blocks (flaxzoo.train.finetune.tokens, losses.token_classification_loss): CoNLL
 reading, word-piece label alignment against transformers' BertTokenizerFast, batches, entity scores against seqeval
 and a hand computation, and the loss against numpy."""
 
@@ -17,6 +17,7 @@ from flax import nnx
 
 from flaxzoo.models import BertForTokenClassification, get_preset
 from flaxzoo.models.hub.packaged import minilm_dir
+from flaxzoo.train import losses
 from flaxzoo.train import step as steplib
 from flaxzoo.train.finetune import tokens
 from flaxzoo.train.finetune.batching import epoch_batches
@@ -300,7 +301,7 @@ def toy_batch() -> dict[str, jnp.ndarray]:
 
 def test_token_classification_loss_equals_numpy(tagger):
     batch = toy_batch()
-    loss_sum, count, correct = steplib.token_classification_loss(tagger, batch, loss_chunk=64)
+    loss_sum, count, correct = losses.token_classification_loss(tagger, batch, loss_chunk=64)
     logits = np.asarray(tagger(batch["input_ids"], batch["attention_mask"]), np.float64)
     labels = np.asarray(batch["labels"])
     scored = labels != -100
@@ -311,11 +312,10 @@ def test_token_classification_loss_equals_numpy(tagger):
     np.testing.assert_allclose(float(loss_sum), expected, rtol=1e-5)
     assert float(count) == scored.sum() > 0
     assert float(correct) == (logits.argmax(-1) == labels)[scored].sum()
-    assert float(steplib.token_classification_loss(tagger, batch, with_accuracy=False)[2]) == 0.0
+    assert float(losses.token_classification_loss(tagger, batch, with_accuracy=False)[2]) == 0.0
 
 
-def test_one_sgd_step_through_make_train_step_lowers_the_loss(tagger, monkeypatch):
-    monkeypatch.setitem(steplib.LOSSES, "token_classify", steplib.token_classification_loss)  # the lead's wiring
+def test_one_sgd_step_through_make_train_step_lowers_the_loss(tagger):
     graphdef, params, rest = nnx.split(tagger, nnx.Param, ...)
     params = nnx.to_pure_dict(params)
     tx = optax.sgd(0.5)

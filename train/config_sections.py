@@ -137,7 +137,7 @@ class PrecisionConfig(Section):
     param_dtype: str = checked("float32", choice(*DTYPES))
     remat: str = checked("auto", choice(*REMAT_POLICIES, also=("auto",)))
     scan_layers: Any = checked("auto", Spec("bool", also=("auto",)))
-    # Positions per cross-entropy chunk: the logits exist one [batch, chunk, vocab] piece at a time (flaxzoo.train.step);
+    # Positions per cross-entropy chunk: the logits exist one [batch, chunk, vocab] piece at a time (flaxzoo.train.losses);
     # auto: from the vocabulary and the rows per device (:func:`auto_loss_chunk`).
     loss_chunk: Any = checked("auto", Spec("int", low=0, also=("auto",),
                                            note="(0 = the whole sequence at once; auto: float32 logits of at most "

@@ -73,7 +73,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="CPU: matmul size of the peak measured beside each round (the training loop uses the "
                              "default)")
     parser.add_argument("--loss-chunk", type=int, default=0,
-                        help="positions per cross-entropy chunk (0 = the whole sequence at once; see flaxzoo.train.step)")
+                        help="positions per cross-entropy chunk (0 = the whole sequence at once; see flaxzoo.train.losses)")
     parser.add_argument("--classifier", metavar="WORKDIR",
                         help="classify: a fine-tuned work directory (default: the packaged MiniLM with a 5-class head)")
     parser.add_argument("--headlines", type=int, default=256, help="classify: how many headlines to time")
