@@ -4,8 +4,16 @@ and small helpers."""
 import importlib.util
 import os
 import pathlib
+import sys
 import threading
 import time
+
+# Byte-code caches on: with PYTHONDONTWRITEBYTECODE set (some CI images set it) no .pyc is written, and each of the
+# hundreds of Python processes the suite starts compiled every module it imports from source again: importing
+# flaxzoo, torch and transformers took 11-13 s a process instead of 5 (2-core AMD EPYC). The processes the tests
+# start inherit the environment without it.
+sys.dont_write_bytecode = False
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
 # The tests' models are tiny: compiling is most of their time and running them almost none. LLVM at -O0 halves the
 # compile time of a tiny GPT's train step (cold: 16 s -> 8 s for a whole `python -m flaxzoo.train` run, 2-core AMD EPYC)
