@@ -17,7 +17,7 @@ import time
 import pytest
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from train_helper import as_flags, overrides, tiny_base  # noqa: E402
+from train_helper import TINY_MODEL_XLA_FLAGS, as_flags, overrides, tiny_base  # noqa: E402
 
 pytestmark = pytest.mark.multiprocess
 
@@ -37,7 +37,7 @@ def data_dir(tmp_path_factory):
 def env(**extra):
     out = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "XLA_FLAGS"))}
     return {**out, "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(TESTS),
-            "XLA_FLAGS": "--xla_backend_optimization_level=0", **extra}  # as tests/conftest.py
+            "XLA_FLAGS": TINY_MODEL_XLA_FLAGS, **extra}
 
 
 def launch(*args, timeout=400, **extra_env):

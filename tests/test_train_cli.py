@@ -15,7 +15,7 @@ import pytest
 from flaxzoo.train import exit_codes
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from train_helper import as_flags, overrides  # noqa: E402
+from train_helper import TINY_MODEL_XLA_FLAGS, as_flags, overrides  # noqa: E402
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 STEPS = 40
@@ -32,7 +32,7 @@ def command(workdir, data_dir, kind="gpt", **extra):
 
 
 def env():
-    return {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"}
+    return {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1", "XLA_FLAGS": TINY_MODEL_XLA_FLAGS}
 
 
 def run(workdir, data_dir, kind="gpt", timeout=300, **extra):

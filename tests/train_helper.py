@@ -23,6 +23,10 @@ from typing import Any
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 
+# The XLA flags of the training processes the tests start: LLVM at -O0 and XLA's elemental emitters, as the test
+# processes themselves compile (tests/conftest.py). Their models are tiny, so compiling is most of their time.
+TINY_MODEL_XLA_FLAGS = "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
+
 # A tiny model and a small tokenizer: compiles in a second or two, 40 steps take a few seconds.
 TINY_MODEL = {"hidden_size": 32, "num_layers": 2, "num_heads": 4, "intermediate_size": 64, "vocab_size": 512}
 CONFIG_FILES = {"gpt": "default.py", "bert": "bert_tiny.py", "lora": "lora_smollm2.py"}
