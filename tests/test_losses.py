@@ -94,6 +94,45 @@ def test_masked_lm_loss_on_gathered_positions_equals_the_full_head():
     assert abs(float(gathered[0]) - float(full[0])) < 1e-4 and float(gathered[2]) == float(full[2])
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_low_precision_cross_entropy_equals_the_float32_definition_in_value_and_gradient(dtype):
+    """Compute-dtype logits (an accelerator's bfloat16 head): the loss equals numpy's float64 log-softmax of the same
+    values, and the gradient equals autodiff through optax's float32 cross-entropy of the upcast logits (softmax -
+    one-hot, rounded to the logits' dtype) within one unit of that dtype's last place; padded-vocabulary logits
+    (``PADDED_LOGIT``) get probability 0. ``token_cross_entropy`` takes this path for such logits."""
+    import optax
+
+    from flaxzoo.models.layers.embeddings import PADDED_LOGIT
+    from flaxzoo.train.losses import low_precision_cross_entropy, token_cross_entropy
+
+    rng = np.random.default_rng(11 if dtype == "bfloat16" else 12)
+    logits = jnp.asarray(rng.standard_normal((3, 7, 300)) * 5, dtype).at[:, :, 290:].set(PADDED_LOGIT)
+    labels = jnp.asarray(rng.integers(0, 290, (3, 7)), jnp.int32)
+    weights = jnp.asarray(rng.random((3, 7)), jnp.float32)
+
+    def ours(x):
+        return jnp.sum(low_precision_cross_entropy(x, labels) * weights)
+
+    def upcast(x):
+        return jnp.sum(optax.softmax_cross_entropy_with_integer_labels(x.astype(jnp.float32), labels) * weights)
+
+    (value, grad), (ref_value, ref_grad) = jax.jit(lambda x: (jax.value_and_grad(ours)(x),
+                                                              jax.value_and_grad(upcast)(x)))(logits)
+    wide = np.asarray(logits.astype(jnp.float32), np.float64)
+    top = wide.max(-1, keepdims=True)
+    log_probs = wide - top - np.log(np.exp(wide - top).sum(-1, keepdims=True))
+    expected = -(np.take_along_axis(log_probs, np.asarray(labels)[..., None], -1)[..., 0] * np.asarray(weights)).sum()
+    assert abs(float(value) - expected) < 1e-5 * abs(expected) and abs(float(value) - float(ref_value)) < 1e-5
+    assert grad.dtype == logits.dtype
+    ulp = float(jnp.finfo(dtype).eps)
+    np.testing.assert_allclose(np.asarray(grad, np.float32), np.asarray(ref_grad, np.float32),
+                               rtol=ulp, atol=1e-7)
+    assert float(jnp.max(jnp.abs(grad[:, :, 290:]))) == 0.0
+    valid = jnp.ones((3, 7), bool)
+    total, count, _ = token_cross_entropy(logits, labels, valid)
+    assert count == 21 and abs(float(total) - float(low_precision_cross_entropy(logits, labels).sum())) < 1e-4
+
+
 def test_blocked_argmax_is_numpys_first_maximum():
     """The accuracy's argmax, found per vocabulary block, equals numpy's (the first maximum) with ties within and
     across blocks, NaN, -inf rows, vocabularies of no, few and many power-of-two factors and any block count."""
