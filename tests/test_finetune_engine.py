@@ -4,7 +4,6 @@ uninterrupted run's classifier, predictions and macro-F1 bit for bit (exit codes
 devices give the losses of 1 process x 4 devices; a batch the devices do not divide is refused naming both numbers."""
 
 import json
-import os
 import pathlib
 import signal
 import subprocess
@@ -22,17 +21,10 @@ from flaxzoo.train.finetune.config import FinetuneConfig, base_config
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from test_finetune import synthetic_rows, write_csv  # noqa: E402
-from train_helper import TINY_MODEL_XLA_FLAGS  # noqa: E402
+from train_helper import helper_process_env as env  # noqa: E402
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
-TESTS = REPO / "tests"
 STEPS = 18  # 3 epochs of 6 batches of 16 (96 training rows)
-
-
-def env(**extra) -> dict[str, str]:
-    out = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "XLA_FLAGS"))}
-    return {**out, "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(TESTS),
-            "XLA_FLAGS": TINY_MODEL_XLA_FLAGS, **extra}
 
 
 @pytest.fixture(scope="module")

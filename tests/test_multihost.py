@@ -17,12 +17,12 @@ import time
 import pytest
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from train_helper import TINY_MODEL_XLA_FLAGS, as_flags, overrides, tiny_base  # noqa: E402
+from train_helper import as_flags, overrides, tiny_base  # noqa: E402
+from train_helper import helper_process_env as env  # noqa: E402
 
 pytestmark = pytest.mark.multiprocess
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
-TESTS = REPO / "tests"
 STEPS = 8  # GPT runs: 8 steps, checkpoints at 4 and 8
 BERT_STEPS = 5
 GPT = {"steps": STEPS, "checkpoint_every": 4, "sample.max_new_tokens": 0}
@@ -32,12 +32,6 @@ BERT = {"steps": BERT_STEPS, "checkpoint_every": 0, "sample.max_new_tokens": 0}
 @pytest.fixture(scope="session")
 def data_dir(tmp_path_factory):
     return str(tmp_path_factory.getbasetemp() / "train_data")
-
-
-def env(**extra):
-    out = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "XLA_FLAGS"))}
-    return {**out, "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(TESTS),
-            "XLA_FLAGS": TINY_MODEL_XLA_FLAGS, **extra}
 
 
 def launch(*args, timeout=400, **extra_env):

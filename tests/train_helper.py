@@ -27,6 +27,14 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 # processes themselves compile (tests/conftest.py). Their models are tiny, so compiling is most of their time.
 TINY_MODEL_XLA_FLAGS = "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
 
+
+def helper_process_env(**extra: str) -> dict[str, str]:
+    """The environment of a ``python -m multihost_helper`` / launcher process on CPU: this one's without its ``JAX_*``
+    variables and ``XLA_FLAGS``, ``tests/`` on the path, the tiny models' XLA flags, then ``extra``."""
+    out = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "XLA_FLAGS"))}
+    return {**out, "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO / "tests"),
+            "XLA_FLAGS": TINY_MODEL_XLA_FLAGS, **extra}
+
 # A tiny model and a small tokenizer: compiles in a second or two, 40 steps take a few seconds.
 TINY_MODEL = {"hidden_size": 32, "num_layers": 2, "num_heads": 4, "intermediate_size": 64, "vocab_size": 512}
 CONFIG_FILES = {"gpt": "default.py", "bert": "bert_tiny.py", "lora": "lora_smollm2.py"}

@@ -62,7 +62,7 @@ def low_precision_cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Arr
 
 def _cross_entropy_forward(logits: jax.Array, labels: jax.Array):
     # The maximum and the label's logit are exact in the logits' dtype; only the sum of exponentials is float32.
-    top = jax.lax.stop_gradient(jnp.max(logits, axis=-1)).astype(jnp.float32)
+    top = jnp.max(logits, axis=-1).astype(jnp.float32)
     total = jnp.sum(jnp.exp(logits.astype(jnp.float32) - top[..., None]), axis=-1)
     normaliser = top + jnp.log(total)
     label_logit = jnp.take_along_axis(logits, labels[..., None], axis=-1)[..., 0].astype(jnp.float32)
