@@ -101,20 +101,26 @@ def test_the_batch_is_never_replicated(target_name, mesh, cli_compile):
 @pytest.mark.parametrize("target_name, config, preset", [
     (TPU, "default", "qwen2.5-0.5b"), (GPU, "default", "qwen2.5-0.5b"),  # a tied token table
     (TPU, "default", "mistral-7b"), (GPU, "bert_tiny", "bert-base-uncased")])  # an own head; an MLM head
-def test_no_buffer_holds_the_global_batch_at_a_large_vocabulary(target_name, config, preset):
+def test_no_buffer_holds_the_global_batch_at_a_large_vocabulary(target_name, config, preset, tmp_path):
     """With 16,384 token rows split over FSDP 8, XLA looked the embeddings up by collecting every device's ids:
     ``f32[40, 256, 128]``, the whole global batch's embeddings, on each device (``f32[32, 2048, 2048]`` for
-    Llama-3.2-1B's step on a v5p-8). The lookup now gathers the table instead, as FSDP gathers every weight; the
-    compile report names any buffer that leads with the global ``[rows, seq]`` (or their product). The loss runs
-    in chunks of 64 positions, as ``loss_chunk="auto"`` cuts a large vocabulary's: the head holds one chunk of
-    the FSDP group's rows for its slice of the vocabulary (``[40, 64, 16384 / 8]``, ``LMHead``)."""
+    Llama-3.2-1B's step on a v5p-8). The compile report names any buffer that leads with the global ``[rows, seq]``
+    (or their product). The loss runs in chunks of 64 positions, as ``loss_chunk="auto"`` cuts a large
+    vocabulary's: the head holds one chunk of the FSDP group's rows for its slice of the vocabulary
+    (``[40, 64, 16384 / 8]``, ``LMHead``). Nor is the token table ever whole on a device: the lookup passes its
+    row blocks round a ring, and its gradient is reduce-scattered by one (``models/layers/table_lookup.py``; the
+    gathered table and the scatter-added gradient, ``bf16[16384, 128]``, were there before)."""
     need(targets.parse_target(target_name).platform)
-    report = compile_tiny(target_name, *FSDP8, f"--config.model.preset={preset}", "--config.model.vocab_size=16384",
-                          "--config.precision.loss_chunk=64",
-                          "--config.model.bos_token_id=1", "--config.model.eos_token_id=2",
-                          "--config.model.pad_token_id=0", "--config.model.num_kv_heads=2", config=config)
+    cfg = compilelib.load_config(config, [*TINY, *FSDP8, f"--config.model.preset={preset}",
+                                          "--config.model.vocab_size=16384", "--config.precision.loss_chunk=64",
+                                          "--config.model.bos_token_id=1", "--config.model.eos_token_id=2",
+                                          "--config.model.pad_token_id=0", "--config.model.num_kv_heads=2"])
+    (report,) = compilelib.compile_config(cfg, targets.parse_target(target_name), dump_hlo=str(tmp_path))
     assert report.mesh == {"data": 1, "fsdp": 8, "tensor": 1} and report.fits
     assert report.global_batch_buffers == []
+    (hlo,) = [path.read_text() for path in tmp_path.glob("*.hlo.txt")]
+    assert re.search(r"\b(?:bf16|f32)\[2048,128\]", hlo), "no [16384 / 8, 128] slice of the table found"
+    assert not re.findall(r"\b(?:bf16|f32|f16)\[16384,128\]", hlo), "the whole token table on one device"
 
 
 @pytest.mark.slow

@@ -14,6 +14,7 @@ from flaxzoo.models.layers.norms import make_norm
 from flaxzoo.models.layers.partitioning import (ACTIVATION_BATCH, ACTIVATION_EMBED, ACTIVATION_LENGTH, ACTIVATION_VOCAB,
                                                 HEAD_BATCH, HEAD_VOCAB, HIDDEN, constrain, split_ways)
 from flaxzoo.models.layers.positions import LearnedPositions, sinusoidal_table
+from flaxzoo.models.layers.table_lookup import sharded_lookup
 
 
 def is_concrete(x) -> bool:
@@ -128,9 +129,9 @@ class TokenEmbedding(nnx.Module):
         rows adds them), as FSDP gathers every weight: the lookup keeps the batch split. Left to itself, XLA
         gathered a row-split table by collecting every device's ids and built the embeddings of the whole global
         batch on each device before reduce-scattering them (``f32[32, 2048, 2048]`` for Llama-3.2-1B at batch 32 on
-        a v5p-8)."""
-        table = constrain(self.embedding[...].astype(self.dtype), (ACTIVATION_VOCAB, ACTIVATION_EMBED))
-        return take_rows(table, ids, self.vocab_size)
+        a v5p-8). The table's gradient is reduce-scattered by a ring, never whole on a device
+        (``models/layers/table_lookup.py``)."""
+        return sharded_lookup(self.embedding[...], ids, self.dtype, self.vocab_size)
 
     def attend(self, hidden: jax.Array) -> jax.Array:
         """Tied output logits ``hidden · tableᵀ``: ``[batch, seq, hidden]`` → ``[batch, seq, rows]`` float32, the
