@@ -155,18 +155,20 @@ def _ring_lookup_backward(dtype, limit, plan, ids, grad):
         position = jax.lax.axis_index(plan.ring_axes)
         own = jax.lax.axis_index(plan.row_axes)
 
-        def contribution(ring_position):
+        def add_contribution(block, ring_position):
+            """``block`` (the rows of the ring's ``ring_position``) plus this device's batch's gradients for them,
+            added in place: no third block-sized buffer beside the one received and the one sent."""
             start = (own + (ring_position - position) * stride) * block_rows
             local_ids = ids - start
             inside = valid & (local_ids >= 0) & (local_ids < block_rows)
-            return jnp.zeros((block_rows, hidden), jnp.float32).at[jnp.where(inside, local_ids, block_rows)].add(
-                grad, mode="drop")
+            return block.at[jnp.where(inside, local_ids, block_rows)].add(grad, mode="drop")
 
         def step(s, block):
             passed = jax.lax.ppermute(block, plan.ring_axes, [(i, (i + 1) % n) for i in range(n)])
-            return passed + contribution((position - 1 - s) % n)
+            return add_contribution(passed, (position - 1 - s) % n)
 
-        block = jax.lax.fori_loop(1, n, step, contribution((position - 1) % n))
+        first = add_contribution(jnp.zeros((block_rows, hidden), jnp.float32), (position - 1) % n)
+        block = jax.lax.fori_loop(1, n, step, first)
         if plan.sum_axes:
             block = jax.lax.psum(block, plan.sum_axes)
         return block.astype(plan.table_dtype)
