@@ -124,13 +124,12 @@ class TokenEmbedding(nnx.Module):
     def __call__(self, ids: jax.Array) -> jax.Array:
         """``[batch, seq]`` int → ``[batch, seq, hidden]``.
 
-        On a mesh the table is gathered for the lookup in the compute dtype, whole along ``embed`` (split over
-        ``tensor`` along ``vocab``, where each device then looks up its rows and one all-reduce of its own batch
-        rows adds them), as FSDP gathers every weight: the lookup keeps the batch split. Left to itself, XLA
-        gathered a row-split table by collecting every device's ids and built the embeddings of the whole global
-        batch on each device before reduce-scattering them (``f32[32, 2048, 2048]`` for Llama-3.2-1B at batch 32 on
-        a v5p-8). The table's gradient is reduce-scattered by a ring, never whole on a device
-        (``models/layers/table_lookup.py``)."""
+        On a mesh the batch stays split. Under FSDP the table is never whole on a device: its row blocks go round the
+        devices that split the rows (``models/layers/table_lookup.py``, the gradient too); otherwise it is cast to
+        the compute dtype and looked up (split over ``tensor`` along ``vocab``, each device looks up its rows and one
+        all-reduce of its own batch rows adds them). Left to itself, XLA gathered a row-split table by collecting
+        every device's ids and built the embeddings of the whole global batch on each device before
+        reduce-scattering them (``f32[32, 2048, 2048]`` for Llama-3.2-1B at batch 32 on a v5p-8)."""
         return sharded_lookup(self.embedding[...], ids, self.dtype, self.vocab_size)
 
     def attend(self, hidden: jax.Array) -> jax.Array:

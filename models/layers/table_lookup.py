@@ -1,17 +1,20 @@
-"""The token table's lookup on a mesh, with a gradient that never holds the whole table.
+"""The token table's lookup on a mesh, in which no device ever holds the whole table or its whole gradient.
 
-Under FSDP the table's rows are split over the devices that also split the batch. The forward pass gathers the table
-in the compute dtype (as FSDP gathers every weight) and looks up the device's own rows of the batch. Its gradient, left
-to autodiff, is a scatter-add of the device's batch into a zero table of every row, then a reduce-scatter: one whole
-``[vocab, hidden]`` table per device, plus the padded copy libtpu's reduce-scatter makes of it (2 x 0.49 GiB for
+Under FSDP the table's rows are split over the devices that also split the batch. Left to XLA, the lookup either
+collected every device's ids and built the whole global batch's embeddings on each device, or (the table gathered
+first, as FSDP gathers every weight) held the whole table in the compute dtype, and its gradient, by autodiff, was a
+scatter-add of the device's batch into a zero table of every row followed by a reduce-scatter: one whole
+``[vocab, hidden]`` table per device plus the padded copy libtpu's reduce-scatter makes of it (0.49 GiB each for
 Llama 3's 128,256 x 2048 in bfloat16, the peak of its step on two v5e-8 slices).
 
-:func:`sharded_lookup`'s gradient is a ring reduce-scatter instead: over the ``n`` devices that split both the rows
-and the batch, each device keeps one block of ``vocab / n`` rows in float32, adds its batch's contributions to the
-block it holds, and passes the block on (``ppermute``); after ``n - 1`` passes each device holds the sum of every
-device's contributions to its own block, which is its slice of the gradient. Axes that split the batch but not the
-rows (``data``) are added with one ``psum`` of that slice; axes that split the rows but not the batch (``tensor``)
-need nothing: each device adds only its own rows.
+:func:`sharded_lookup` runs both directions as rings over the ``n`` devices that split both the rows and the batch.
+Forward: each device looks its batch up in the block of ``vocab / n`` rows it holds (cast to the compute dtype) and
+passes the block on (``ppermute``); after ``n`` blocks it has seen every row of the ring. Backward: each device adds
+its batch's gradients into the float32 block it holds and passes the block on; after ``n - 1`` passes each device
+holds the sum of every device's contributions to its own block, which is its slice of the gradient (a ring
+reduce-scatter). Axes that split the batch but not the rows (``data``) are added with one ``psum`` of that slice;
+axes that split the rows but not the batch (``tensor``) look up and add only their own rows, and the forward's rows
+are added over them with one ``psum`` of the device's batch.
 """
 
 from __future__ import annotations
@@ -64,8 +67,9 @@ class RingPlan:
 
 
 def ring_plan(table_shape: tuple[int, int], table_dtype, ids_shape: tuple[int, ...]) -> RingPlan | None:
-    """The ring for a ``[rows, hidden]`` table of ``table_dtype`` and ``[batch, seq]`` ids under the placement in force, or ``None``
-    when there is no placement or no mesh axis splits both the rows and the batch (the plain lookup then)."""
+    """The ring for a ``[rows, hidden]`` table of ``table_dtype`` and ``[batch, seq]`` ids under the placement in
+    force, or ``None`` when there is no placement or no mesh axis splits both the rows and the batch (the plain
+    lookup then)."""
     placement = current_placement()
     if placement is None or len(ids_shape) != 2:
         return None
@@ -87,8 +91,8 @@ def ring_plan(table_shape: tuple[int, int], table_dtype, ids_shape: tuple[int, .
 def sharded_lookup(table: jax.Array, ids: jax.Array, dtype, limit: int) -> jax.Array:
     """``table[ids]`` in ``dtype``: ``[rows, hidden]`` and ``[batch, seq]`` int → ``[batch, seq, hidden]``; ids
     outside ``[0, limit)`` give rows of NaNs (``take_rows``) and no gradient. On a mesh whose axes split both the
-    table's rows and the batch, the table's gradient is the ring reduce-scatter of this module's docstring, in the
-    table's dtype; elsewhere it is autodiff's."""
+    table's rows and the batch, the lookup and the table's gradient (in the table's dtype) are the rings of this
+    module's docstring; elsewhere they are ``take_rows`` and autodiff's."""
     plan = ring_plan(tuple(table.shape), table.dtype, tuple(ids.shape))
     if plan is None:
         return _lookup(table, ids, jnp.dtype(dtype), limit)
@@ -157,7 +161,7 @@ def _ring_lookup_backward(dtype, limit, plan, ids, grad):
 
         def add_contribution(block, ring_position):
             """``block`` (the rows of the ring's ``ring_position``) plus this device's batch's gradients for them,
-            added in place: no third block-sized buffer beside the one received and the one sent."""
+            added into it rather than beside it (no third block-sized buffer)."""
             start = (own + (ring_position - position) * stride) * block_rows
             local_ids = ids - start
             inside = valid & (local_ids >= 0) & (local_ids < block_rows)
