@@ -30,9 +30,10 @@ def need(platform: str) -> None:
         pytest.skip(why)
 
 
-def compile_tiny(target: str, *overrides: str, config: str = "default", slices: int = 1, step: str = "train"):
+def compile_tiny(target: str, *overrides: str, config: str = "default", slices: int = 1, step: str = "train",
+                 dump_hlo: str | None = None):
     cfg = compilelib.load_config(config, [*TINY, *overrides])
-    return compilelib.compile_config(cfg, targets.parse_target(target, slices), step=step)[0]
+    return compilelib.compile_config(cfg, targets.parse_target(target, slices), step=step, dump_hlo=dump_hlo)[0]
 
 
 def mesh_flags(data: int, fsdp: int, tensor: int = 1) -> tuple[str, ...]:
@@ -111,11 +112,11 @@ def test_no_buffer_holds_the_global_batch_at_a_large_vocabulary(target_name, con
     row blocks round a ring, and its gradient is reduce-scattered by one (``models/layers/table_lookup.py``; the
     gathered table and the scatter-added gradient, ``bf16[16384, 128]``, were there before)."""
     need(targets.parse_target(target_name).platform)
-    cfg = compilelib.load_config(config, [*TINY, *FSDP8, f"--config.model.preset={preset}",
-                                          "--config.model.vocab_size=16384", "--config.precision.loss_chunk=64",
-                                          "--config.model.bos_token_id=1", "--config.model.eos_token_id=2",
-                                          "--config.model.pad_token_id=0", "--config.model.num_kv_heads=2"])
-    (report,) = compilelib.compile_config(cfg, targets.parse_target(target_name), dump_hlo=str(tmp_path))
+    report = compile_tiny(target_name, *FSDP8, f"--config.model.preset={preset}", "--config.model.vocab_size=16384",
+                          "--config.precision.loss_chunk=64",
+                          "--config.model.bos_token_id=1", "--config.model.eos_token_id=2",
+                          "--config.model.pad_token_id=0", "--config.model.num_kv_heads=2", config=config,
+                          dump_hlo=str(tmp_path))
     assert report.mesh == {"data": 1, "fsdp": 8, "tensor": 1} and report.fits
     assert report.global_batch_buffers == []
     (hlo,) = [path.read_text() for path in tmp_path.glob("*.hlo.txt")]

@@ -39,8 +39,8 @@ def _axes(entry) -> tuple[str, ...]:
 
 @dataclasses.dataclass(frozen=True)
 class RingPlan:
-    """How the gradient's ring runs on a placement's mesh: the table's row axes, the ring's (those of the row axes
-    that also split the batch, adjacent in the rows' order) and the batch axes left for one ``psum``."""
+    """How the rings run on a placement's mesh: the table's row axes, the ring's (those of the row axes that also
+    split the batch, adjacent in the rows' order) and the batch axes left for one ``psum``."""
 
     placement: ActivationPlacement
     table_shape: tuple[int, int]
@@ -49,7 +49,12 @@ class RingPlan:
     ring_axes: tuple[str, ...]
     sum_axes: tuple[str, ...]
     ids_spec: PartitionSpec
-    grad_spec: PartitionSpec
+    table_spec: PartitionSpec
+
+    @property
+    def hidden_spec(self) -> PartitionSpec:
+        """The looked-up rows' (and their gradient's) ``[batch, seq, hidden]``: split like the ids."""
+        return PartitionSpec(*self.ids_spec, None)
 
     @property
     def ring_size(self) -> int:
@@ -58,6 +63,10 @@ class RingPlan:
     @property
     def row_ways(self) -> int:
         return math.prod(self.placement.mesh.shape[a] for a in self.row_axes)
+
+    @property
+    def block_rows(self) -> int:
+        return self.table_shape[0] // self.row_ways
 
     @property
     def stride(self) -> int:
@@ -85,7 +94,7 @@ def ring_plan(table_shape: tuple[int, int], table_dtype, ids_shape: tuple[int, .
     return RingPlan(placement=placement, table_shape=tuple(table_shape), table_dtype=jnp.dtype(table_dtype),
                     row_axes=row_axes, ring_axes=ring_axes,
                     sum_axes=tuple(a for a in batch_axes if a not in ring_axes), ids_spec=ids_spec,
-                    grad_spec=PartitionSpec(row_axes if len(row_axes) > 1 else row_axes[0], None))
+                    table_spec=PartitionSpec(row_axes if len(row_axes) > 1 else row_axes[0], None))
 
 
 def sharded_lookup(table: jax.Array, ids: jax.Array, dtype, limit: int) -> jax.Array:
@@ -104,6 +113,22 @@ def _lookup(table: jax.Array, ids: jax.Array, dtype, limit: int) -> jax.Array:
     return take_rows(gathered, ids, limit)
 
 
+def _pass_on(block: jax.Array, plan: RingPlan) -> jax.Array:
+    """``block`` sent to the next device of the ring (the one at ring position + 1)."""
+    n = plan.ring_size
+    return jax.lax.ppermute(block, plan.ring_axes, [(i, (i + 1) % n) for i in range(n)])
+
+
+def _rows_in_block(ids: jax.Array, valid: jax.Array, ring_position: jax.Array, plan: RingPlan
+                   ) -> tuple[jax.Array, jax.Array]:
+    """``(local, inside)``: ``ids`` as rows of the block that the device at ``ring_position`` of this device's ring
+    owns, and whether each valid id falls in it. Called inside the ``shard_map``."""
+    own = jax.lax.axis_index(plan.row_axes)
+    position = jax.lax.axis_index(plan.ring_axes)
+    local = ids - (own + (ring_position - position) * plan.stride) * plan.block_rows
+    return local, valid & (local >= 0) & (local < plan.block_rows)
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4))
 def _ring_lookup(table, ids, dtype, limit, plan):
     return _ring_lookup_forward(table, ids, dtype, limit, plan)[0]
@@ -112,25 +137,21 @@ def _ring_lookup(table, ids, dtype, limit, plan):
 def _ring_lookup_forward(table, ids, dtype, limit, plan):
     """Each device looks its batch up in the block it holds and passes the block on; after ``n`` blocks every row of
     its ring's blocks has been seen, and one ``psum`` over the row axes outside the ring (``tensor``) adds the rest."""
-    block_rows = table.shape[0] // plan.row_ways
-    n, stride = plan.ring_size, plan.stride
+    n = plan.ring_size
     outside_ring = tuple(a for a in plan.row_axes if a not in plan.ring_axes)
 
     def local(block, ids):
         position = jax.lax.axis_index(plan.ring_axes)
-        own = jax.lax.axis_index(plan.row_axes)
         valid = (ids >= 0) & (ids < limit)
 
-        def look_up(s, block):
-            start = (own + ((position - s) % n - position) * stride) * block_rows
-            local_ids = ids - start
-            inside = valid & (local_ids >= 0) & (local_ids < block_rows)
-            rows = jnp.take(block, jnp.where(inside, local_ids, 0), axis=0)
-            return jnp.where(inside[..., None], rows, jnp.zeros((), dtype))
+        def look_up(s, block):  # the block held after s passes started at ring position - s
+            rows, inside = _rows_in_block(ids, valid, (position - s) % n, plan)
+            found = jnp.take(block, jnp.where(inside, rows, 0), axis=0)
+            return jnp.where(inside[..., None], found, jnp.zeros((), dtype))
 
         def step(s, carry):
             block, out = carry
-            block = jax.lax.ppermute(block, plan.ring_axes, [(i, (i + 1) % n) for i in range(n)])
+            block = _pass_on(block, plan)
             return block, out + look_up(s, block)
 
         block = block.astype(dtype)
@@ -139,47 +160,38 @@ def _ring_lookup_forward(table, ids, dtype, limit, plan):
             out = jax.lax.psum(out, outside_ring)
         return jnp.where(valid[..., None], out, jnp.asarray(jnp.nan, dtype))
 
-    out_spec = PartitionSpec(*plan.ids_spec, None)
-    out = jax.shard_map(local, mesh=plan.placement.mesh, in_specs=(plan.grad_spec, plan.ids_spec),
-                        out_specs=out_spec, check_vma=False)(table, ids)
+    out = jax.shard_map(local, mesh=plan.placement.mesh, in_specs=(plan.table_spec, plan.ids_spec),
+                        out_specs=plan.hidden_spec, check_vma=False)(table, ids)
     return constrain(out, HIDDEN), ids
 
 
 def _ring_lookup_backward(dtype, limit, plan, ids, grad):
-    rows, hidden = plan.table_shape
-    block_rows = rows // plan.row_ways
-    n, stride = plan.ring_size, plan.stride
-    mesh = plan.placement.mesh
-    grad = constrain(grad, HIDDEN)
+    hidden = plan.table_shape[1]
+    n = plan.ring_size
 
     def local(grad, ids):
         ids = ids.reshape(-1)
         grad = grad.reshape(-1, hidden).astype(jnp.float32)
         valid = (ids >= 0) & (ids < limit)
         position = jax.lax.axis_index(plan.ring_axes)
-        own = jax.lax.axis_index(plan.row_axes)
 
         def add_contribution(block, ring_position):
             """``block`` (the rows of the ring's ``ring_position``) plus this device's batch's gradients for them,
             added into it rather than beside it (no third block-sized buffer)."""
-            start = (own + (ring_position - position) * stride) * block_rows
-            local_ids = ids - start
-            inside = valid & (local_ids >= 0) & (local_ids < block_rows)
-            return block.at[jnp.where(inside, local_ids, block_rows)].add(grad, mode="drop")
+            rows, inside = _rows_in_block(ids, valid, ring_position, plan)
+            return block.at[jnp.where(inside, rows, plan.block_rows)].add(grad, mode="drop")
 
         def step(s, block):
-            passed = jax.lax.ppermute(block, plan.ring_axes, [(i, (i + 1) % n) for i in range(n)])
-            return add_contribution(passed, (position - 1 - s) % n)
+            return add_contribution(_pass_on(block, plan), (position - 1 - s) % n)
 
-        first = add_contribution(jnp.zeros((block_rows, hidden), jnp.float32), (position - 1) % n)
+        first = add_contribution(jnp.zeros((plan.block_rows, hidden), jnp.float32), (position - 1) % n)
         block = jax.lax.fori_loop(1, n, step, first)
         if plan.sum_axes:
             block = jax.lax.psum(block, plan.sum_axes)
         return block.astype(plan.table_dtype)
 
-    grad_spec = PartitionSpec(*plan.ids_spec, None)
-    table_grad = jax.shard_map(local, mesh=mesh, in_specs=(grad_spec, plan.ids_spec), out_specs=plan.grad_spec,
-                               check_vma=False)(grad, ids)
+    table_grad = jax.shard_map(local, mesh=plan.placement.mesh, in_specs=(plan.hidden_spec, plan.ids_spec),
+                               out_specs=plan.table_spec, check_vma=False)(constrain(grad, HIDDEN), ids)
     return table_grad, None
 
 
