@@ -15,7 +15,7 @@ from flaxzoo import models
 from flaxzoo.models import (BertForMaskedLM, BertForSequenceClassification, BertModel, GPTForCausalLM, GPTModel,
                     TransformerConfig, get_preset)
 from flaxzoo.models.layers.attention import Attention
-from flaxzoo.models.layers.linear import next_key
+from flaxzoo.models.layers.linear import compute_copy, next_key
 from flaxzoo.models.layers.masking import AttentionLayout
 
 DECODERS = {
@@ -497,3 +497,24 @@ def test_next_key_draws_the_keys_and_counts_of_the_flax_stream():
             np.testing.assert_array_equal(got[0], theirs[0])
             assert int(got[1]) == int(theirs[1]) == 4
     assert len({tuple(np.asarray(k)) for k in draws(next_key, 0)[0]}) == 4  # four different keys
+
+
+def test_compute_copy_rounds_as_the_cast_does():
+    """``compute_copy`` (the weights' bfloat16 copy, rounded by ``reduce_precision`` so that XLA keeps the cast inside
+    the layer scan) gives the bits of ``astype`` for every kind of float32: ties, both halves of every rounding,
+    subnormals, the largest finite values (which round to infinity), infinities and NaN; other pairs are plain
+    casts. Checked on the float32 bit patterns themselves, against ml_dtypes' cast through numpy."""
+    rng = np.random.default_rng(3)
+    bits = rng.integers(0, 2**32, size=200_000, dtype=np.uint64).astype(np.uint32)
+    ties = (rng.integers(0, 2**16, size=4096, dtype=np.uint32) << 16) | 0x8000  # exactly halfway: round to even
+    specials = np.array([0.0, -0.0, 1e-45, -1e-45, 1e-39, 3.3895e38, 3.4028235e38, -3.4028235e38, np.inf, -np.inf,
+                         np.nan, 1.0, 1.00390625, 1.005859375], np.float32).view(np.uint32)
+    values = np.concatenate([bits, ties, specials]).view(np.float32)
+    got = np.asarray(jax.jit(compute_copy, static_argnums=1)(jnp.asarray(values), jnp.bfloat16))
+    want = values.astype(jnp.bfloat16)
+    assert got.dtype == want.dtype
+    finite = ~np.isnan(want.astype(np.float32))
+    np.testing.assert_array_equal(got.view(np.uint16)[finite], want.view(np.uint16)[finite])
+    assert np.isnan(got.astype(np.float32)[~finite]).all()
+    half = np.asarray(compute_copy(jnp.asarray(values[:1000]), jnp.float16))
+    np.testing.assert_array_equal(half, values[:1000].astype(np.float16))
