@@ -1,5 +1,5 @@
-"""A small encoder trained from random initialisation on the BBC headline split: the brief's position-encoding
-comparison, for real. Same model, data, seed and schedule; only ``model.position`` changes.
+"""A small encoder trained from random initialisation on the BBC headline split: the position-encoding
+comparison of docs/fine-tuning.md, for real. Same model, data, seed and schedule; only ``model.position`` changes.
 
 ``python -m flaxzoo.train --config configs/headlines_from_scratch.py --config.model.position=alibi`` (learned | sinusoidal |
 rope | alibi; under a minute on 2 CPU cores). ``python -m flaxzoo.train.finetune.results positions`` runs the four schemes

@@ -22,7 +22,8 @@ is reported as a failed figure, ``{"check": ..., "ok": false, "error": ...}``, a
 
 ``--tiny`` shrinks every part for a CPU smoke run: the bench's ``gpt_train --tiny`` (its ``gpt2_small`` keeps the
 124M model even with ``--tiny``), 8 steps of ``configs/default.py`` with a tiny model, 8 new tokens of the
-``llama-tiny`` preset (random weights; ``--gguf`` for the real ones). The process exits 0 when every figure came, 1 otherwise. ``.ci/gpu`` prepares a device
+``llama-tiny`` preset (random weights; ``--gguf`` for the real ones). The process exits 0 when every figure came, 1
+otherwise. ``.ci/gpu`` installs what a GPU machine without internet lacks
 and runs this.
 """
 

@@ -1,8 +1,8 @@
 """Vocabulary extension: domain words become whole tokens, their embedding rows starting as the mean of the rows of
 the pieces the tokenizer used to cut them into.
 
-A pretrained WordPiece vocabulary cuts rare domain words ("morientes", "rusedski") into several pieces; the brief's
-news task saw its out-of-vocabulary rate fall from 37% to 4% with the frequent ones added. The words are added as
+A pretrained WordPiece vocabulary cuts rare domain words ("morientes", "rusedski") into several pieces; on the BBC
+headlines task the out-of-vocabulary rate fell from 37% to 4% with the frequent ones added. The words are added as
 ``tokenizers.AddedToken(word, single_word=True, normalized=True)``: matched on the normalised (e.g. lower-cased)
 text, as whole words only, before WordPiece runs.
 """
