@@ -29,7 +29,7 @@ from flax import nnx
 from flaxzoo import models
 from flaxzoo.models import from_pretrained, load_tokenizer
 from flaxzoo.models.checkpoint import save_checkpoint
-from flaxzoo.models.convert import convert
+from flaxzoo.models.convert import convert, main as convert_main
 
 transformers.logging.set_verbosity_error()
 
@@ -579,3 +579,28 @@ def test_missing_local_path_is_not_sent_to_the_hub(tmp_path):
         from_pretrained("./relative/model_dir")
     with pytest.raises(FileNotFoundError, match="does not exist"):
         load_tokenizer(tmp_path / "nowhere")
+
+
+def test_unknown_names_and_mistyped_paths_name_the_packaged_models_and_the_nearest(tmp_path, monkeypatch, capsys):
+    import huggingface_hub
+
+    asked = []
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", lambda repo_id, **_: asked.append(repo_id) or 1 / 0)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs" / "default").mkdir(parents=True)
+    for name, nearest in [("minilm-l6-v2", "all-minilm-l6-v2"), ("SmolLM2-135M", "smollm2-135m-instruct"),
+                          ("runs/defualt", "runs/default")]:
+        with pytest.raises(FileNotFoundError) as caught:
+            from_pretrained(name)
+        message = str(caught.value)
+        assert "\n" not in message and message.startswith(f"{name!r} does not exist"), message
+        assert "'smollm2-135m-instruct'" in message and "'all-minilm-l6-v2'" in message, message
+        assert f"nearest: {nearest!r}" in message, message
+    with pytest.raises(FileNotFoundError, match="'runs/defualt' does not exist"):
+        load_tokenizer("runs/defualt")
+    assert asked == []
+    assert convert_main(["runs/defualt", "out"]) == 2
+    assert "nearest: 'runs/default'" in capsys.readouterr().err
+    with pytest.raises(FileNotFoundError, match="is not a local path"):  # org/name, org no local folder: the Hub
+        from_pretrained("someone/minilm-l6-v2")
+    assert asked == ["someone/minilm-l6-v2"]

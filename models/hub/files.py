@@ -8,6 +8,7 @@ except for the opt-in ``allow_pickle=True`` path that reads legacy ``pytorch_mod
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import pathlib
@@ -19,7 +20,7 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from flaxzoo.models.families.base import format_names
-from flaxzoo.models.hub.packaged import packaged_path
+from flaxzoo.models.hub.packaged import PACKAGED, installed_names, packaged_path
 
 PathLike = Union[str, pathlib.Path]
 
@@ -153,19 +154,65 @@ def is_hub_id(path: PathLike) -> bool:
     return bool(_HUB_ID.fullmatch(path)) and not path.endswith((".gguf", ".json", ".safetensors"))
 
 
+def is_hub_repo(path: PathLike) -> bool:
+    """True for a Hub id worth asking the Hub for: ``org/name`` (``is_hub_id``) whose ``org`` is not a local folder
+    (``runs/defualt`` is a mistyped path under ``runs/``, not a repository)."""
+    if not is_hub_id(path) or "/" not in str(path):
+        return False
+    return not pathlib.Path(str(path).split("/", 1)[0]).is_dir()
+
+
+def _nearby_paths(path: pathlib.Path, limit: int = 500) -> list[str]:
+    """The entries of ``path``'s deepest existing folder, spelled as ``path`` spells that folder (at most
+    ``limit`` of them are read)."""
+    folder = path.parent
+    while not folder.is_dir() and folder != folder.parent:
+        folder = folder.parent
+    if not folder.is_dir():
+        return []
+    names = []
+    for entry in folder.iterdir():
+        names.append(entry.name if folder == pathlib.Path(".") else str(folder / entry.name))
+        if len(names) >= limit:
+            break
+    return names
+
+
+def missing_source_error(value: PathLike) -> FileNotFoundError:
+    """One line for a model source that names nothing: the value, the packaged models installed and the nearest
+    packaged names or existing paths."""
+    text = os.path.expanduser(str(value))
+    installed = installed_names()
+    candidates = {name: name for name in PACKAGED} | {p.lower(): p for p in _nearby_paths(pathlib.Path(text))}
+    nearest = [candidates[c] for c in difflib.get_close_matches(text.lower(), list(candidates), n=3, cutoff=0.6)]
+    absent = [name for name in PACKAGED if name not in installed]
+    if "/" in str(value) and is_hub_id(value):
+        what = "its folder exists, so it is read as a local path, not a Hugging Face Hub id"
+    else:
+        what = "expected an existing local path, a packaged model or a Hugging Face Hub id ('org/name')"
+    quoted = lambda names: ", ".join(repr(n) for n in names)  # noqa: E731
+    return FileNotFoundError(
+        f"{str(value)!r} does not exist ({what}); packaged models installed: {quoted(installed) or 'none'}"
+        + (f" (not installed: {quoted(absent)})" if absent else "")
+        + (f"; nearest: {quoted(nearest)}" if nearest else ""))
+
+
 def resolve_pretrained(path: PathLike, *, revision: str | None = None) -> pathlib.Path:
     """The absolute local path ``path`` names: itself (``~`` expanded; relative to the working directory), for a
     packaged model's name (``flaxzoo.models.hub.packaged.PACKAGED``; no local path of that name) the installed
-    package's file or folder, for a Hub id its snapshot folder in the Hugging Face cache."""
+    package's file or folder, for a Hub id ``org/name`` its snapshot folder in the Hugging Face cache.
+
+    Anything else (a bare name that is not packaged, a path that is not there) is a FileNotFoundError naming the
+    packaged models and the nearest names; it never reaches the network."""
     if is_hub_id(path):
         packaged = packaged_path(str(path))
-        return packaged if packaged is not None else download_from_hub(str(path), revision=revision)
+        if packaged is not None:
+            return packaged
+        if is_hub_repo(path):
+            return download_from_hub(str(path), revision=revision)
     local = pathlib.Path(path).expanduser().absolute()
     if not local.exists():
-        raise FileNotFoundError(
-            f"{local} does not exist: from_pretrained expects a local directory (Hugging Face: config.json + "
-            f"{SAFETENSORS}; a flaxzoo checkpoint), a .gguf file, or a Hugging Face Hub id such as "
-            "'openai-community/gpt2'")
+        raise missing_source_error(path)
     return local
 
 

@@ -56,3 +56,11 @@ def packaged_path(name: str) -> pathlib.Path | None:
     FileNotFoundError naming the pip command when ``name`` is packaged but not installed."""
     finder = PACKAGED.get(name.lower())
     return None if finder is None else finder()
+
+
+_PACKAGE_OF = {"smollm2-135m-instruct": SMOLLM2_PACKAGE, "all-minilm-l6-v2": MINILM_PACKAGE}
+
+
+def installed_names() -> list[str]:
+    """The names in ``PACKAGED`` whose package is installed (found without importing it)."""
+    return [name for name in PACKAGED if package_dir(_PACKAGE_OF[name]) is not None]
