@@ -6,13 +6,12 @@ from flaxzoo.models.jax_startup import quiet_jax_startup
 
 quiet_jax_startup()
 
-from flaxzoo.models.families.bert import (  # noqa: E402
+from flaxzoo.models.architectures.decoder import GPTForCausalLM, GPTForSequenceClassification, GPTModel  # noqa: E402
+from flaxzoo.models.architectures.encoder import (  # noqa: E402
     BertForMaskedLM, BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification, BertModel,
     EncoderOutput)
 from flaxzoo.models.config import PRESETS, TransformerConfig, get_preset  # noqa: E402
 from flaxzoo.models.generate import generate  # noqa: E402
-from flaxzoo.models.families.gpt2 import GPTForCausalLM, GPTModel  # noqa: E402
-from flaxzoo.models.families.gpt2.model import GPTForSequenceClassification  # noqa: E402
 from flaxzoo.models.layers.attention_core import attention_backend  # noqa: E402
 from flaxzoo.models.layers.decode_state import DecodeState  # noqa: E402
 from flaxzoo.models.layers.embeddings import check_token_ids  # noqa: E402

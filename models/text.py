@@ -26,9 +26,9 @@ import tokenizers
 from flax import nnx
 from tokenizers import normalizers
 
+from flaxzoo.models.architectures.decoder import GPTForCausalLM
+from flaxzoo.models.architectures.encoder import BertForSequenceClassification
 from flaxzoo.models.chat import ChatTemplate, load_chat_template
-from flaxzoo.models.families.bert import BertForSequenceClassification
-from flaxzoo.models.families.gpt2 import GPTForCausalLM
 from flaxzoo.models.generate import eval_split, generate
 from flaxzoo.models.layers.stack import TransformerStack
 from flaxzoo.models.sentence import SentenceConfig, pool, read_sentence_config

@@ -47,7 +47,7 @@ FAMILY_FULL_BUDGET_S = 60
 
 FAMILIES_DIR = Path(__file__).resolve().parent.parent / "models" / "families"
 # Other names the tests give a family (cases and file names: `gemma3-scanned`, `llama3`, `test_family_phi3_neox_olmo2`).
-ALIASES = {"gemma": ("gemma3",), "llama": ("llama3",), "gpt_neox": ("neox",), "xlm_roberta": ("xlmr",),
+ALIASES = {"gemma": ("gemma3",), "llama": ("llama3",), "gpt_neox": ("neox",), "roberta": ("xlmr",),
            "deberta_v2": ("deberta",)}
 MODEL_TYPE = re.compile(r"""(?:\bmodel_type\s*=\s*|\bMODEL_TYPE\s*=\s*|\b_family\(\s*)["']([\w.-]+)["']""")
 SHARED = "shared"
@@ -160,7 +160,7 @@ def read_slow_ids(path: Path) -> set[str]:
 
 def family_names(families: list[str] | None = None, families_dir: Path = FAMILIES_DIR) -> dict[str, set[str]]:
     """``{family: the names that point at it}``: each family's folder name, the model types its folder registers
-    (``gemma`` -> ``gemma2``, ``gemma3_text``; ``xlm_roberta`` -> ``xlm-roberta``) and :data:`ALIASES`. The families are
+    (``gemma`` -> ``gemma2``, ``gemma3_text``; ``roberta`` -> ``xlm-roberta``) and :data:`ALIASES`. The families are
     ``families``, or else every folder of ``families_dir`` (read as text, without importing anything)."""
     if families is None:
         families = sorted(p.name for p in families_dir.iterdir() if (p / "__init__.py").is_file()) \

@@ -13,7 +13,7 @@ import pytest
 from flax import nnx
 
 from flaxzoo.models.config import get_preset
-from flaxzoo.models.families.gpt2 import GPTForCausalLM
+from flaxzoo.models.architectures.decoder import GPTForCausalLM
 from flaxzoo.models.modeling import abstract_model
 from flaxzoo.train import flops as flopslib
 

@@ -19,8 +19,8 @@ from flaxzoo import models
 from flaxzoo.models import families
 from flaxzoo.models.families import bert, gpt2, llama, roberta
 from flaxzoo.models.families.base import BACKBONE, Family
-from flaxzoo.models.families.gpt2.model import GPTForCausalLM, GPTModel
-from flaxzoo.models.families.decoder import decoder_config_from_hf, decoder_config_to_hf
+from flaxzoo.models.architectures.decoder.model import GPTForCausalLM, GPTModel
+from flaxzoo.models.architectures.decoder.hf import decoder_config_from_hf, decoder_config_to_hf
 from flaxzoo.models.hub import from_pretrained, save_pretrained
 from flaxzoo.models.layers.block import TransformerBlock
 from flaxzoo.models.quantize import projection_paths

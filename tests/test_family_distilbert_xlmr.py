@@ -11,7 +11,7 @@ import torch
 import transformers
 
 from flaxzoo import models
-from flaxzoo.models.families import distilbert, family_and_class, xlm_roberta
+from flaxzoo.models.families import distilbert, family_and_class, roberta
 from flaxzoo.models.hub import from_pretrained
 from tests.encoder_parity import check_both_ways, check_encoder_layouts
 
@@ -75,7 +75,7 @@ def test_scanned_layout_equals_the_unrolled_one(name, hf_models, tmp_path):
 
 
 def test_architectures_and_config_translation():
-    for family, name in ((distilbert.FAMILY, "distilbert"), (xlm_roberta.FAMILY, "xlm-roberta")):
+    for family, name in ((distilbert.FAMILY, "distilbert"), (roberta.XLM_ROBERTA, "xlm-roberta")):
         for head, suffix in HEADS.items():
             found, cls = family_and_class({"model_type": name, "architectures": [PREFIX[name] + suffix]}, None)
             assert found is family and cls is FLAX[head]
@@ -85,7 +85,7 @@ def test_architectures_and_config_translation():
     hf = distilbert.FAMILY.config_to_hf(config)
     assert (hf["dim"], hf["n_layers"], hf["n_heads"], hf["hidden_dim"], hf["sinusoidal_pos_embds"],
             hf["tie_weights_"]) == (32, 2, 4, 72, False, True)
-    xlmr = xlm_roberta.FAMILY.config_from_hf(hf_config("xlm-roberta").to_dict())
+    xlmr = roberta.XLM_ROBERTA.config_from_hf(hf_config("xlm-roberta").to_dict())
     assert (xlmr.model_type, xlmr.position_offset, xlmr.type_vocab_size) == ("xlm-roberta", 2, 1)
 
 

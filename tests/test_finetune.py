@@ -20,7 +20,7 @@ from flax import nnx
 from PIL import Image
 
 from flaxzoo import models
-from flaxzoo.models.families.bert import BertForSequenceClassification
+from flaxzoo.models.architectures.encoder import BertForSequenceClassification
 from flaxzoo.models.config import get_preset
 from flaxzoo.train.config import ConfigError, OptimConfig
 from flaxzoo.train.finetune import vocab as vocablib

@@ -115,6 +115,29 @@ def test_models_never_import_train_or_configs():
     assert not bad, bad
 
 
+FAMILIES = "flaxzoo.models.families"
+
+
+def family_of(module: str) -> str | None:
+    """The family folder a module belongs to (``flaxzoo.models.families.qwen2.gguf`` -> ``qwen2``), or None for the
+    modules beside the folders (the registry, ``base``, ``fields``) and everything outside ``families``."""
+    parts = module.split(".")
+    if module.startswith(FAMILIES + ".") and (ROOT / "models" / "families" / parts[3]).is_dir():
+        return parts[3]
+    return None
+
+
+def test_no_family_imports_another_family():
+    """What several families share lives in ``models/architectures`` (or ``models/layers``), never in one of them."""
+    edges, _ = graph()
+    assert family_of("flaxzoo.models.families.qwen2.gguf") == "qwen2"
+    assert family_of("flaxzoo.models.families.bert") == "bert"
+    assert family_of("flaxzoo.models.families.base") is None and family_of("flaxzoo.models.layers.stack") is None
+    bad = sorted(f"{m} -> {t}" for m, ts in edges.items() if family_of(m)
+                 for t in ts if family_of(t) not in (None, family_of(m)))
+    assert not bad, bad
+
+
 def test_no_private_name_is_imported_from_another_module():
     _, private = graph()
     assert not private, private

@@ -11,9 +11,9 @@ import pytest
 
 
 def tiny_lm(kind: str, seed: int = 0, vocab: int = 97):
-    from flaxzoo.models.families.bert import BertForMaskedLM
+    from flaxzoo.models.architectures.encoder import BertForMaskedLM
     from flaxzoo.models.config import get_preset
-    from flaxzoo.models.families.gpt2 import GPTForCausalLM
+    from flaxzoo.models.architectures.decoder import GPTForCausalLM
     from flaxzoo.models.modeling import create_model
 
     sizes = dict(vocab_size=vocab, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64,

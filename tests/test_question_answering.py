@@ -125,7 +125,7 @@ def test_a_squad_file_is_read_and_a_misplaced_answer_refused(tmp_path):
 
 
 def test_span_loss_is_the_mean_of_start_and_end_cross_entropies():
-    from flaxzoo.models.families.bert.model import SpanLogits
+    from flaxzoo.models.architectures.encoder.model import SpanLogits
 
     class Fixed:
         config = models.get_preset("bert-tiny")  # the step reads its type_vocab_size

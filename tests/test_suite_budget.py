@@ -99,9 +99,9 @@ def test_family_names_match_whole_tokens():
 
 def test_default_families_come_from_the_repository():
     names = family_names()
-    assert {"gemma", "bert", "xlm_roberta", "gpt_neox"} <= set(names)
+    assert {"gemma", "bert", "roberta", "gpt_neox"} <= set(names)
     assert {"gemma2", "gemma3_text"} <= names["gemma"]
-    assert "xlm-roberta" in names["xlm_roberta"]
+    assert "xlm-roberta" in names["roberta"]
 
 
 def test_quick_and_slow_split(tmp_path):

@@ -19,7 +19,7 @@ from flaxzoo.models.config import TransformerConfig
 from flaxzoo.models.families import bert, gemma, gpt2, llama, mistral, qwen2, qwen3, roberta
 from flaxzoo.models.families import gpt_neox, olmo2, phi3
 from flaxzoo.models.families import albert, electra
-from flaxzoo.models.families import distilbert, xlm_roberta
+from flaxzoo.models.families import distilbert
 from flaxzoo.models.families import deberta_v2
 from flaxzoo.models.families import modernbert
 from flaxzoo.models.families.base import Family, ParamPath
@@ -205,7 +205,7 @@ register(gemma.GEMMA3)
 register(albert.FAMILY)
 register(electra.FAMILY)
 register(distilbert.FAMILY)
-register(xlm_roberta.FAMILY)
+register(roberta.XLM_ROBERTA)
 register(deberta_v2.FAMILY)
 register(modernbert.FAMILY)
 

@@ -1,6 +1,6 @@
 """What every model class shares: a config, a ``TransformerStack`` at ``backbone`` made of the class's ``block``, and
-the stack's final states. A family's classes add their heads beside the backbone (``families/bert/model.py``,
-``families/gpt2/model.py``)."""
+the stack's final states. A family's classes add their heads beside the backbone (``architectures/encoder/model.py``,
+``architectures/decoder/model.py``)."""
 
 from __future__ import annotations
 

@@ -38,7 +38,7 @@ def load_classifier(path: str | None) -> tuple[Any, Any, str]:
     """``(model, tokenizer, source)``: the fine-tuned work directory ``path``, else the packaged MiniLM with a fresh
     5-class head."""
     from flaxzoo import models
-    from flaxzoo.models.families.bert import BertForSequenceClassification
+    from flaxzoo.models.architectures.encoder import BertForSequenceClassification
     from flaxzoo.train.finetune.classifier import packaged_minilm
 
     source = path or packaged_minilm()

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from flaxzoo.models.families.gpt2 import GPTForCausalLM
+from flaxzoo.models.architectures.decoder import GPTForCausalLM
 from flaxzoo.models.generate import generate
 from flaxzoo.models.modeling import create_model, param_count
 from flaxzoo.train import flops as flopslib

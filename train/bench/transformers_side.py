@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from flaxzoo.models.families.gpt2 import GPTForCausalLM
+from flaxzoo.models.architectures.decoder import GPTForCausalLM
 from flaxzoo.train import flops as flopslib
 from flaxzoo.train.batches import IGNORE_INDEX
 from flaxzoo.train.bench.batches import make_batch

@@ -18,8 +18,8 @@ from typing import Any
 import jax
 
 from flaxzoo.models.config import get_preset
-from flaxzoo.models.families.bert import BertForMaskedLM
-from flaxzoo.models.families.gpt2 import GPTForCausalLM
+from flaxzoo.models.architectures.encoder import BertForMaskedLM
+from flaxzoo.models.architectures.decoder import GPTForCausalLM
 from flaxzoo.train import flops as flopslib
 from flaxzoo.train.bench.batches import MLM_PROB
 

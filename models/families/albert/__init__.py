@@ -1,5 +1,6 @@
-"""ALBERT: BERT's classes (``families/bert/model.py``) with factorised embeddings and one block shared by every layer
-(``config.embedding_size``, ``config.shared_layers``), under Hugging Face ``albert`` names (``hf.py``)."""
+"""ALBERT: the encoder architecture's classes (``architectures/encoder/model.py``) with factorised embeddings and one
+block shared by every layer (``config.embedding_size``, ``config.shared_layers``), under Hugging Face ``albert``
+names (``hf.py``)."""
 
 from flaxzoo.models.families.albert.hf import FAMILY
 

@@ -17,12 +17,13 @@ from __future__ import annotations
 import re
 from typing import Any, Mapping
 
+from flaxzoo.models.architectures.encoder.hf import (encoder_architectures, ENCODER_LAYOUT, encoder_config_from_hf,
+                                                     encoder_config_to_hf, encoder_save_problems, mlm_head, qa_head,
+                                                     weight_map)
+from flaxzoo.models.architectures.encoder.model import (BertForMaskedLM, BertForSequenceClassification,
+                                                        BertForTokenClassification, BertModel, encoder_factory)
 from flaxzoo.models.config import TransformerConfig
 from flaxzoo.models.families.base import BACKBONE, Entry, Family, WeightMap, entry, layout, linear, norm
-from flaxzoo.models.families.bert.hf import (encoder_architectures, ENCODER_LAYOUT, encoder_config_from_hf,
-                                             encoder_config_to_hf, encoder_save_problems, mlm_head, qa_head, weight_map)
-from flaxzoo.models.families.bert.model import (BertForMaskedLM, BertForSequenceClassification,
-                                                BertForTokenClassification, BertModel, encoder_factory)
 from flaxzoo.models.families.fields import refuse
 
 ALBERT_LAYOUT = {k: v for k, v in ENCODER_LAYOUT.items() if k != "embedding_size"} | dict(

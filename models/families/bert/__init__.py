@@ -1,10 +1,6 @@
-"""BERT: ``model.py`` (the encoder classes, which RoBERTa reuses) and ``hf.py`` (Hugging Face ``bert`` names and
-config)."""
+"""BERT: Hugging Face ``bert`` names and config (``hf.py``) on the encoder architecture's classes
+(:mod:`flaxzoo.models.architectures.encoder`)."""
 
 from flaxzoo.models.families.bert.hf import FAMILY
-from flaxzoo.models.families.bert.model import (BertForMaskedLM, BertForQuestionAnswering,
-                                                BertForSequenceClassification,
-                                                BertForTokenClassification, BertModel, EncoderOutput, SpanLogits)
 
-__all__ = ["FAMILY", "BertForMaskedLM", "BertForQuestionAnswering", "BertForSequenceClassification",
-           "BertForTokenClassification", "BertModel", "EncoderOutput", "SpanLogits"]
+__all__ = ["FAMILY"]

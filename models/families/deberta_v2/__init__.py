@@ -1,5 +1,6 @@
-"""DeBERTa-v2 / v3 (``model_type`` ``"deberta-v2"``): BERT's classes (``families/bert/model.py``) with disentangled
-relative attention (``models/layers/relative_attention.py``), under Hugging Face's ``deberta`` names (``hf.py``)."""
+"""DeBERTa-v2 / v3 (``model_type`` ``"deberta-v2"``): the encoder architecture's classes
+(``architectures/encoder/model.py``) with disentangled relative attention (``models/layers/relative_attention.py``),
+under Hugging Face's ``deberta`` names (``hf.py``)."""
 
 from flaxzoo.models.families.deberta_v2.hf import FAMILY
 

@@ -28,11 +28,11 @@ from __future__ import annotations
 import re
 from typing import Any, Mapping
 
+from flaxzoo.models.architectures.encoder.hf import encoder_architectures, mlm_head, qa_head, weight_map
+from flaxzoo.models.architectures.encoder.model import (BertForMaskedLM, BertForSequenceClassification,
+                                                        BertForTokenClassification, encoder_factory)
 from flaxzoo.models.config import TransformerConfig
 from flaxzoo.models.families.base import BACKBONE, Entry, Family, WeightMap, entry, layout, linear, norm
-from flaxzoo.models.families.bert.hf import encoder_architectures, mlm_head, qa_head, weight_map
-from flaxzoo.models.families.bert.model import (BertForMaskedLM, BertForSequenceClassification,
-                                                BertForTokenClassification, encoder_factory)
 from flaxzoo.models.families.fields import ACTIVATIONS_TO_HF, activation, common_from_hf, full_width_heads, refuse
 
 DEBERTA_LAYOUT = dict(causal=False, norm="layernorm", norm_placement="post", embedding_norm=True, final_norm=False,

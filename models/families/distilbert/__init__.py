@@ -1,4 +1,5 @@
-"""DistilBERT: BERT's classes (``families/bert/model.py``) under Hugging Face ``distilbert`` names (``hf.py``)."""
+"""DistilBERT: the encoder architecture's classes (``architectures/encoder/model.py``) under Hugging Face ``distilbert``
+names (``hf.py``)."""
 
 from flaxzoo.models.families.distilbert.hf import FAMILY
 

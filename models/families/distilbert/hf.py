@@ -28,13 +28,12 @@ from __future__ import annotations
 import re
 from typing import Any, Mapping
 
+from flaxzoo.models.architectures.encoder.hf import encoder_architectures, ENCODER_LAYOUT, qa_head, weight_map
+from flaxzoo.models.architectures.encoder.model import (BertForMaskedLM, BertForSequenceClassification,
+                                                        BertForTokenClassification, encoder_factory)
 from flaxzoo.models.config import TransformerConfig
 from flaxzoo.models.families.base import BACKBONE, Entry, Family, WeightMap, entry, layout, linear, norm
-from flaxzoo.models.families.bert.hf import encoder_architectures, ENCODER_LAYOUT, qa_head, weight_map
-from flaxzoo.models.families.bert.model import (BertForMaskedLM, BertForSequenceClassification,
-                                                BertForTokenClassification, encoder_factory)
-from flaxzoo.models.families.fields import (ACTIVATIONS_TO_HF, activation, common_from_hf, full_width_heads,
-                                            refuse)
+from flaxzoo.models.families.fields import ACTIVATIONS_TO_HF, activation, common_from_hf, full_width_heads, refuse
 
 NORM_EPS = 1e-12  # Hugging Face's DistilBERT LayerNorms: fixed, not a config field
 DISTILBERT_LAYOUT = ENCODER_LAYOUT | dict(type_vocab_size=0, position_offset=0, norm_eps=NORM_EPS,

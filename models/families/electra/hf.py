@@ -24,13 +24,13 @@ from typing import Any, Callable, Collection, Mapping
 
 from flax import nnx
 
+from flaxzoo.models.architectures.encoder.hf import (encoder_architectures, ENCODER_LAYOUT, encoder_config_from_hf,
+                                                     encoder_config_to_hf, encoder_entries, encoder_save_problems,
+                                                     qa_head, weight_map)
+from flaxzoo.models.architectures.encoder.model import (BertForMaskedLM, BertForSequenceClassification,
+                                                        BertForTokenClassification, BertModel)
 from flaxzoo.models.config import TransformerConfig
 from flaxzoo.models.families.base import BACKBONE, Entry, Family, LINEAR, ParamPath, WeightMap, entry, linear, norm
-from flaxzoo.models.families.bert.hf import (encoder_architectures, ENCODER_LAYOUT, encoder_config_from_hf,
-                                             encoder_config_to_hf, encoder_entries, encoder_save_problems, qa_head,
-                                             weight_map)
-from flaxzoo.models.families.bert.model import (BertForMaskedLM, BertForSequenceClassification,
-                                                BertForTokenClassification, BertModel)
 from flaxzoo.models.families.electra.model import ElectraForPreTraining
 
 ELECTRA_LAYOUT = {k: v for k, v in ENCODER_LAYOUT.items() if k != "embedding_size"} | dict(

@@ -1,5 +1,5 @@
 """ELECTRA's discriminator (Clark et al., 2020): the encoder and a per-token replaced / original score. The other
-ELECTRA classes are BERT's (``families/bert/model.py``)."""
+ELECTRA classes are the encoder architecture's (``architectures/encoder/model.py``)."""
 
 from __future__ import annotations
 

@@ -28,8 +28,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Collection
 
+from flaxzoo.models.architectures.decoder.gguf import LLAMA_LAYER, decoder_config, layer_names, metadata_float
 from flaxzoo.models.families.base import GGUFSpec
-from flaxzoo.models.families.qwen2.gguf import LLAMA_LAYER, decoder_config, layer_names, metadata_float
 
 if TYPE_CHECKING:
     from flaxzoo.models.gguf import GGUFFile

@@ -24,14 +24,14 @@ import math
 import warnings
 from typing import Any, Callable, Mapping
 
+from flaxzoo.models.architectures.decoder.hf import (PRE_NORMS, SANDWICH_NORMS, decoder_config_from_hf,
+                                                     decoder_config_to_hf, decoder_weights, head_dim_of, rope_from_hf,
+                                                     rope_parameters_to_hf)
+from flaxzoo.models.architectures.decoder.model import GPTForCausalLM, GPTForSequenceClassification, GPTModel
 from flaxzoo.models.config import TransformerConfig
 from flaxzoo.models.families.base import Family, WeightMap
-from flaxzoo.models.families.decoder import (PRE_NORMS, SANDWICH_NORMS, decoder_config_from_hf,
-                                             decoder_config_to_hf, decoder_weights, head_dim_of,
-                                             rope_from_hf, rope_parameters_to_hf)
 from flaxzoo.models.families.fields import ACTIVATIONS_TO_HF
 from flaxzoo.models.families.gemma.gguf import SPECS as GGUF_SPECS
-from flaxzoo.models.families.gpt2.model import GPTForCausalLM, GPTForSequenceClassification, GPTModel
 
 SLIDING, FULL = "sliding_attention", "full_attention"
 

@@ -1,7 +1,6 @@
-"""GPT-2: ``model.py`` (the decoder classes, which Llama reuses) and ``hf.py`` (Hugging Face ``gpt2`` names and
-config)."""
+"""GPT-2: Hugging Face ``gpt2`` names and config (``hf.py``) on the decoder architecture's classes
+(:mod:`flaxzoo.models.architectures.decoder`)."""
 
 from flaxzoo.models.families.gpt2.hf import FAMILY
-from flaxzoo.models.families.gpt2.model import GPTForCausalLM, GPTModel
 
-__all__ = ["FAMILY", "GPTForCausalLM", "GPTModel"]
+__all__ = ["FAMILY"]

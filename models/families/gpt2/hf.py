@@ -8,11 +8,11 @@ from __future__ import annotations
 import re
 from typing import Any, Mapping
 
+from flaxzoo.models.architectures.decoder.model import GPTForCausalLM, GPTModel
 from flaxzoo.models.config import TransformerConfig
 from flaxzoo.models.families.base import (BACKBONE, IDENTITY, Family, WeightMap, causal_lm_head, entry, layout, linear,
                                           norm, outside)
 from flaxzoo.models.families.fields import ACTIVATIONS_TO_HF, activation, common_from_hf, full_width_heads, refuse
-from flaxzoo.models.families.gpt2.model import GPTForCausalLM, GPTModel
 
 GPT2_LAYOUT = dict(causal=True, position="learned", norm="layernorm", norm_placement="pre", embedding_norm=False,
                    final_norm=True, mlp_gated=False, attention_bias=True, mlp_bias=True, type_vocab_size=0,

@@ -13,12 +13,12 @@ from __future__ import annotations
 import re
 from typing import Any, Mapping
 
+from flaxzoo.models.architectures.decoder.hf import PLAIN_MECHANISMS, classification_head, rope_from_hf, rope_to_hf
+from flaxzoo.models.architectures.decoder.model import GPTForCausalLM, GPTForSequenceClassification, GPTModel
 from flaxzoo.models.config import TransformerConfig
 from flaxzoo.models.families.base import (BACKBONE, LINEAR, Entry, Family, WeightMap, entry, layout, linear, norm,
                                           outside)
-from flaxzoo.models.families.decoder import PLAIN_MECHANISMS, classification_head, rope_from_hf, rope_to_hf
 from flaxzoo.models.families.fields import ACTIVATIONS_TO_HF, activation, common_from_hf, full_width_heads
-from flaxzoo.models.families.gpt2.model import GPTForCausalLM, GPTForSequenceClassification, GPTModel
 
 GPT_NEOX_LAYOUT = dict(causal=True, position="rope", norm="layernorm", norm_placement="pre", embedding_norm=False,
                        final_norm=True, mlp_gated=False, mlp_bias=True, type_vocab_size=0, sliding_window=None,

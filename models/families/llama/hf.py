@@ -8,10 +8,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping
 
+from flaxzoo.models.architectures.decoder.hf import (PLAIN_MECHANISMS, decoder_architectures, decoder_config_from_hf,
+                                                     decoder_config_to_hf, decoder_weights)
 from flaxzoo.models.config import TransformerConfig
 from flaxzoo.models.families.base import Family, WeightMap
-from flaxzoo.models.families.decoder import (PLAIN_MECHANISMS, decoder_architectures, decoder_config_from_hf,
-                                             decoder_config_to_hf, decoder_weights)
 from flaxzoo.models.families.llama.gguf import SPEC
 
 LLAMA_LAYOUT = dict(causal=True, position="rope", norm="rmsnorm", norm_placement="pre", embedding_norm=False,

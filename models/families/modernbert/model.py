@@ -13,8 +13,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from flaxzoo.models.architectures.encoder.model import EncoderOutput, SpanLogits
 from flaxzoo.models.config import TransformerConfig
-from flaxzoo.models.families.bert.model import EncoderOutput, SpanLogits
 from flaxzoo.models.layers.attention import KVCache
 from flaxzoo.models.layers.block import TransformerBlock
 from flaxzoo.models.layers.embeddings import LMHead, is_concrete

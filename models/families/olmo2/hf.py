@@ -7,11 +7,11 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from flaxzoo.models.architectures.decoder.hf import (PLAIN_MECHANISMS, POST_BRANCH_NORMS, decoder_config_from_hf,
+                                                     decoder_config_to_hf, decoder_weights, head_dim_of, rope_from_hf)
+from flaxzoo.models.architectures.decoder.model import GPTForCausalLM, GPTForSequenceClassification, GPTModel
 from flaxzoo.models.config import TransformerConfig
 from flaxzoo.models.families.base import Family, WeightMap
-from flaxzoo.models.families.decoder import (PLAIN_MECHANISMS, POST_BRANCH_NORMS, decoder_config_from_hf,
-                                             decoder_config_to_hf, decoder_weights, head_dim_of, rope_from_hf)
-from flaxzoo.models.families.gpt2.model import GPTForCausalLM, GPTForSequenceClassification, GPTModel
 
 OLMO2_LAYOUT = dict(causal=True, position="rope", norm="rmsnorm", norm_placement="post_branch", embedding_norm=False,
                     final_norm=True, mlp_gated=True, type_vocab_size=0, mlp_bias=False, rotary_fraction=1.0,

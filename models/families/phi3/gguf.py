@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Any, Collection
 
 import numpy as np
 
+from flaxzoo.models.architectures.decoder.gguf import decoder_config, layer_names, metadata_float
 from flaxzoo.models.families.base import GGUFSpec
-from flaxzoo.models.families.qwen2.gguf import decoder_config, layer_names, metadata_float
 
 if TYPE_CHECKING:
     from flaxzoo.models.gguf import GGUFFile

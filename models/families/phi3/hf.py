@@ -13,11 +13,11 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from flaxzoo.models.architectures.decoder.hf import (PLAIN_MECHANISMS, decoder_config_from_hf, decoder_config_to_hf,
+                                                     decoder_weights)
+from flaxzoo.models.architectures.decoder.model import GPTForCausalLM, GPTForSequenceClassification, GPTModel
 from flaxzoo.models.config import TransformerConfig
 from flaxzoo.models.families.base import Family, WeightMap
-from flaxzoo.models.families.decoder import (PLAIN_MECHANISMS, decoder_config_from_hf, decoder_config_to_hf,
-                                             decoder_weights)
-from flaxzoo.models.families.gpt2.model import GPTForCausalLM, GPTForSequenceClassification, GPTModel
 from flaxzoo.models.families.phi3.gguf import SPEC
 
 PHI3_LAYOUT = dict(causal=True, position="rope", norm="rmsnorm", norm_placement="pre", embedding_norm=False,

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from flaxzoo.models.architectures.decoder.hf import (PLAIN_MECHANISMS, decoder_architectures, decoder_config_from_hf,
+                                                     decoder_weights, max_window_config_to_hf, max_window_layer_types)
 from flaxzoo.models.config import TransformerConfig
 from flaxzoo.models.families.base import Family
-from flaxzoo.models.families.decoder import (PLAIN_MECHANISMS, decoder_architectures, decoder_config_from_hf,
-                                             decoder_weights)
-from flaxzoo.models.families.qwen2.hf import qwen2_config_to_hf, window_layer_types
 from flaxzoo.models.families.qwen3.gguf import SPEC
 
 QWEN3_LAYOUT = dict(causal=True, position="rope", norm="rmsnorm", norm_placement="pre", embedding_norm=False,
@@ -18,7 +17,7 @@ QWEN3_LAYOUT = dict(causal=True, position="rope", norm="rmsnorm", norm_placement
 
 
 def qwen3_config_from_hf(hf: Mapping[str, Any]) -> TransformerConfig:
-    return decoder_config_from_hf(hf, "qwen3", QWEN3_LAYOUT, sliding_types=window_layer_types(hf))
+    return decoder_config_from_hf(hf, "qwen3", QWEN3_LAYOUT, sliding_types=max_window_layer_types(hf))
 
 
 def qwen3_save_problems(config: TransformerConfig) -> list[str]:
@@ -31,6 +30,6 @@ def qwen3_save_problems(config: TransformerConfig) -> list[str]:
 FAMILY = Family(
     model_type="qwen3", base_prefix="model",
     architectures=decoder_architectures("Qwen3"),
-    config_from_hf=qwen3_config_from_hf, config_to_hf=qwen2_config_to_hf,
+    config_from_hf=qwen3_config_from_hf, config_to_hf=max_window_config_to_hf,
     weights=lambda config, cls, base: decoder_weights(config, cls, base), layout=QWEN3_LAYOUT,
     save_problems=qwen3_save_problems, gguf=SPEC)

@@ -1,5 +1,7 @@
-"""RoBERTa: BERT's classes (``families/bert/model.py``) under Hugging Face ``roberta`` names (``hf.py``)."""
+"""RoBERTa and XLM-RoBERTa: the encoder architecture's classes under Hugging Face ``roberta`` names (``hf.py``),
+and the same record under ``xlm-roberta`` names (``xlm_roberta.py``)."""
 
 from flaxzoo.models.families.roberta.hf import FAMILY
+from flaxzoo.models.families.roberta.xlm_roberta import XLM_ROBERTA
 
-__all__ = ["FAMILY"]
+__all__ = ["FAMILY", "XLM_ROBERTA"]

@@ -16,13 +16,13 @@ from __future__ import annotations
 import re
 from typing import Any, Mapping
 
+from flaxzoo.models.architectures.encoder.hf import (encoder_architectures, ENCODER_LAYOUT, encoder_config_from_hf,
+                                                     encoder_config_to_hf, encoder_entries, encoder_save_problems,
+                                                     mlm_head, qa_head, tf_layernorm_names, weight_map)
+from flaxzoo.models.architectures.encoder.model import (BertForMaskedLM, BertForSequenceClassification,
+                                                        BertForTokenClassification, BertModel, encoder_factory)
 from flaxzoo.models.config import TransformerConfig
 from flaxzoo.models.families.base import Family, WeightMap, linear
-from flaxzoo.models.families.bert.hf import (encoder_architectures, ENCODER_LAYOUT, encoder_config_from_hf,
-                                             encoder_config_to_hf, encoder_entries, encoder_save_problems, mlm_head,
-                                             qa_head, tf_layernorm_names, weight_map)
-from flaxzoo.models.families.bert.model import (BertForMaskedLM, BertForSequenceClassification,
-                                                BertForTokenClassification, BertModel, encoder_factory)
 
 
 def roberta_weights(config: TransformerConfig, cls: type, base: str) -> WeightMap:

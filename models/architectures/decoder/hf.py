@@ -15,11 +15,11 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from flaxzoo.models.architectures.decoder.model import GPTForCausalLM, GPTForSequenceClassification, GPTModel
 from flaxzoo.models.config import TransformerConfig
 from flaxzoo.models.families.base import (BACKBONE, LINEAR, Array, Entry, Transform, WeightMap, causal_lm_head, entry,
                                           layout, linear, norm, outside)
 from flaxzoo.models.families.fields import ACTIVATIONS_TO_HF, activation, common_from_hf
-from flaxzoo.models.families.gpt2.model import GPTForCausalLM, GPTForSequenceClassification, GPTModel
 from flaxzoo.models.layers.rope_scaling import normalize_rope_scaling
 
 # Hugging Face per-layer norm → flaxzoo block norm, per norm placement.
@@ -271,4 +271,19 @@ def decoder_config_to_hf(config: TransformerConfig, *, sliding: bool = True) -> 
     if sliding:
         out |= {"sliding_window": config.sliding_window, "use_sliding_window": config.sliding_window is not None,
                 "layer_types": layer_types_to_hf(config)}
+    return out
+
+
+def max_window_layer_types(hf: Mapping[str, Any]) -> list[str]:
+    """The layer kinds of Qwen's ``config.json`` convention when it has no ``layer_types``: the layers from
+    ``max_window_layers`` on slide (Qwen2, Qwen3)."""
+    first = hf.get("max_window_layers", hf["num_hidden_layers"])
+    return ["sliding_attention" if i >= first else "full_attention" for i in range(hf["num_hidden_layers"])]
+
+
+def max_window_config_to_hf(config: TransformerConfig) -> dict[str, Any]:
+    """:func:`decoder_config_to_hf` plus ``max_window_layers`` (the first sliding layer, else the layer count), the
+    field Qwen's configs read the window layers from."""
+    out = decoder_config_to_hf(config)
+    out["max_window_layers"] = next((i for i, s in enumerate(config.sliding_layers) if s), config.num_layers)
     return out

@@ -1,9 +1,9 @@
-"""XLM-RoBERTa: Hugging Face ``xlm-roberta`` ↔ the flaxzoo BERT classes, through RoBERTa's table and config.
+"""XLM-RoBERTa: Hugging Face ``xlm-roberta`` ↔ the encoder architecture's classes, through RoBERTa's table and config.
 
 Hugging Face's XLM-RoBERTa classes are RoBERTa's, renamed: the same tensor names under the same ``roberta.`` prefix
 (``lm_head.*``, ``classifier.dense`` / ``classifier.out_proj``, ``qa_outputs``), the same ``config.json`` fields and
 positions offset by ``pad_token_id + 1``. Only the ``model_type`` and the class names differ, so the record is
-RoBERTa's with those replaced (``roberta/hf.py`` documents the table).
+RoBERTa's with those replaced (``hf.py`` beside this file documents the table).
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping
 
+from flaxzoo.models.architectures.encoder.hf import encoder_architectures
 from flaxzoo.models.config import TransformerConfig
-from flaxzoo.models.families import roberta
-from flaxzoo.models.families.bert.hf import encoder_architectures
+from flaxzoo.models.families.roberta.hf import FAMILY as ROBERTA
 from flaxzoo.models.families.roberta.hf import roberta_config_from_hf
 
 MODEL_TYPE = "xlm-roberta"
@@ -24,7 +24,7 @@ def xlm_roberta_config_from_hf(hf: Mapping[str, Any]) -> TransformerConfig:
     return roberta_config_from_hf(hf).replace(model_type=MODEL_TYPE)
 
 
-FAMILY = dataclasses.replace(
-    roberta.FAMILY, model_type=MODEL_TYPE,
+XLM_ROBERTA = dataclasses.replace(
+    ROBERTA, model_type=MODEL_TYPE,
     architectures=encoder_architectures("XLMRoberta"),
     config_from_hf=xlm_roberta_config_from_hf)

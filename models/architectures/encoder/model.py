@@ -17,8 +17,8 @@ from flaxzoo.models.config import TransformerConfig
 from flaxzoo.models.layers.embeddings import LMHead
 from flaxzoo.models.layers.feedforward import ACTIVATION_FUNCTIONS
 from flaxzoo.models.layers.linear import Dense
-from flaxzoo.models.layers.norms import make_norm
 from flaxzoo.models.layers.model import LanguageModel, StackModel
+from flaxzoo.models.layers.norms import make_norm
 
 
 class SpanLogits(NamedTuple):
