@@ -324,6 +324,26 @@ def test_cli_mistyped_key_is_one_line_with_exit_2(tmp_path, flag, expected):
     assert not (tmp_path / "w").exists()
 
 
+@pytest.mark.parametrize("flag, expected", [
+    ("--config.optimizer.lr=1e-3", "--config.optimizer.lr: the config has no key 'optimizer'; did you mean "
+                                   "'optim.lr'?"),
+    ("--config.optimizer.nope=1", "--config.optimizer.nope: the config has no key 'optimizer'; did you mean 'optim'?"),
+    ("--config.dat.shufle=1", "--config.dat.shufle: the config has no key 'dat'; did you mean 'data.shuffle'?"),
+    ("--config.model.num_layer=2", "--config.model.num_layer: config.model has no key 'num_layer'; did you mean "
+                                   "'model.num_layers'?"),
+    ("--config.lr=1e-3", "--config.lr: the config has no key 'lr'; did you mean 'optim.lr'?"),
+])
+def test_mistyped_nested_key_suggests_the_nearest_path(tmp_path, capsys, monkeypatch, flag, expected):
+    """In process (the flags are read before anything starts): an unknown section or leaf names the closest path."""
+    from flaxzoo.train.__main__ import main
+
+    argv = ["flaxzoo.train", flag, "--workdir", str(tmp_path / "w")]
+    monkeypatch.setattr(sys, "argv", argv)  # ml_collections reads the overrides from sys.argv
+    assert main(argv) == 2
+    assert capsys.readouterr().err.strip() == f"config error: {expected}"
+    assert not (tmp_path / "w").exists()
+
+
 # --------------------------------------------------------------------------------------------------------- sharding
 def abstract_mesh(shape):
     return jax.sharding.AbstractMesh(tuple(shape), sharding.MESH_AXES)

@@ -12,12 +12,15 @@ checkpoint: run the same command again to resume.
 
 from __future__ import annotations
 
+import difflib
+import functools
 import importlib.util
 import logging
 import pathlib
 import re
 import sys
 import time
+from typing import Any
 
 _START = time.perf_counter()
 
@@ -72,14 +75,23 @@ def _config_name(argv: list[str]) -> str:
     return "default"
 
 
-def _config_keys(config_path: str, dotted: str) -> list[str] | None:
-    """The keys of the config (``configs/NAME.py``) at ``dotted`` (``""``: the top level), or None if it cannot be
-    read."""
+@functools.lru_cache(maxsize=4)
+def _load_config(config_path: str) -> Any:
+    """The ConfigDict of the config file (``configs/NAME.py``), or None if it cannot be read."""
     try:
         spec = importlib.util.spec_from_file_location("flaxzoo_config_file", config_path.split(":")[0])
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
-        node = module.get_config()
+        return module.get_config()
+    except Exception:  # noqa: BLE001 - only a better message is lost
+        return None
+
+
+def _config_keys(config_path: str, dotted: str) -> list[str] | None:
+    """The keys of the config (``configs/NAME.py``) at ``dotted`` (``""``: the top level), or None if it cannot be
+    read or is no section."""
+    try:
+        node = _load_config(config_path)
         for part in filter(None, dotted.split(".")):
             node = node[part]
         return sorted(node.keys())
@@ -87,9 +99,25 @@ def _config_keys(config_path: str, dotted: str) -> list[str] | None:
         return None
 
 
+def _nearest_path(config_path: str, known: list[str], rest: list[str]) -> str:
+    """``known`` (a path the config has) followed by as much of ``rest`` as exists there, each unknown key replaced
+    by its closest spelling: ``optim`` + ``lr`` gives ``optim.lr``, ``optim`` + ``nope`` gives ``optim``."""
+    path = list(known)
+    for part in rest:
+        keys = _config_keys(config_path, ".".join(path))
+        if keys is None:
+            break
+        close = [part] if part in keys else difflib.get_close_matches(part, keys, 1)
+        if not close:
+            break
+        path.append(close[0])
+    return ".".join(path)
+
+
 def config_key_error(exc: BaseException, argv: list[str], config_path: str) -> str:
-    """One line for a ``--config.KEY=VALUE`` that names no key: the flag, the missing key and the closest valid one
-    (ml_collections' own suggestion) or the valid keys at that level."""
+    """One line for a ``--config.KEY=VALUE`` that names no key: the flag, the first missing key and the closest valid
+    path (ml_collections' own suggestion, else a section holding that key, else the nearest spelling at that level,
+    the rest of the path completed the same way) or the valid keys at that level."""
     chain, cause = [], exc
     while cause is not None and len(chain) < 10:
         chain.append(str(cause))
@@ -104,12 +132,17 @@ def config_key_error(exc: BaseException, argv: list[str], config_path: str) -> s
         parts = dotted.split(".")
         if missing not in parts:
             continue
-        parent = ".".join(parts[:parts.index(missing)])
+        at = parts.index(missing)
+        parent = ".".join(parts[:at])
         where = f"config.{parent}" if parent else "the config"
-        if suggestion:
-            hint = f"did you mean {'.'.join([*filter(None, [parent]), suggestion.group(1)])!r}?"
+        keys = _config_keys(config_path, parent)
+        # a leaf written one level too high (--config.lr) names the section that holds it before a look-alike key
+        holders = [k for k in keys or [] if missing in (_config_keys(config_path, ".".join([*parts[:at], k])) or [])]
+        close = (suggestion.group(1) if suggestion else f"{holders[0]}.{missing}" if holders else
+                 next(iter(difflib.get_close_matches(missing, keys or [], 1)), None))
+        if close:
+            hint = f"did you mean {_nearest_path(config_path, [*parts[:at], close], parts[at + 1:])!r}?"
         else:
-            keys = _config_keys(config_path, parent)
             hint = f"expected one of {keys}" if keys else "see --help for the keys"
         return f"--config.{dotted}: {where} has no key {missing!r}; {hint}"
     return str(chain[-1] if chain else exc).replace("\n", " ").strip("'\"")
