@@ -234,6 +234,37 @@ def test_parse_block_and_directives(tmp_path, monkeypatch):
         blocks_of(page)
 
 
+# What a block writes: save_pretrained / save_checkpoint / save_adapters' folder, convert's DST, --workdir / --dump-hlo.
+WRITES = (re.compile(r"save_(?:pretrained|checkpoint|adapters)\([^,()]+,\s*[\"']([^\"']+)[\"']"),
+          re.compile(r"(?:python3?\s+-m\s+flaxzoo\.models\.convert|flaxzoo\s+convert)\s+\S+\s+([^\s#]+)"),
+          re.compile(r"--(?:workdir|dump-hlo)[= ]([^\s#]+)"))
+
+
+def written_paths(code: str) -> list[str]:
+    """The paths ``code`` writes to (comments left out)."""
+    code = "\n".join(split_comment(line)[0] for line in code.splitlines())
+    return [m.group(1) for pattern in WRITES for m in pattern.finditer(code)]
+
+
+def ignored_folders() -> set[str]:
+    """The plain folder names ``.gitignore`` ignores (``runs/``)."""
+    lines = (ROOT / ".gitignore").read_text().splitlines()
+    return {line.strip().rstrip("/") for line in lines
+            if line.strip().endswith("/") and not re.search(r"[*?\[!#]", line) and "/" not in line.strip()[:-1]}
+
+
+def test_examples_write_under_ignored_folders():
+    """Run from a clone, no example leaves an untracked folder in the repository: every relative path a block writes
+    lies under a folder .gitignore ignores (absolute paths and URIs are the reader's own)."""
+    assert written_paths('save_pretrained(m, "out_hf")\npython -m flaxzoo.models.convert a runs/b --to hf\n'
+                         "flaxzoo train --workdir=w  # or convert a DST") == ["out_hf", "runs/b", "w"]
+    ignored = ignored_folders()
+    assert "runs" in ignored
+    stray = [f"{b.where}: {path}" for b in all_blocks() if b.lang in RUN_LANGS for path in written_paths(b.code)
+             if not (path.startswith(("/", "~")) or "://" in path or path.split("/")[0] in ignored)]
+    assert not stray, f"outputs outside the ignored folders {sorted(ignored)}: {stray}"
+
+
 def test_a_repeated_bash_block_runs_once_and_its_outputs_reach_the_later_page(tmp_path):
     """Two pages with the same command (other comments): it runs once; the second page's Python block reads what it
     wrote; a third page's different command runs."""
