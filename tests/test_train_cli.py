@@ -234,3 +234,19 @@ def test_an_error_after_the_first_step_exits_1_and_before_it_2(data_dir, tmp_pat
     assert "error: disk full (simulated)" in proc.stderr
     proc = run(tmp_path / "b", data_dir, **{"data.source": "files", "data.paths": "/nonexistent/*.txt"})
     assert proc.returncode == 2, proc.stderr[-3000:]
+
+
+def test_closing_line_says_when_nothing_was_left_to_do():
+    """Resumed at or past the last step: no "steps 801..800"; a normal or stopped run keeps its step range."""
+    from flaxzoo.train.__main__ import steps_done
+    from flaxzoo.train.loop import Summary
+
+    def line(start: int, last: int, stopped_by: str | None = None) -> str:
+        return steps_done(Summary(workdir="w", start_step=start, last_step=last, stopped_by=stopped_by), 800, 12.3)
+
+    assert line(800, 800) == "done: nothing to do, already at step 800 of 800"
+    assert line(900, 900) == "done: nothing to do, already at step 900 of 800"
+    assert line(0, 800) == "done: steps 1..800 in 12 s wall time"
+    assert line(600, 800) == "done: steps 601..800 in 12 s wall time"
+    assert line(0, 40, "SIGTERM") == "stopped by SIGTERM: steps 1..40 of 800 in 12 s wall time"
+    assert line(40, 40, "SIGTERM") == "stopped by SIGTERM: before any step, at step 40 of 800 in 12 s wall time"

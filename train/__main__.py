@@ -20,7 +20,7 @@ import pathlib
 import re
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 _START = time.perf_counter()
 
@@ -33,6 +33,9 @@ from ml_collections import config_flags  # noqa: E402
 
 from flaxzoo import configs  # noqa: E402
 from flaxzoo.train import exit_codes  # noqa: E402
+
+if TYPE_CHECKING:
+    from flaxzoo.train.loop import Summary
 
 CONFIG_DIR = pathlib.Path(configs.__file__).resolve().parent
 DEFAULT_CONFIG = CONFIG_DIR / "default.py"
@@ -216,10 +219,7 @@ def main(argv: list[str] | None = None) -> int:
         return exit_codes.FAILED if trainer is not None and trainer.training_started else exit_codes.BAD_INPUT
 
     wall = time.perf_counter() - _START
-    parts = [f"done: steps {summary.start_step + 1}..{summary.last_step} in {wall:.0f} s wall time"]
-    if summary.stopped_by:
-        parts[0] = (f"stopped by {summary.stopped_by}: steps {summary.start_step + 1}..{summary.last_step} of "
-                    f"{cfg.steps} in {wall:.0f} s wall time")
+    parts = [steps_done(summary, cfg.steps, wall)]
     if summary.compile_s is not None:
         parts.append(f"train-step compile {summary.compile_s:.1f} s")
     if summary.final_eval:
@@ -237,6 +237,17 @@ def main(argv: list[str] | None = None) -> int:
     _say("; ".join(parts))
     _say(next_steps(summary.workdir, argv, stopped=summary.stopped_by is not None))
     return exit_codes.PREEMPTED if summary.stopped_by else exit_codes.FINISHED
+
+
+def steps_done(summary: Summary, total_steps: int, wall: float) -> str:
+    """The first words of the closing line: which steps ran of ``total_steps``, or that none did."""
+    first, last = summary.start_step + 1, summary.last_step
+    if summary.stopped_by:
+        ran = f"steps {first}..{last}" if last >= first else f"before any step, at step {last}"
+        return f"stopped by {summary.stopped_by}: {ran} of {total_steps} in {wall:.0f} s wall time"
+    if last < first:  # resumed at (or past) the final step
+        return f"done: nothing to do, already at step {last} of {total_steps}"
+    return f"done: steps {first}..{last} in {wall:.0f} s wall time"
 
 
 def next_steps(workdir: str, argv: list[str], *, stopped: bool) -> str:
