@@ -16,8 +16,50 @@ MISSING = {scheme: client for scheme, client in storage.CLIENTS.items()
 
 
 def test_local_paths_pass_everywhere(tmp_path):
+    (tmp_path / "m").mkdir()
     storage.check_paths(tmp_path / "w", data_dir=tmp_path / "d", init_from=str(tmp_path / "m"),
                         compilation_cache_dir=str(tmp_path / "c"), local_workdir=True)
+
+
+def test_init_from_that_names_nothing_is_refused_naming_it(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs" / "default").mkdir(parents=True)
+    for fine in ["", "scratch", "runs/default", "all-minilm-l6-v2", "someone/model"]:  # a Hub id is not fetched here
+        storage.check_init_from(fine)
+    with pytest.raises(ConfigError, match=r"^init_from: 'runs/defualt' does not exist .*nearest: 'runs/default'"):
+        storage.check_paths(tmp_path / "w", init_from="runs/defualt")
+    with pytest.raises(ConfigError, match=r"^init_from: 'minilm-l6-v2' does not exist .*nearest: 'all-minilm-l6-v2'"):
+        storage.check_init_from("minilm-l6-v2")
+
+
+def test_pretraining_reports_a_missing_init_from_before_the_model_section(tmp_path):
+    """The default config sets model.*: a missing init_from is still what the error names."""
+    import importlib.util
+
+    from flaxzoo.train.config import TrainConfig
+
+    spec = importlib.util.spec_from_file_location("default_config", os.path.join(REPO, "configs", "default.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    c = module.get_config()
+    c.init_from = str(tmp_path / "no_such_model")
+    with pytest.raises(ConfigError, match=rf"^init_from: '{tmp_path}/no_such_model' does not exist"):
+        TrainConfig.from_config_dict(c)
+
+
+def test_fine_tuning_checks_init_from_before_reading_any_data(tmp_path, monkeypatch):
+    from flaxzoo.train.finetune.config import FinetuneConfig, base_config
+    from flaxzoo.train.finetune.trainer import Finetuner
+
+    def no_data(self):
+        raise AssertionError("the data was read before init_from was checked")
+
+    monkeypatch.setattr(Finetuner, "_load_data", no_data)
+    c = base_config()
+    c.init_from = str(tmp_path / "no_such_encoder")
+    with pytest.raises(ConfigError, match=rf"^init_from: '{tmp_path}/no_such_encoder' does not exist"):
+        Finetuner(FinetuneConfig.from_config_dict(c), tmp_path / "w")
+    assert not (tmp_path / "w").exists()
 
 
 @pytest.mark.parametrize("key", ["data.data_dir", "init_from"])

@@ -54,15 +54,17 @@ def pretrained_model(source: str, values: Mapping[str, Any]) -> tuple[Transforme
     from flaxzoo.models.hub.sources import open_source
 
     reject_unknown_keys("model", values, ["preset", "cls", *(f.name for f in dataclasses.fields(TransformerConfig))])
+    try:  # a source that is not there is the first thing to say
+        config, stored_cls = open_source(source).describe()
+    except (OSError, ValueError) as exc:
+        message = str(exc)
+        raise ConfigError("init_from", message if message.startswith(repr(source)) else f"{source!r}: {message}"
+                          ) from None
     set_fields = [k for k, v in values.items() if k != "cls" and v not in (None, "")]
     if set_fields:
         raise ConfigError(f"model.{set_fields[0]}", f"{values[set_fields[0]]!r}: with init_from the model is the "
                                                     f"checkpoint's ({source}); leave the model section unset "
                                                     "(model_fields() with no arguments)")
-    try:
-        config, stored_cls = open_source(source).describe()
-    except (OSError, ValueError) as exc:
-        raise ConfigError("init_from", f"{source!r}: {exc}") from None
     cls_name = values.get("cls") or stored_cls.__name__
     if cls_name not in model_classes():
         raise ConfigError("model.cls", f"{cls_name!r}: expected one of {sorted(model_classes())} or ''")

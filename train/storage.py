@@ -13,7 +13,8 @@ key                        object stores
 
 :func:`check_paths` refuses what cannot work with one :class:`~flaxzoo.train.config.ConfigError` naming the key,
 before any data work: an unknown scheme, an object store behind a key that reads local files, a missing client
-library (``gcsfs`` for ``gs://``, ``s3fs`` for ``s3://``, as ``epath`` asks).
+library (``gcsfs`` for ``gs://``, ``s3fs`` for ``s3://``, as ``epath`` asks), an ``init_from`` that names no
+local path, packaged model or Hub id (:func:`check_init_from`).
 """
 
 from __future__ import annotations
@@ -69,6 +70,21 @@ def check_paths(workdir: Any, *, data_dir: Any = "", init_from: Any = "", compil
     check_path(compilation_cache_dir, "compilation_cache_dir")
     check_path(data_dir, "data.data_dir")
     check_path(init_from, "init_from")
+    check_init_from(init_from)
 
 
-__all__ = ["CLIENTS", "check_path", "check_paths", "installed", "is_uri"]
+def check_init_from(value: Any) -> None:
+    """Raise :class:`ConfigError` on ``init_from`` when it names nothing: no local path, packaged model or Hub id
+    (``org/name``). ``""`` and fine-tuning's ``"scratch"`` name no source; a Hub id is not fetched here."""
+    from flaxzoo.models.hub.files import is_hub_repo, missing_source_error
+    from flaxzoo.models.hub.packaged import PACKAGED
+
+    if not value or is_uri(value):
+        return
+    text = os.fspath(value)
+    if text == "scratch" or text.lower() in PACKAGED or os.path.exists(os.path.expanduser(text)) or is_hub_repo(text):
+        return
+    raise ConfigError("init_from", str(missing_source_error(text)))
+
+
+__all__ = ["CLIENTS", "check_init_from", "check_path", "check_paths", "installed", "is_uri"]
