@@ -95,3 +95,13 @@ def test_predictions_match_xla_count_of_the_mlm_loss():
     full = flopslib.flops_per_token(config, spec["seq"], BertForMaskedLM) / 3
     assert xla_forward == pytest.approx(formula, rel=0.04), (xla_forward, formula)
     assert abs(xla_forward - full) / full > 0.15
+
+
+def test_training_doc_states_the_cpu_peak_matmul_the_code_times():
+    """docs/training.md names the CPU peak's matmul size: the one ``measure_cpu_peak`` times."""
+    import pathlib
+    import re
+
+    text = (pathlib.Path(__file__).resolve().parent.parent / "docs" / "training.md").read_text()
+    sizes = {int(n) for n in re.findall(r"a (\d+) × \1 float32 matmul, 2 · \1³ FLOPs", text)}
+    assert sizes == {flopslib.CPU_PEAK_SIZE}, sizes
