@@ -178,9 +178,9 @@ def _nearby_paths(path: pathlib.Path, limit: int = 500) -> list[str]:
     return names
 
 
-def missing_source_error(value: PathLike) -> FileNotFoundError:
+def missing_source_error(value: PathLike, hub: Exception | None = None) -> FileNotFoundError:
     """One line for a model source that names nothing: the value, the packaged models installed and the nearest
-    packaged names or existing paths."""
+    packaged names or existing paths (``hub``: why the Hub could not provide a bare name either)."""
     text = os.path.expanduser(str(value))
     installed = installed_names()
     candidates = {name: name for name in PACKAGED} | {p.lower(): p for p in _nearby_paths(pathlib.Path(text))}
@@ -190,6 +190,9 @@ def missing_source_error(value: PathLike) -> FileNotFoundError:
         what = "its folder exists, so it is read as a local path, not a Hugging Face Hub id"
     else:
         what = "expected an existing local path, a packaged model or a Hugging Face Hub id ('org/name')"
+    if hub is not None:
+        detail = str(hub).split(", and ", 1)[-1].split(" (", 1)[0]
+        what += f"; nor could the Hub provide it as a repository: {detail}"
     quoted = lambda names: ", ".join(repr(n) for n in names)  # noqa: E731
     return FileNotFoundError(
         f"{str(value)!r} does not exist ({what}); packaged models installed: {quoted(installed) or 'none'}"
@@ -202,14 +205,20 @@ def resolve_pretrained(path: PathLike, *, revision: str | None = None) -> pathli
     packaged model's name (``flaxzoo.models.hub.packaged.PACKAGED``; no local path of that name) the installed
     package's file or folder, for a Hub id ``org/name`` its snapshot folder in the Hugging Face cache.
 
-    Anything else (a bare name that is not packaged, a path that is not there) is a FileNotFoundError naming the
-    packaged models and the nearest names; it never reaches the network."""
+    A bare name that is neither (a Hub repository of transformers' early names, ``gpt2``; or a typo) is asked of
+    the Hub; when the Hub cannot provide it (offline, not found), and for a path that is not there, the error is one
+    FileNotFoundError naming the packaged models and the nearest names."""
     if is_hub_id(path):
         packaged = packaged_path(str(path))
         if packaged is not None:
             return packaged
         if is_hub_repo(path):
             return download_from_hub(str(path), revision=revision)
+        if "/" not in str(path):
+            try:
+                return download_from_hub(str(path), revision=revision)
+            except FileNotFoundError as exc:
+                raise missing_source_error(path, hub=exc) from exc
     local = pathlib.Path(path).expanduser().absolute()
     if not local.exists():
         raise missing_source_error(path)
