@@ -10,7 +10,8 @@ from flaxzoo.models.architectures.decoder import GPTForCausalLM, GPTForSequenceC
 from flaxzoo.models.architectures.encoder import (  # noqa: E402
     BertForMaskedLM, BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification, BertModel,
     EncoderOutput)
-from flaxzoo.models.config import PRESETS, TransformerConfig, get_preset  # noqa: E402
+from flaxzoo.models.config import TransformerConfig  # noqa: E402
+from flaxzoo.models.families import PRESETS, get_preset  # noqa: E402
 from flaxzoo.models.generate import generate  # noqa: E402
 from flaxzoo.models.layers.attention_core import attention_backend  # noqa: E402
 from flaxzoo.models.layers.decode_state import DecodeState  # noqa: E402

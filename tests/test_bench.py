@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from flaxzoo.models.config import get_preset
 from flaxzoo.models.architectures.decoder import GPTForCausalLM
+from flaxzoo.models.families import get_preset
 from flaxzoo.models.modeling import abstract_model
 from flaxzoo.train import flops as flopslib
 

@@ -27,7 +27,8 @@ from flax import nnx
 from jax.sharding import PartitionSpec as P
 
 from flaxzoo.models import GPTForSequenceClassification
-from flaxzoo.models.config import PRESETS, TransformerConfig, get_preset
+from flaxzoo.models.config import TransformerConfig
+from flaxzoo.models.families import PRESETS, get_preset
 from flaxzoo.models.families import FAMILIES
 from flaxzoo.models.lora import LoraConfig, apply_lora, dense_modules
 from flaxzoo.models.quantize import is_quantized, module_at, projection_paths, quantize_model

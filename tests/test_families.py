@@ -31,7 +31,7 @@ MINISTRAL = dataclasses.replace(
     llama.FAMILY, model_type="ministral",
     architectures={"MinistralModel": GPTModel, "MinistralForCausalLM": GPTForCausalLM},
     config_from_hf=lambda hf: decoder_config_from_hf(hf, "ministral", LAYOUT),
-    config_to_hf=decoder_config_to_hf, layout=LAYOUT, gguf=None)
+    config_to_hf=decoder_config_to_hf, layout=LAYOUT, gguf=None, presets={})
 
 
 @pytest.fixture
@@ -88,6 +88,20 @@ def test_register_refuses_a_clash():
     with pytest.raises(ValueError, match=r"ministral: Hugging Face architectures \['LlamaForCausalLM'\] are already "
                                          "registered"):
         families.register(dataclasses.replace(MINISTRAL, architectures={"LlamaForCausalLM": GPTForCausalLM}))
+    with pytest.raises(ValueError, match=r"ministral: presets \['llama-tiny'\] are already registered .*presets=\{\}"):
+        families.register(dataclasses.replace(MINISTRAL, presets={"llama-tiny": models.get_preset("llama-tiny")}))
+    tiny = models.get_preset("llama-tiny")
+    with pytest.raises(ValueError, match=r"ministral: presets \['ministral-tiny'\] have another model_type"):
+        families.register(dataclasses.replace(MINISTRAL, presets={"ministral-tiny": tiny}))
+    assert "ministral" not in families.FAMILIES and "ministral-tiny" not in families.PRESETS
+
+
+def test_every_preset_is_its_familys():
+    """The presets come from the family folders (``presets.py``), each under its own family's ``model_type``."""
+    owners = {name: family.model_type for family in families.FAMILIES.values() for name in family.presets}
+    assert owners.keys() == families.PRESETS.keys() and len(owners) >= 26
+    assert all(families.PRESETS[name].model_type == owner for name, owner in owners.items())
+    assert owners["gpt2-tiny"] == "gpt2" and owners["xlm-roberta-base"] == "xlm-roberta"
 
 
 def test_a_new_family_is_one_registration(registered, tmp_path):
@@ -129,7 +143,7 @@ def test_a_family_record_drives_blocks_lora_and_int8(registered):
     classes)."""
     toy = registered(dataclasses.replace(
         gpt2.FAMILY, model_type="toy", architectures={"ToyForCausalLM": ToyLM},
-        projections={"attention": ("query",)}, lora_targets={"q": r"(^|\.)attention\.query$"}))
+        projections={"attention": ("query",)}, lora_targets={"q": r"(^|\.)attention\.query$"}, presets={}))
     assert toy.block is NoBiasBlock and families.family_of_class(ToyLM) is toy
     config = models.get_preset("gpt2-tiny").replace(num_layers=2, hidden_size=32, num_heads=2,
                                                      intermediate_size=64, vocab_size=64, model_type="toy")

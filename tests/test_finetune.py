@@ -21,13 +21,13 @@ from PIL import Image
 
 from flaxzoo import models
 from flaxzoo.models.architectures.encoder import BertForSequenceClassification
-from flaxzoo.models.config import get_preset
+from flaxzoo.models.families import get_preset
 from flaxzoo.train.config import ConfigError, OptimConfig
 from flaxzoo.train.finetune import vocab as vocablib
 from flaxzoo.train.finetune.config import FinetuneConfig, base_config
 from flaxzoo.train.finetune.trainer import Finetuner, class_weights, epoch_batches
-from flaxzoo.train.optim import make_finetune_optimizer
 from flaxzoo.train.losses import classification_loss
+from flaxzoo.train.optim import make_finetune_optimizer
 from flaxzoo.train.step import make_train_step
 
 transformers.logging.set_verbosity_error()

@@ -6,9 +6,9 @@ import jax.numpy as jnp
 import pytest
 from flax import nnx
 
-from flaxzoo.models.architectures.encoder import BertForMaskedLM
-from flaxzoo.models.config import get_preset
 from flaxzoo.models.architectures.decoder import GPTForCausalLM
+from flaxzoo.models.architectures.encoder import BertForMaskedLM
+from flaxzoo.models.families import get_preset
 from flaxzoo.models.modeling import abstract_model, param_count
 from flaxzoo.train import flops as flopslib
 from flaxzoo.train.data import DataConfig

@@ -12,7 +12,7 @@ import pytest
 
 def tiny_lm(kind: str, seed: int = 0, vocab: int = 97):
     from flaxzoo.models.architectures.encoder import BertForMaskedLM
-    from flaxzoo.models.config import get_preset
+    from flaxzoo.models.families import get_preset
     from flaxzoo.models.architectures.decoder import GPTForCausalLM
     from flaxzoo.models.modeling import create_model
 

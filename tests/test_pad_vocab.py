@@ -185,7 +185,7 @@ SHARDING_SCRIPT = textwrap.dedent("""
     import json, sys
     import jax
     from flax import nnx
-    from flaxzoo.models.config import get_preset
+    from flaxzoo.models.families import get_preset
     from flaxzoo.models.modeling import abstract_model
     from flaxzoo.train import sharding
 

@@ -6,7 +6,8 @@ architectures and flaxzoo classes, config translation, weight table, GGUF layout
 its folder, and one ``register(...)`` line at the bottom of this file (``docs/adding-a-family.md``).
 
 Lookups: by flaxzoo ``model_type`` (:func:`family_of`), by a ``config.json`` (:func:`family_and_class`), by a GGUF's
-``general.architecture`` (:func:`gguf_family`), by flaxzoo class (:func:`family_of_class`, :func:`model_classes`).
+``general.architecture`` (:func:`gguf_family`), by flaxzoo class (:func:`family_of_class`, :func:`model_classes`),
+and the families' named configs (:data:`PRESETS`, :func:`get_preset`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from flaxzoo.models.families import modernbert
 from flaxzoo.models.families.base import Family, ParamPath
 
 FAMILIES: dict[str, Family] = {}
+PRESETS: dict[str, TransformerConfig] = {}  # every registered family's presets, by name
 
 
 def register(family: Family) -> Family:
@@ -45,12 +47,27 @@ def register(family: Family) -> Family:
         if not isinstance(getattr(cls, "task", None), str):
             raise ValueError(f"{family.model_type}: {cls.__name__} has no task (a class attribute such as "
                              "'causal_lm', 'masked_lm', 'sequence_classification', or 'base')")
+    clashing = sorted(set(family.presets) & set(PRESETS))
+    if clashing:
+        raise ValueError(f"{family.model_type}: presets {clashing} are already registered (a record made with "
+                         "dataclasses.replace keeps its parent's presets: pass presets={} or its own)")
+    wrong = sorted(name for name, config in family.presets.items() if config.model_type != family.model_type)
+    if wrong:
+        raise ValueError(f"{family.model_type}: presets {wrong} have another model_type")
     gguf_taken = {a for other in FAMILIES.values() if other.gguf for a in other.gguf.architectures}
     if family.gguf and gguf_taken & set(family.gguf.architectures):
         raise ValueError(f"{family.model_type}: GGUF architectures {sorted(gguf_taken & set(family.gguf.architectures))}"
                          " are already registered")
     FAMILIES[family.model_type] = family
+    PRESETS.update(family.presets)
     return family
+
+
+def get_preset(name: str, **overrides: Any) -> TransformerConfig:
+    """The preset ``name`` with ``overrides`` applied, e.g. ``get_preset("gpt2", dropout=0.0)``."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; expected one of {sorted(PRESETS)}")
+    return PRESETS[name].replace(**overrides) if overrides else PRESETS[name]
 
 
 def supported() -> str:

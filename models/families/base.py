@@ -242,7 +242,9 @@ class Family:
     else Hugging Face's class cannot express. ``factory(cls, flaxzoo parameter paths a checkpoint fills)``: what
     builds the model for it (a ``BertModel`` without pooler ...); ``rename``: old tensor names → current ones, on
     load. ``gguf``: its llama.cpp files, if any. ``lora_targets`` / ``projections``: the LoRA target names and the
-    projections int8 quantises. The block the layers are made of is the model classes' ``block`` attribute.
+    projections int8 quantises. ``presets``: named configs of published (and tiny test) models of this
+    ``model_type`` (``flaxzoo.models.get_preset``). The block the layers are made of is the model classes' ``block``
+    attribute.
     """
 
     model_type: str
@@ -258,6 +260,7 @@ class Family:
     gguf: GGUFSpec | None = None
     lora_targets: Mapping[str, str] = dataclasses.field(default_factory=lambda: dict(LORA_TARGETS))
     projections: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=lambda: dict(INT8_TARGETS))
+    presets: Mapping[str, TransformerConfig] = dataclasses.field(default_factory=dict)
 
     @property
     def base_class(self) -> type:

@@ -17,9 +17,9 @@ from typing import Any
 
 import jax
 
-from flaxzoo.models.config import get_preset
-from flaxzoo.models.architectures.encoder import BertForMaskedLM
 from flaxzoo.models.architectures.decoder import GPTForCausalLM
+from flaxzoo.models.architectures.encoder import BertForMaskedLM
+from flaxzoo.models.families import get_preset
 from flaxzoo.train import flops as flopslib
 from flaxzoo.train.bench.batches import MLM_PROB
 

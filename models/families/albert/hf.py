@@ -23,6 +23,7 @@ from flaxzoo.models.architectures.encoder.hf import (encoder_architectures, ENCO
 from flaxzoo.models.architectures.encoder.model import (BertForMaskedLM, BertForSequenceClassification,
                                                         BertForTokenClassification, BertModel, encoder_factory)
 from flaxzoo.models.config import TransformerConfig
+from flaxzoo.models.families.albert.presets import PRESETS
 from flaxzoo.models.families.base import BACKBONE, Entry, Family, WeightMap, entry, layout, linear, norm
 from flaxzoo.models.families.fields import refuse
 
@@ -109,4 +110,4 @@ FAMILY = Family(
     model_type="albert", base_prefix="albert",
     architectures=encoder_architectures("Albert"),
     config_from_hf=albert_config_from_hf, config_to_hf=albert_config_to_hf, weights=albert_weights,
-    layout=ALBERT_LAYOUT, save_problems=albert_save_problems, factory=encoder_factory)
+    layout=ALBERT_LAYOUT, save_problems=albert_save_problems, factory=encoder_factory, presets=PRESETS)

@@ -14,6 +14,7 @@ from flaxzoo.models.architectures.encoder.model import (BertForMaskedLM, BertFor
                                                         BertForTokenClassification, BertModel, encoder_factory)
 from flaxzoo.models.config import TransformerConfig
 from flaxzoo.models.families.base import Family, WeightMap, linear
+from flaxzoo.models.families.bert.presets import PRESETS
 
 CLASSIFIERS = (BertForSequenceClassification, BertForTokenClassification)
 
@@ -51,4 +52,4 @@ FAMILY = Family(
     config_from_hf=lambda hf: encoder_config_from_hf({"pad_token_id": 0} | dict(hf), "bert"),
     config_to_hf=encoder_config_to_hf, weights=bert_weights, layout=ENCODER_LAYOUT | {"position_offset": 0},
     save_problems=lambda config: encoder_save_problems(config, "bert"),
-    factory=encoder_factory, rename=tf_layernorm_names)
+    factory=encoder_factory, rename=tf_layernorm_names, presets=PRESETS)

@@ -37,6 +37,7 @@ from flaxzoo.models.families.fields import ACTIVATIONS_TO_HF, activation, common
 
 DEBERTA_LAYOUT = dict(causal=False, norm="layernorm", norm_placement="post", embedding_norm=True, final_norm=False,
                       mlp_gated=False, attention_bias=True, mlp_bias=True, position_offset=0)
+from flaxzoo.models.families.deberta_v2.presets import PRESETS
 NORM_REL_EBD = {"none": False, "layer_norm": True}
 
 
@@ -212,4 +213,4 @@ FAMILY = Family(
     architectures=encoder_architectures("DebertaV2"),
     config_from_hf=deberta_config_from_hf, config_to_hf=deberta_config_to_hf, weights=deberta_weights,
     layout=DEBERTA_LAYOUT, save_problems=deberta_save_problems, factory=encoder_factory,
-    rename=legacy_head_names)
+    rename=legacy_head_names, presets=PRESETS)

@@ -38,6 +38,7 @@ from flaxzoo.models.families.fields import ACTIVATIONS_TO_HF, activation, common
 NORM_EPS = 1e-12  # Hugging Face's DistilBERT LayerNorms: fixed, not a config field
 DISTILBERT_LAYOUT = ENCODER_LAYOUT | dict(type_vocab_size=0, position_offset=0, norm_eps=NORM_EPS,
                                           pooler_activation="relu")
+from flaxzoo.models.families.distilbert.presets import PRESETS
 
 
 def distilbert_entries(config: TransformerConfig, base: str) -> list[Entry]:
@@ -125,4 +126,4 @@ FAMILY = Family(
     architectures=encoder_architectures("DistilBert"),
     config_from_hf=distilbert_config_from_hf, config_to_hf=distilbert_config_to_hf, weights=distilbert_weights,
     layout=DISTILBERT_LAYOUT, save_problems=lambda config: full_width_heads(config, "distilbert"),
-    factory=encoder_factory)
+    factory=encoder_factory, presets=PRESETS)

@@ -32,6 +32,7 @@ from flaxzoo.models.architectures.encoder.model import (BertForMaskedLM, BertFor
 from flaxzoo.models.config import TransformerConfig
 from flaxzoo.models.families.base import BACKBONE, Entry, Family, LINEAR, ParamPath, WeightMap, entry, linear, norm
 from flaxzoo.models.families.electra.model import ElectraForPreTraining
+from flaxzoo.models.families.electra.presets import PRESETS
 
 ELECTRA_LAYOUT = {k: v for k, v in ENCODER_LAYOUT.items() if k != "embedding_size"} | dict(
     position_offset=0, pooler_activation="gelu")
@@ -113,4 +114,4 @@ FAMILY = Family(
     architectures={"ElectraModel": BertModel, "ElectraForPreTraining": ElectraForPreTraining,
                    **{name: cls for name, cls in encoder_architectures("Electra").items() if cls is not BertModel}},
     config_from_hf=electra_config_from_hf, config_to_hf=electra_config_to_hf, weights=electra_weights,
-    layout=ELECTRA_LAYOUT, save_problems=electra_save_problems, factory=electra_factory)
+    layout=ELECTRA_LAYOUT, save_problems=electra_save_problems, factory=electra_factory, presets=PRESETS)

@@ -32,6 +32,7 @@ from flaxzoo.models.config import TransformerConfig
 from flaxzoo.models.families.base import Family, WeightMap
 from flaxzoo.models.families.fields import ACTIVATIONS_TO_HF
 from flaxzoo.models.families.gemma.gguf import SPECS as GGUF_SPECS
+from flaxzoo.models.families.gemma.presets import PRESETS
 
 SLIDING, FULL = "sliding_attention", "full_attention"
 
@@ -243,7 +244,8 @@ def gemma3_config_to_hf(config: TransformerConfig) -> dict[str, Any]:
 
 
 def _family(model_type: str, prefix: str, layout: dict[str, Any], from_hf: Callable[[Mapping[str, Any]], Any],
-            to_hf: Callable[[TransformerConfig], dict[str, Any]], norms: Mapping[str, str]) -> Family:
+            to_hf: Callable[[TransformerConfig], dict[str, Any]], norms: Mapping[str, str],
+            presets: Mapping[str, TransformerConfig] | None = None) -> Family:
     """One generation's record: ``{prefix}Model``, its causal LM (``prefix`` without ``Text``) and its sequence
     classifier as flaxzoo's ``GPTModel`` / ``GPTForCausalLM`` / ``GPTForSequenceClassification``."""
     return Family(
@@ -251,11 +253,12 @@ def _family(model_type: str, prefix: str, layout: dict[str, Any], from_hf: Calla
         architectures={f"{prefix}Model": GPTModel, f"{prefix.removesuffix('Text')}ForCausalLM": GPTForCausalLM,
                        f"{prefix}ForSequenceClassification": GPTForSequenceClassification},
         config_from_hf=from_hf, config_to_hf=to_hf, weights=gemma_weights(norms), layout=layout,
-        save_problems=lambda config: gemma_save_problems(config, model_type), gguf=GGUF_SPECS[model_type])
+        save_problems=lambda config: gemma_save_problems(config, model_type), gguf=GGUF_SPECS[model_type],
+        presets=dict(presets or {}))
 
 
 GEMMA = _family("gemma", "Gemma", GEMMA_LAYOUT, gemma_config_from_hf, gemma_config_to_hf, PRE_NORMS)
 GEMMA2 = _family("gemma2", "Gemma2", GEMMA2_LAYOUT, gemma2_config_from_hf, sandwich_config_to_hf, SANDWICH_NORMS)
 # transformers registers gemma3_text's base model as Gemma3TextModel and its causal LM as Gemma3ForCausalLM.
 GEMMA3 = _family("gemma3_text", "Gemma3Text", GEMMA3_LAYOUT, gemma3_config_from_hf, gemma3_config_to_hf,
-                 SANDWICH_NORMS)
+                 SANDWICH_NORMS, PRESETS)

@@ -17,6 +17,7 @@ from flaxzoo.models.families.fields import ACTIVATIONS_TO_HF, activation, common
 GPT2_LAYOUT = dict(causal=True, position="learned", norm="layernorm", norm_placement="pre", embedding_norm=False,
                    final_norm=True, mlp_gated=False, attention_bias=True, mlp_bias=True, type_vocab_size=0,
                    position_offset=0)
+from flaxzoo.models.families.gpt2.presets import PRESETS
 
 
 def gpt2_weights(config: TransformerConfig, cls: type, base: str) -> WeightMap:
@@ -79,4 +80,4 @@ FAMILY = Family(
     model_type="gpt2", base_prefix="transformer",
     architectures={"GPT2Model": GPTModel, "GPT2LMHeadModel": GPTForCausalLM},
     config_from_hf=gpt2_config_from_hf, config_to_hf=gpt2_config_to_hf, weights=gpt2_weights, layout=GPT2_LAYOUT,
-    save_problems=lambda config: full_width_heads(config, "gpt2"))
+    save_problems=lambda config: full_width_heads(config, "gpt2"), presets=PRESETS)

@@ -24,6 +24,7 @@ GPT_NEOX_LAYOUT = dict(causal=True, position="rope", norm="layernorm", norm_plac
                        final_norm=True, mlp_gated=False, mlp_bias=True, type_vocab_size=0, sliding_window=None,
                        layer_types=None,
                        **{k: v for k, v in PLAIN_MECHANISMS.items() if k != "parallel_residual"})
+from flaxzoo.models.families.gpt_neox.presets import PRESETS
 
 # GPTNeoXConfig's rotary fraction when config.json has neither ``rotary_pct`` nor ``partial_rotary_factor``.
 DEFAULT_ROTARY_PCT = 0.25
@@ -128,4 +129,4 @@ FAMILY = Family(
     architectures={"GPTNeoXModel": GPTModel, "GPTNeoXForCausalLM": GPTForCausalLM,
                    "GPTNeoXForSequenceClassification": GPTForSequenceClassification},
     config_from_hf=gpt_neox_config_from_hf, config_to_hf=gpt_neox_config_to_hf, weights=gpt_neox_weights,
-    layout=GPT_NEOX_LAYOUT, save_problems=gpt_neox_save_problems, rename=gpt_neox_rename)
+    layout=GPT_NEOX_LAYOUT, save_problems=gpt_neox_save_problems, rename=gpt_neox_rename, presets=PRESETS)

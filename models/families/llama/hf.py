@@ -17,6 +17,7 @@ from flaxzoo.models.families.llama.gguf import SPEC
 LLAMA_LAYOUT = dict(causal=True, position="rope", norm="rmsnorm", norm_placement="pre", embedding_norm=False,
                     final_norm=True, mlp_gated=True, type_vocab_size=0, sliding_window=None, rotary_fraction=1.0,
                     **PLAIN_MECHANISMS)
+from flaxzoo.models.families.llama.presets import PRESETS
 
 
 # The GGUF names, with the score of LlamaForSequenceClassification under llama.cpp's classifier-output name (a Llama
@@ -50,4 +51,4 @@ FAMILY = Family(
     model_type="llama", base_prefix="model",
     architectures=decoder_architectures("Llama"),
     config_from_hf=llama_config_from_hf, config_to_hf=llama_config_to_hf, weights=llama_weights,
-    layout=LLAMA_LAYOUT, save_problems=llama_save_problems, gguf=GGUF)
+    layout=LLAMA_LAYOUT, save_problems=llama_save_problems, gguf=GGUF, presets=PRESETS)

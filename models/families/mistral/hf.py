@@ -14,6 +14,7 @@ MISTRAL_LAYOUT = dict(causal=True, position="rope", norm="rmsnorm", norm_placeme
                       final_norm=True, mlp_gated=True, type_vocab_size=0, attention_bias=False,
                       attention_out_bias=False, mlp_bias=False, rotary_fraction=1.0, layer_types=None,
                       **PLAIN_MECHANISMS)
+from flaxzoo.models.families.mistral.presets import PRESETS
 
 
 def mistral_config_from_hf(hf: Mapping[str, Any]) -> TransformerConfig:
@@ -30,4 +31,4 @@ FAMILY = Family(
     model_type="mistral", base_prefix="model",
     architectures=decoder_architectures("Mistral"),
     config_from_hf=mistral_config_from_hf, config_to_hf=mistral_config_to_hf,
-    weights=lambda config, cls, base: decoder_weights(config, cls, base), layout=MISTRAL_LAYOUT)
+    weights=lambda config, cls, base: decoder_weights(config, cls, base), layout=MISTRAL_LAYOUT, presets=PRESETS)

@@ -13,13 +13,14 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from flaxzoo.models.config import TransformerConfig
-from flaxzoo.models.families.base import (BACKBONE, LINEAR, Family, Transform, WeightMap, entry, layout, linear,
-                                          norm, outside)
+from flaxzoo.models.families.base import (BACKBONE, LINEAR, Family, Transform, WeightMap, entry, layout, linear, norm,
+                                          outside)
 from flaxzoo.models.families.fields import (ACTIVATIONS_TO_HF, activation, common_from_hf, common_to_hf,
                                             full_width_heads, refuse)
 from flaxzoo.models.families.modernbert.model import (ModernBertForMaskedLM, ModernBertForQuestionAnswering,
                                                       ModernBertForSequenceClassification,
                                                       ModernBertForTokenClassification, ModernBertModel)
+from flaxzoo.models.families.modernbert.presets import PRESETS
 
 MODERNBERT_LAYOUT = dict(causal=False, position="rope", rope_layout="half", norm="layernorm", norm_placement="pre",
                          embedding_norm=True, final_norm=True, mlp_gated=True, type_vocab_size=0, position_offset=0,
@@ -166,4 +167,4 @@ FAMILY = Family(
                    "ModernBertForTokenClassification": ModernBertForTokenClassification,
                    "ModernBertForQuestionAnswering": ModernBertForQuestionAnswering},
     config_from_hf=modernbert_config_from_hf, config_to_hf=modernbert_config_to_hf, weights=modernbert_weights,
-    layout=MODERNBERT_LAYOUT, save_problems=modernbert_save_problems)
+    layout=MODERNBERT_LAYOUT, save_problems=modernbert_save_problems, presets=PRESETS)

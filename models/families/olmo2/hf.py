@@ -16,6 +16,7 @@ from flaxzoo.models.families.base import Family, WeightMap
 OLMO2_LAYOUT = dict(causal=True, position="rope", norm="rmsnorm", norm_placement="post_branch", embedding_norm=False,
                     final_norm=True, mlp_gated=True, type_vocab_size=0, mlp_bias=False, rotary_fraction=1.0,
                     sliding_window=None, layer_types=None, **(PLAIN_MECHANISMS | {"qk_norm": "full"}))
+from flaxzoo.models.families.olmo2.presets import PRESETS
 
 
 def olmo2_weights(config: TransformerConfig, cls: type, base: str) -> WeightMap:
@@ -50,4 +51,4 @@ FAMILY = Family(
     architectures={"Olmo2Model": GPTModel, "Olmo2ForCausalLM": GPTForCausalLM,
                    "Olmo2ForSequenceClassification": GPTForSequenceClassification},
     config_from_hf=olmo2_config_from_hf, config_to_hf=olmo2_config_to_hf, weights=olmo2_weights,
-    layout=OLMO2_LAYOUT, save_problems=olmo2_save_problems)
+    layout=OLMO2_LAYOUT, save_problems=olmo2_save_problems, presets=PRESETS)

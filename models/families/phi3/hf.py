@@ -23,6 +23,7 @@ from flaxzoo.models.families.phi3.gguf import SPEC
 PHI3_LAYOUT = dict(causal=True, position="rope", norm="rmsnorm", norm_placement="pre", embedding_norm=False,
                    final_norm=True, mlp_gated=True, type_vocab_size=0, attention_bias=False,
                    attention_out_bias=False, mlp_bias=False, layer_types=None, **PLAIN_MECHANISMS)
+from flaxzoo.models.families.phi3.presets import PRESETS
 
 # The RoPE types Hugging Face's Phi-3 reads, and the older names of LongRoPE its config maps to "longrope".
 PHI3_ROPE_TYPES = ("default", "longrope")
@@ -101,4 +102,4 @@ FAMILY = Family(
     architectures={"Phi3Model": GPTModel, "Phi3ForCausalLM": GPTForCausalLM,
                    "Phi3ForSequenceClassification": GPTForSequenceClassification},
     config_from_hf=phi3_config_from_hf, config_to_hf=phi3_config_to_hf, weights=phi3_weights, layout=PHI3_LAYOUT,
-    save_problems=phi3_save_problems, gguf=SPEC)
+    save_problems=phi3_save_problems, gguf=SPEC, presets=PRESETS)

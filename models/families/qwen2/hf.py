@@ -14,6 +14,7 @@ from flaxzoo.models.families.qwen2.gguf import SPEC
 QWEN2_LAYOUT = dict(causal=True, position="rope", norm="rmsnorm", norm_placement="pre", embedding_norm=False,
                     final_norm=True, mlp_gated=True, type_vocab_size=0, attention_bias=True,
                     attention_out_bias=False, mlp_bias=False, rotary_fraction=1.0, **PLAIN_MECHANISMS)
+from flaxzoo.models.families.qwen2.presets import PRESETS
 
 
 def qwen2_config_from_hf(hf: Mapping[str, Any]) -> TransformerConfig:
@@ -25,4 +26,4 @@ FAMILY = Family(
     architectures=decoder_architectures("Qwen2"),
     config_from_hf=qwen2_config_from_hf, config_to_hf=max_window_config_to_hf,
     weights=lambda config, cls, base: decoder_weights(config, cls, base), layout=QWEN2_LAYOUT,
-    gguf=SPEC)
+    gguf=SPEC, presets=PRESETS)

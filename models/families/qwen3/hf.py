@@ -14,6 +14,7 @@ from flaxzoo.models.families.qwen3.gguf import SPEC
 QWEN3_LAYOUT = dict(causal=True, position="rope", norm="rmsnorm", norm_placement="pre", embedding_norm=False,
                     final_norm=True, mlp_gated=True, type_vocab_size=0, mlp_bias=False, rotary_fraction=1.0,
                     **(PLAIN_MECHANISMS | {"qk_norm": "head"}))
+from flaxzoo.models.families.qwen3.presets import PRESETS
 
 
 def qwen3_config_from_hf(hf: Mapping[str, Any]) -> TransformerConfig:
@@ -32,4 +33,4 @@ FAMILY = Family(
     architectures=decoder_architectures("Qwen3"),
     config_from_hf=qwen3_config_from_hf, config_to_hf=max_window_config_to_hf,
     weights=lambda config, cls, base: decoder_weights(config, cls, base), layout=QWEN3_LAYOUT,
-    save_problems=qwen3_save_problems, gguf=SPEC)
+    save_problems=qwen3_save_problems, gguf=SPEC, presets=PRESETS)

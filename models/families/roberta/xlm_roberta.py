@@ -15,6 +15,7 @@ from flaxzoo.models.architectures.encoder.hf import encoder_architectures
 from flaxzoo.models.config import TransformerConfig
 from flaxzoo.models.families.roberta.hf import FAMILY as ROBERTA
 from flaxzoo.models.families.roberta.hf import roberta_config_from_hf
+from flaxzoo.models.families.roberta.presets import PRESETS
 
 MODEL_TYPE = "xlm-roberta"
 
@@ -27,4 +28,4 @@ def xlm_roberta_config_from_hf(hf: Mapping[str, Any]) -> TransformerConfig:
 XLM_ROBERTA = dataclasses.replace(
     ROBERTA, model_type=MODEL_TYPE,
     architectures=encoder_architectures("XLMRoberta"),
-    config_from_hf=xlm_roberta_config_from_hf)
+    config_from_hf=xlm_roberta_config_from_hf, presets=PRESETS)
