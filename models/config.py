@@ -11,28 +11,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-POSITION_SCHEMES = ("learned", "sinusoidal", "rope", "alibi", "none")
-ROPE_LAYOUTS = ("half", "interleaved")
-NORMS = ("layernorm", "rmsnorm")
-NORM_PLACEMENTS = ("pre", "post", "sandwich", "post_branch")
-QK_NORMS = ("none", "head", "full")
-LAYER_TYPES = ("full_attention", "sliding_attention")
-ACTIVATIONS = ("gelu", "gelu_tanh", "relu", "silu")
-DTYPES = ("float32", "bfloat16", "float16")
-REMAT_POLICIES = ("none", "full", "dots")
-ATTENTION_IMPLS = ("auto", "softmax", "fused", "splash", "gpu_flash")
-RELATIVE_ATTENTION_TYPES = ("c2p", "p2c")  # DeBERTa's content→position and position→content scores
-CLASSIFIER_POOLINGS = ("cls", "mean")
-
-
-class FieldError(ValueError):
-    """A ``TransformerConfig`` value that cannot work; ``field`` names the field (the message: the value and what
-    was expected)."""
-
-    def __init__(self, field: str, message: str):
-        super().__init__(message)
-        self.field = field
-
+from flaxzoo.models.config_checks import (ACTIVATIONS, ATTENTION_IMPLS, CLASSIFIER_POOLINGS, DTYPES, LAYER_TYPES,
+                                          NORM_PLACEMENTS, NORMS, POSITION_SCHEMES, QK_NORMS, RELATIVE_ATTENTION_TYPES,
+                                          REMAT_POLICIES, ROPE_LAYOUTS, FieldError, validate)
 
 @dataclasses.dataclass(frozen=True)
 class TransformerConfig:
@@ -191,162 +172,14 @@ class TransformerConfig:
                     "expected a multiple of num_heads (or pass head_dim explicitly)"
                 )
             object.__setattr__(self, "head_dim", self.hidden_size // max(self.num_heads, 1))
-        self._validate()
+        validate(self)
 
-    def _validate(self) -> None:
-        for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size",
-                     "num_kv_heads", "head_dim", "max_position_embeddings", "num_labels"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise FieldError(name, f"{name}={value!r}: expected a positive integer")
-        if not isinstance(self.pad_vocab_to, int) or isinstance(self.pad_vocab_to, bool) or self.pad_vocab_to < 1:
-            raise FieldError("pad_vocab_to", f"pad_vocab_to={self.pad_vocab_to!r}: expected a positive integer "
-                             "(the multiple the vocabulary tables' rows are rounded up to; 1 = no padding)")
-        if self.num_heads % self.num_kv_heads != 0:
-            raise FieldError(
-                "num_kv_heads", f"num_kv_heads={self.num_kv_heads} does not divide num_heads={self.num_heads}; "
-                "expected a divisor of num_heads (grouped-query attention)"
-            )
-        choices = {
-            "position": POSITION_SCHEMES, "rope_layout": ROPE_LAYOUTS, "norm": NORMS,
-            "norm_placement": NORM_PLACEMENTS, "activation": ACTIVATIONS,
-            "dtype": DTYPES, "param_dtype": DTYPES, "remat": REMAT_POLICIES,
-            "attention_impl": ATTENTION_IMPLS, "qk_norm": QK_NORMS,
-            "pooler_activation": ("tanh", *ACTIVATIONS), "classifier_pooling": CLASSIFIER_POOLINGS,
-        }
-        # The families live above this module (``flaxzoo.models.families``); which ``model_type`` names a
-        # registered family is checked where one is needed (``families.family_of``, the training config).
-        if not isinstance(self.model_type, str) or not self.model_type.strip():
-            raise FieldError("model_type", f"model_type={self.model_type!r}: expected a family name such as 'gpt2'")
-        for name, allowed in choices.items():
-            if getattr(self, name) not in allowed:
-                raise FieldError(name, f"{name}={getattr(self, name)!r}: expected one of {allowed}")
-        if self.position == "rope" and self.head_dim % 2 != 0:
-            raise FieldError("head_dim", f"head_dim={self.head_dim}: RoPE needs an even head dimension")
-        if self.position == "sinusoidal" and self.hidden_size % 2 != 0:
-            raise FieldError("hidden_size", f"hidden_size={self.hidden_size}: sinusoidal positions need an even width")
-        if self.embedding_size is not None and (not isinstance(self.embedding_size, int) or
-                                                isinstance(self.embedding_size, bool) or self.embedding_size < 1):
-            raise FieldError("embedding_size", f"embedding_size={self.embedding_size!r}: expected a positive integer "
-                             "(the factorised embedding width) or None (the tables are hidden_size wide)")
-        if not isinstance(self.shared_layers, bool):
-            raise FieldError("shared_layers", f"shared_layers={self.shared_layers!r}: expected True or False")
-        if not isinstance(self.scan_layers, bool):
-            raise FieldError("scan_layers", f"scan_layers={self.scan_layers!r}: expected True or False")
-        for name in ("dropout", "attention_dropout"):
-            rate = getattr(self, name)
-            if not isinstance(rate, (int, float)) or isinstance(rate, bool) or not 0.0 <= rate < 1.0:
-                raise FieldError(name, f"{name}={rate!r}: expected a rate in [0, 1)")
-        if not isinstance(self.position_offset, int) or isinstance(self.position_offset, bool) or \
-                self.position_offset < 0:
-            raise FieldError("position_offset", f"position_offset={self.position_offset!r}: expected an integer >= 0")
-        if self.position_offset and self.position not in ("learned", "sinusoidal"):
-            raise FieldError("position_offset", f"position_offset={self.position_offset} needs absolute positions (learned or "
-                             f"sinusoidal); got position={self.position!r}")
-        if self.position_offset and self.position_offset >= self.max_position_embeddings:
-            raise FieldError("position_offset", f"position_offset={self.position_offset}: expected less than "
-                             f"max_position_embeddings={self.max_position_embeddings}")
-        if self.norm_eps <= 0:
-            raise FieldError("norm_eps", f"norm_eps={self.norm_eps}: expected a positive number")
-        if self.type_vocab_size < 0:
-            raise FieldError("type_vocab_size", f"type_vocab_size={self.type_vocab_size}: expected >= 0")
-        if isinstance(self.eos_token_id, list):
-            object.__setattr__(self, "eos_token_id", tuple(self.eos_token_id))
-        if isinstance(self.eos_token_id, tuple) and not self.eos_token_id:
-            raise FieldError("eos_token_id", "eos_token_id=(): expected a token id, several, or None")
-        self._validate_label_names()
-        self._validate_mechanisms()
-        self._validate_relative_attention()
-        for name in ("pad_token_id", "bos_token_id", "eos_token_id"):
-            value = getattr(self, name)
-            for token in (value if isinstance(value, tuple) else (value,)):
-                if token is None:
-                    continue
-                if not isinstance(token, int) or isinstance(token, bool) or not 0 <= token < self.vocab_size:
-                    raise FieldError(name, f"{name}={value!r}: expected a token id in [0, {self.vocab_size})")
-
-    def _validate_mechanisms(self) -> None:
-        if self.attention_out_bias is None:
-            object.__setattr__(self, "attention_out_bias", self.attention_bias)
-        if isinstance(self.layer_types, list):  # from JSON
-            object.__setattr__(self, "layer_types", tuple(self.layer_types))
-        if isinstance(self.rope_scaling, list):  # from JSON: [[key, value], ...]
-            object.__setattr__(self, "rope_scaling", tuple(
-                (k, tuple(v) if isinstance(v, list) else v) for k, v in self.rope_scaling))
-        for name in ("parallel_residual", "norm_unit_offset", "norm_bias", "head_bias", "decoder_bias"):
-            if not isinstance(getattr(self, name), bool):
-                raise FieldError(name, f"{name}={getattr(self, name)!r}: expected True or False")
-        for name in ("embedding_multiplier", "attention_softcap", "final_logit_softcap", "query_scale",
-                     "rope_local_theta"):
-            value = getattr(self, name)
-            optional = name != "embedding_multiplier"
-            if (value is None and optional) or (isinstance(value, (int, float)) and not isinstance(value, bool)
-                                                and value > 0):
-                continue
-            raise FieldError(name, f"{name}={value!r}: expected a positive number" + (" or None" if optional else ""))
-        if not isinstance(self.rotary_fraction, (int, float)) or not 0 < self.rotary_fraction <= 1:
-            raise FieldError("rotary_fraction", f"rotary_fraction={self.rotary_fraction!r}: expected a fraction in "
-                             "(0, 1]")
-        if self.position == "rope" and (self.rotary_dim < 2 or self.rotary_dim % 2):
-            raise FieldError("rotary_fraction", f"rotary_fraction={self.rotary_fraction} of head_dim={self.head_dim} "
-                             f"rotates {self.rotary_dim} features: expected an even number >= 2")
-        window = self.sliding_window
-        if window is not None and (not isinstance(window, int) or isinstance(window, bool) or window < 1):
-            raise FieldError("sliding_window", f"sliding_window={window!r}: expected a positive integer or None")
-        if self.layer_types is not None:
-            if len(self.layer_types) != self.num_layers or any(t not in LAYER_TYPES for t in self.layer_types):
-                raise FieldError("layer_types", f"layer_types={self.layer_types!r}: expected num_layers="
-                                 f"{self.num_layers} entries, each one of {LAYER_TYPES}")
-            if "sliding_attention" in self.layer_types and window is None:
-                raise FieldError("layer_types", "layer_types has sliding_attention layers but sliding_window=None: "
-                                 "expected a window size")
-        if self.rope_scaling is not None and self.position != "rope":
-            raise FieldError("rope_scaling", f"rope_scaling={self.rope_scaling!r} needs position='rope'; got "
-                             f"position={self.position!r}")
 
     @property
     def embedding_width(self) -> int:
         """The width of the embedding tables: ``embedding_size``, or ``hidden_size`` when it is None."""
         return self.hidden_size if self.embedding_size is None else self.embedding_size
 
-    def _validate_relative_attention(self) -> None:
-        if isinstance(self.relative_attention_types, (list, str)):  # from JSON, or one name
-            types = ((self.relative_attention_types,) if isinstance(self.relative_attention_types, str)
-                     else tuple(self.relative_attention_types))
-            object.__setattr__(self, "relative_attention_types", types)
-        for name in ("relative_attention", "share_att_key", "relative_embedding_norm"):
-            if not isinstance(getattr(self, name), bool):
-                raise FieldError(name, f"{name}={getattr(self, name)!r}: expected True or False")
-        types = self.relative_attention_types
-        if not isinstance(types, tuple) or any(t not in RELATIVE_ATTENTION_TYPES for t in types) or \
-                len(set(types)) != len(types):
-            raise FieldError("relative_attention_types", f"relative_attention_types={types!r}: expected distinct "
-                             f"entries of {RELATIVE_ATTENTION_TYPES}")
-        for name in ("position_buckets", "max_relative_positions"):
-            value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 2):
-                raise FieldError(name, f"{name}={value!r}: expected an integer >= 2 or None")
-        if not self.relative_attention:
-            changed = [n for n in ("relative_attention_types", "position_buckets", "max_relative_positions",
-                                   "share_att_key", "relative_embedding_norm")
-                       if getattr(self, n) != TransformerConfig.__dataclass_fields__[n].default]
-            if changed:
-                raise FieldError(changed[0], f"{changed[0]}={getattr(self, changed[0])!r} needs "
-                                 "relative_attention=True")
-            return
-        if self.causal:
-            raise FieldError("relative_attention", "relative_attention=True: only encoders (causal=False) have "
-                             "disentangled relative attention")
-        if self.query_scale is not None:  # the bias reads the query before any scale: it would be scaled wrongly
-            raise FieldError("query_scale", f"query_scale={self.query_scale!r} with relative_attention=True: DeBERTa's "
-                             "scale is 1/sqrt(head_dim * scale_factor); expected None")
-        if self.position_buckets is not None and self.relative_max_distance - 1 <= self.position_buckets // 2:
-            raise FieldError("position_buckets", f"position_buckets={self.position_buckets} with "
-                             f"max_relative_positions={self.relative_max_distance}: expected max_relative_positions "
-                             "> position_buckets / 2 + 1 (the log buckets span the distances beyond half of them)")
-        if self.attention_impl in ("splash", "gpu_flash"):
-            raise FieldError("attention_impl", f"attention_impl={self.attention_impl!r} takes no additive bias, "
-                             "which relative_attention's scores are: expected 'auto', 'fused' or 'softmax'")
 
     @property
     def relative_max_distance(self) -> int:
@@ -384,21 +217,6 @@ class TransformerConfig:
         """``rope_scaling`` as a dict (None without scaling)."""
         return None if self.rope_scaling is None else dict(self.rope_scaling)
 
-    def _validate_label_names(self) -> None:
-        names = self.label_names
-        if isinstance(names, list):  # from JSON (a checkpoint's meta)
-            names = tuple(names)
-            object.__setattr__(self, "label_names", names)
-        if names is None:
-            return
-        expected = f"expected None or a tuple of num_labels={self.num_labels} distinct non-empty strings"
-        if not isinstance(names, tuple) or len(names) != self.num_labels:
-            raise FieldError("label_names", f"label_names={names!r}: {expected}")
-        if any(not isinstance(n, str) or not n.strip() for n in names):
-            raise FieldError("label_names", f"label_names={names!r}: {expected} (an empty or non-string name)")
-        repeated = sorted({n for n in names if names.count(n) > 1})
-        if repeated:
-            raise FieldError("label_names", f"label_names={names!r}: {expected} ({repeated} repeated)")
 
     @property
     def eos_token_ids(self) -> tuple[int, ...]:
