@@ -15,6 +15,12 @@ from flaxzoo.models.config_checks import (ACTIVATIONS, ATTENTION_IMPLS, CLASSIFI
                                           NORM_PLACEMENTS, NORMS, POSITION_SCHEMES, QK_NORMS, RELATIVE_ATTENTION_TYPES,
                                           REMAT_POLICIES, ROPE_LAYOUTS, FieldError, validate)
 
+# The allowed values and FieldError are defined beside the checks and named here too, where users import them.
+__all__ = ["ACTIVATIONS", "ATTENTION_IMPLS", "CLASSIFIER_POOLINGS", "DTYPES", "LAYER_TYPES", "NORM_PLACEMENTS", "NORMS",
+           "POSITION_SCHEMES", "QK_NORMS", "RELATIVE_ATTENTION_TYPES", "REMAT_POLICIES", "ROPE_LAYOUTS", "FieldError",
+           "TransformerConfig"]
+
+
 @dataclasses.dataclass(frozen=True)
 class TransformerConfig:
     """Hyper-parameters of an encoder-only or decoder-only Transformer.
