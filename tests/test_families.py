@@ -46,6 +46,8 @@ def registered():
     yield register
     for family in added:
         families.FAMILIES.pop(family.model_type)
+        for name in family.presets:
+            families.PRESETS.pop(name)
 
 
 def test_the_families_and_their_lookups():
