@@ -9,6 +9,7 @@ SwiGLU and RoPE. ``model_type`` only records which Hugging Face layout the weigh
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 from flaxzoo.models.config_checks import (ACTIVATIONS, ATTENTION_IMPLS, CLASSIFIER_POOLINGS, DTYPES, LAYER_TYPES,
@@ -18,7 +19,7 @@ from flaxzoo.models.config_checks import (ACTIVATIONS, ATTENTION_IMPLS, CLASSIFI
 # The allowed values and FieldError are defined beside the checks and named here too, where users import them.
 __all__ = ["ACTIVATIONS", "ATTENTION_IMPLS", "CLASSIFIER_POOLINGS", "DTYPES", "LAYER_TYPES", "NORM_PLACEMENTS", "NORMS",
            "POSITION_SCHEMES", "QK_NORMS", "RELATIVE_ATTENTION_TYPES", "REMAT_POLICIES", "ROPE_LAYOUTS", "FieldError",
-           "TransformerConfig"]
+           "TransformerConfig", "default_embedding_multiplier"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,7 +63,7 @@ class TransformerConfig:
     the output projection differ from q/k/v (Qwen2: biased q/k/v, unbiased output). ``qk_norm`` RMS-normalises queries
     and keys before RoPE, per head (``"head"``: Qwen3, Gemma 3) or over all heads' features (``"full"``: OLMo 2).
     ``norm_unit_offset`` scales RMSNorms by ``1 + w`` (Gemma); ``embedding_multiplier`` multiplies the token
-    embeddings (Gemma: √hidden). ``rotary_fraction`` rotates only the first ``head_dim · fraction`` features
+    embeddings (Gemma: √hidden; None: :func:`default_embedding_multiplier`, √width with sinusoidal positions). ``rotary_fraction`` rotates only the first ``head_dim · fraction`` features
     (GPT-NeoX: 0.25). ``rope_scaling`` is a normalised Hugging Face ``rope_scaling`` (``layers/rope_scaling.py``).
     ``sliding_window`` W lets a query see itself and the W - 1 keys before it (an encoder's, ``causal=False``: and
     the W - 1 keys after it, ``|i - j| < W``; ModernBERT's ``local_attention`` L is W = L // 2 + 1), on the layers
@@ -145,7 +146,7 @@ class TransformerConfig:
     parallel_residual: bool = False
     qk_norm: str = "none"
     norm_unit_offset: bool = False
-    embedding_multiplier: float = 1.0
+    embedding_multiplier: float | None = None
     rotary_fraction: float = 1.0
     rope_scaling: tuple[tuple[str, Any], ...] | None = None
     sliding_window: int | None = None
@@ -178,6 +179,8 @@ class TransformerConfig:
                     "expected a multiple of num_heads (or pass head_dim explicitly)"
                 )
             object.__setattr__(self, "head_dim", self.hidden_size // max(self.num_heads, 1))
+        if self.embedding_multiplier is None:
+            object.__setattr__(self, "embedding_multiplier", default_embedding_multiplier(self))
         validate(self)
 
 
@@ -244,6 +247,7 @@ class TransformerConfig:
         derived again from the new ``hidden_size`` / ``num_heads`` unless ``changes`` sets them: otherwise
         ``get_preset("gpt2-tiny", num_heads=8)`` would keep 4 KV heads of width 16 (silently grouped-query attention
         over 128 features of a 64-wide model) and an indivisible ``hidden_size`` would not be reported.
+        So does an ``embedding_multiplier`` that holds its default when the positions or the width change.
         Likewise ``label_names`` that no longer fit a new ``num_labels`` (a head re-sized for another task) become
         None unless ``changes`` sets them, and a per-layer ``layer_types`` pattern follows a new ``num_layers`` (its
         first layers; repeated from the start when deeper).
@@ -259,6 +263,9 @@ class TransformerConfig:
             n = changes["num_layers"]
             if isinstance(n, int) and not isinstance(n, bool) and n > 0:
                 changes["layer_types"] = tuple(self.layer_types[i % len(self.layer_types)] for i in range(n))
+        if "embedding_multiplier" not in changes and {"position", "hidden_size", "embedding_size"} & changes.keys() \
+                and self.embedding_multiplier == default_embedding_multiplier(self):
+            changes["embedding_multiplier"] = None
         if "attention_out_bias" not in changes and "attention_bias" in changes and \
                 self.attention_out_bias == self.attention_bias:
             changes["attention_out_bias"] = None
@@ -277,3 +284,13 @@ class TransformerConfig:
         if unknown:
             raise ValueError(f"unknown TransformerConfig fields {unknown}; expected a subset of {sorted(known)}")
         return cls(**values)
+
+
+def default_embedding_multiplier(config: TransformerConfig) -> float:
+    """The token embeddings' multiplier when ``embedding_multiplier`` is None: √(embedding width) with sinusoidal
+    positions, as Vaswani et al. (2017, §3.4) scale the embeddings the waves are added to (without it the waves,
+    of amplitude 1, swamp token rows initialised at ``initializer_range`` 0.02); 1.0 otherwise."""
+    width = config.embedding_width
+    if config.position == "sinusoidal" and isinstance(width, int) and not isinstance(width, bool) and width > 0:
+        return math.sqrt(width)
+    return 1.0

@@ -202,15 +202,37 @@ def test_padding_mask_is_not_ignored():
 
 
 def test_sinusoidal_model_adds_the_vaswani_table():
+    """Vaswani et al. (2017): the token embeddings times √d_model (§3.4), plus the waves (§3.5)."""
     config = decoder_config("sinusoidal")
+    assert config.embedding_multiplier == math.sqrt(config.hidden_size)
     embeddings = cached_model(config).backbone.embeddings
     ids, positions = jnp.asarray([[4, 8, 15, 16, 23]]), jnp.asarray([[0, 1, 2, 40, 41]])
     got = np_(jitted(embeddings)(ids, positions))
     d = config.hidden_size
     table = np.array([[math.sin(p / 10000 ** (2 * (j // 2) / d)) if j % 2 == 0 else
                        math.cos(p / 10000 ** (2 * (j // 2) / d)) for j in range(d)] for p in (0, 1, 2, 40, 41)])
-    expected = np_(embeddings.tokens.embedding[...])[np.asarray(ids[0])] + table
+    expected = np_(embeddings.tokens.embedding[...])[np.asarray(ids[0])] * math.sqrt(d) + table
     np.testing.assert_allclose(got[0], expected, atol=1e-6, rtol=0)
+
+
+def test_embedding_multiplier_defaults_to_the_positions_scheme():
+    """None: √(embedding width) with sinusoidal positions, 1.0 otherwise; an explicit value is kept, and a default
+    one follows a later change of the positions or the width (``replace``)."""
+    learned = get_preset("bert-tiny")
+    assert learned.embedding_multiplier == 1.0
+    waves = learned.replace(position="sinusoidal")
+    assert waves.embedding_multiplier == math.sqrt(64)
+    assert waves.replace(hidden_size=128, intermediate_size=256).embedding_multiplier == math.sqrt(128)
+    assert waves.replace(embedding_size=32).embedding_multiplier == math.sqrt(32)  # the tables' width
+    assert waves.replace(position="learned").embedding_multiplier == 1.0
+    kept = learned.replace(position="sinusoidal", embedding_multiplier=1.0)  # the unscaled sum, asked for
+    assert kept.embedding_multiplier == 1.0 and kept.replace(hidden_size=128).embedding_multiplier == 1.0
+    assert TransformerConfig.from_dict(kept.to_dict()).embedding_multiplier == 1.0
+    gemma = get_preset("gemma-3-270m")
+    assert gemma.embedding_multiplier == math.sqrt(640) and gemma.replace(num_layers=2).embedding_multiplier == \
+        math.sqrt(640)
+    with pytest.raises(ValueError, match=r"embedding_multiplier=-1\.0: expected a positive number"):
+        learned.replace(embedding_multiplier=-1.0)
 
 
 # ------------------------------------------------------------------------------------------ attention-weights path
