@@ -38,7 +38,7 @@ class TransformerConfig:
     (stacked parameters are sliced once per ``generate`` call: ``models/layers/DECODING.md``).
     ``attention_impl`` picks the attention core (same outputs): ``"fused"`` is ``jax.nn.dot_product_attention``
     (cuDNN flash attention on GPU where cuDNN takes the shapes, XLA otherwise), ``"softmax"`` the kernel with a
-    closed-form backward (``models/layers/attention_core.py``), ``"splash"`` Pallas' TPU splash attention and
+    closed-form backward (``models/layers/softmax_kernel.py``), ``"splash"`` Pallas' TPU splash attention and
     ``"gpu_flash"`` Pallas' Triton GPU flash attention (``models/layers/attention_kernels.py``; both run in Pallas
     interpret mode on CPU), ``"auto"`` by the platform the step is compiled for: splash on TPU, cuDNN (plain
     causal) or the Pallas GPU kernel (packed documents, padding) on GPU, the softmax kernel on CPU
@@ -63,8 +63,9 @@ class TransformerConfig:
     the output projection differ from q/k/v (Qwen2: biased q/k/v, unbiased output). ``qk_norm`` RMS-normalises queries
     and keys before RoPE, per head (``"head"``: Qwen3, Gemma 3) or over all heads' features (``"full"``: OLMo 2).
     ``norm_unit_offset`` scales RMSNorms by ``1 + w`` (Gemma); ``embedding_multiplier`` multiplies the token
-    embeddings (Gemma: √hidden; None: :func:`default_embedding_multiplier`, √width with sinusoidal positions). ``rotary_fraction`` rotates only the first ``head_dim · fraction`` features
-    (GPT-NeoX: 0.25). ``rope_scaling`` is a normalised Hugging Face ``rope_scaling`` (``layers/rope_scaling.py``).
+    embeddings (Gemma: √hidden; None: :func:`default_embedding_multiplier`, √width with sinusoidal positions).
+    ``rotary_fraction`` rotates only the first ``head_dim · fraction`` features (GPT-NeoX: 0.25). ``rope_scaling`` is
+    a normalised Hugging Face ``rope_scaling`` (``layers/rope_scaling.py``).
     ``sliding_window`` W lets a query see itself and the W - 1 keys before it (an encoder's, ``causal=False``: and
     the W - 1 keys after it, ``|i - j| < W``; ModernBERT's ``local_attention`` L is W = L // 2 + 1), on the layers
     ``layer_types`` marks ``"sliding_attention"`` (None: every layer, when ``sliding_window`` is set);

@@ -79,8 +79,8 @@ def validate(config: Any) -> None:
             config.position_offset < 0:
         raise FieldError("position_offset", f"position_offset={config.position_offset!r}: expected an integer >= 0")
     if config.position_offset and config.position not in ("learned", "sinusoidal"):
-        raise FieldError("position_offset", f"position_offset={config.position_offset} needs absolute positions (learned or "
-                         f"sinusoidal); got position={config.position!r}")
+        raise FieldError("position_offset", f"position_offset={config.position_offset} needs absolute positions "
+                         f"(learned or sinusoidal); got position={config.position!r}")
     if config.position_offset and config.position_offset >= config.max_position_embeddings:
         raise FieldError("position_offset", f"position_offset={config.position_offset}: expected less than "
                          f"max_position_embeddings={config.max_position_embeddings}")

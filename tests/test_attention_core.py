@@ -1,9 +1,9 @@
-"""The attention core (models/layers/attention_core.py) against independent references: ``softmax_attention``'s
-forward pass and hand-written backward pass against ``jax.nn.dot_product_attention``'s XLA path (on keys and values
-repeated to every head) and a numpy softmax, over MHA / GQA / MQA, masks with fully masked rows, shared and per-batch
-biases, causal and cross-shaped attention; bfloat16; the ``impl`` choices and their validation; whole models with
-``attention_impl="softmax"`` against ``"fused"`` (logits and every parameter gradient); and the names a remat
-policy keeps."""
+"""The attention core (models/layers/softmax_kernel.py, dispatched by attention_core.py) against independent references:
+``softmax_attention``'s forward pass and hand-written backward pass against ``jax.nn.dot_product_attention``'s XLA
+path (on keys and values repeated to every head) and a numpy softmax, over MHA / GQA / MQA, masks with fully masked
+rows, shared and per-batch biases, causal and cross-shaped attention; bfloat16; the ``impl`` choices and their
+validation; whole models with ``attention_impl="softmax"`` against ``"fused"`` (logits and every parameter gradient);
+and the names a remat policy keeps."""
 
 import itertools
 

@@ -379,8 +379,8 @@ def test_pickled_checkpoint_needs_allow_pickle_also_in_the_cli(tmp_path):
 
 # ----------------------------------------------------------------------------------------- flaxzoo checkpoints
 def write_training_checkpoint(workdir: pathlib.Path, model: nnx.Module, step: int) -> pathlib.Path:
-    """What ``python -m flaxzoo.train`` writes (the training checkpoint's contract): state with params, optimizer state, step and RNG;
-    a data item; meta."""
+    """What ``python -m flaxzoo.train`` writes (the training checkpoint's contract): state with params, optimizer state,
+    step and RNG; a data item; meta."""
     params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
     state = {"params": params, "opt_state": {"mu": jax.tree.map(jnp.zeros_like, params), "count": jnp.int32(step)},
              "step": step, "rng": np.asarray(jax.random.key_data(jax.random.key(step)))}

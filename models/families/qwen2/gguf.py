@@ -23,5 +23,5 @@ def qwen2_config_from_gguf(file: GGUFFile, names: Collection[str]) -> dict[str, 
     return out | {"use_sliding_window": False, "sliding_window": None, "max_window_layers": out["num_hidden_layers"]}
 
 
-SPEC = GGUFSpec(architectures=("qwen2",), config=qwen2_config_from_gguf, names=LLAMA_NAMES, tokenizers=("gpt2", "llama"),
-                rope_layout="half")
+SPEC = GGUFSpec(architectures=("qwen2",), config=qwen2_config_from_gguf, names=LLAMA_NAMES,
+                tokenizers=("gpt2", "llama"), rope_layout="half")
