@@ -29,8 +29,9 @@ __all__ = [
 
 # Loaded on first use: file formats, tokenizers and orbax are not needed to build and run a model.
 _LAZY = {"from_pretrained": "flaxzoo.models.hub", "save_pretrained": "flaxzoo.models.hub", "load_tokenizer": "flaxzoo.models.tokenizer",
-         "embed": "flaxzoo.models.text", "generate_text": "flaxzoo.models.text", "classify": "flaxzoo.models.text",
-         "apply_chat_template": "flaxzoo.models.chat", "SentenceEncoder": "flaxzoo.models.text",
+         "embed": "flaxzoo.models.sentence_encoder", "generate_text": "flaxzoo.models.text",
+         "classify": "flaxzoo.models.classifier", "apply_chat_template": "flaxzoo.models.chat",
+         "SentenceEncoder": "flaxzoo.models.sentence_encoder",
          "SentenceConfig": "flaxzoo.models.sentence", "search": "flaxzoo.models.sentence",
          "similarity": "flaxzoo.models.sentence"}
 

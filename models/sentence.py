@@ -7,7 +7,7 @@ an activation on the pooled vector) and ``Normalize`` (L2). The Transformer's se
 ``do_lower_case`` in ``sentence_bert_config.json`` (files written by sentence-transformers < 5) or, in newer files,
 the tokenizer's ``model_max_length`` in ``tokenizer_config.json`` (the lower-casing then lives in the saved tokenizer
 itself). :func:`read_sentence_config` turns these files into a
-:class:`SentenceConfig`; ``flaxzoo.models.text`` (``embed``, ``SentenceEncoder``) applies it.
+:class:`SentenceConfig`; ``flaxzoo.models.sentence_encoder`` (``embed``, ``SentenceEncoder``) applies it.
 
 Poolings (``[batch, seq, hidden]`` hidden states and a ``[batch, seq]`` mask of real tokens, right padding, to
 ``[batch, hidden]``; several modes are concatenated in the order given, as sentence-transformers does):

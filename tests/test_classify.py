@@ -15,9 +15,10 @@ import transformers
 from flax import nnx
 
 from flaxzoo import models
+from flaxzoo.models.classifier import encode_for_classification
 from flaxzoo.models.config import FieldError
 from flaxzoo.models.families import get_preset
-from flaxzoo.models.text import encode_for_classification, truncate_ids
+from flaxzoo.models.text import truncate_ids
 
 transformers.logging.set_verbosity_error()
 

@@ -13,12 +13,12 @@ import pytest
 from flax import nnx
 
 from flaxzoo import models
-from flaxzoo.models.hub import packaged
 from flaxzoo.models import embed, from_pretrained, generate_text, load_tokenizer, save_pretrained
 from flaxzoo.models.checkpoint import save_checkpoint
-from flaxzoo.models.quantize import (QUANTIZE_TYPES, check_quantize, is_quantized, module_at, param_bytes, projection_paths,
-                             quantize_dense, quantize_model)
-from flaxzoo.models.text import classify
+from flaxzoo.models.classifier import classify
+from flaxzoo.models.hub import packaged
+from flaxzoo.models.quantize import (QUANTIZE_TYPES, check_quantize, is_quantized, module_at, param_bytes,
+                                     projection_paths, quantize_dense, quantize_model)
 
 SENTENCES = ["A man is playing a guitar.", "Someone is strumming a guitar.", "The stock market fell sharply today.",
              "Python lists are mutable sequences.", "Le chat dort sur le canapé.", "def f(x): return x ** 2"]

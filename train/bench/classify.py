@@ -61,7 +61,7 @@ def headlines(limit: int) -> tuple[list[str], str]:
 
 def flaxzoo_side(model: Any, tokenizer: Any, texts: list[str]) -> dict[str, Any]:
     """flaxzoo's ``Classifier``: ms per headline at batch 1 (every bucket compiled first), headlines/s at batch 64."""
-    from flaxzoo.models.text import Classifier
+    from flaxzoo.models.classifier import Classifier
 
     single = Classifier(model, tokenizer, batch_size=1)
     start = time.perf_counter()

@@ -36,10 +36,11 @@ import jax
 import numpy as np
 
 from flaxzoo.models import BertForSequenceClassification
-from flaxzoo.models.text import encode_for_classification, pad_batch
-from flaxzoo.train.finetune.config import FinetuneConfig
-from flaxzoo.train.finetune.classifier import classifier_class, packaged_minilm
+from flaxzoo.models.classifier import encode_for_classification
+from flaxzoo.models.text import pad_batch
 from flaxzoo.train.finetune.batching import class_weights, epoch_batches, hold_out_validation
+from flaxzoo.train.finetune.classifier import classifier_class, packaged_minilm
+from flaxzoo.train.finetune.config import FinetuneConfig
 from flaxzoo.train.finetune.data import LabelledSplit, load_labelled
 from flaxzoo.train.finetune.report import scores, write_report
 from flaxzoo.train.finetune.task import FinetuneSummary, FinetuneTask, is_head
