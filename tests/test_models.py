@@ -540,3 +540,10 @@ def test_compute_copy_rounds_as_the_cast_does():
     assert np.isnan(got.astype(np.float32)[~finite]).all()
     half = np.asarray(compute_copy(jnp.asarray(values[:1000]), jnp.float16))
     np.testing.assert_array_equal(half, values[:1000].astype(np.float16))
+    # and the gradient the cast has: the bfloat16 cotangent, widened
+    weights = jnp.asarray(rng.normal(size=(64,)), jnp.float32)
+    cotangent = jnp.asarray(rng.normal(size=(64,)), jnp.float32)
+    grads = [jax.grad(lambda w: jnp.sum(cast(w).astype(jnp.float32) * cotangent))(weights)
+             for cast in (lambda w: compute_copy(w, jnp.bfloat16), lambda w: w.astype(jnp.bfloat16))]
+    np.testing.assert_array_equal(np.asarray(grads[0]), np.asarray(grads[1]))
+    assert np.abs(np.asarray(grads[0])).min() > 0
