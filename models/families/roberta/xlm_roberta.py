@@ -13,8 +13,7 @@ from typing import Any, Mapping
 
 from flaxzoo.models.architectures.encoder.hf import encoder_architectures
 from flaxzoo.models.config import TransformerConfig
-from flaxzoo.models.families.roberta.hf import FAMILY as ROBERTA
-from flaxzoo.models.families.roberta.hf import roberta_config_from_hf
+from flaxzoo.models.families.roberta.hf import FAMILY as ROBERTA, roberta_config_from_hf
 from flaxzoo.models.families.roberta.presets import PRESETS
 
 MODEL_TYPE = "xlm-roberta"
