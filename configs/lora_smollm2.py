@@ -6,7 +6,7 @@ step 0 (the base model) and at the end; ``--config.lora.rank=0`` trains every pa
 the comparison in the README). ``models.from_pretrained("runs/lora_smollm2")`` returns the merged model.
 """
 
-from flaxzoo.models.hub.packaged import smollm2_gguf
+from flaxzoo.models.io.packaged import smollm2_gguf
 from flaxzoo.train.config import base_config, data_fields, model_fields
 
 

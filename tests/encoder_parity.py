@@ -19,7 +19,7 @@ import torch
 import transformers
 from flax import nnx
 
-from flaxzoo.models.hub import from_pretrained, save_pretrained
+from flaxzoo.models.io import from_pretrained, save_pretrained
 from tests.family_parity import check_layouts_agree, perturbed
 
 ATOL = 1e-4

@@ -18,7 +18,7 @@ import transformers
 from flax import nnx
 
 from flaxzoo import models
-from flaxzoo.models.hub import from_pretrained, save_pretrained
+from flaxzoo.models.io import from_pretrained, save_pretrained
 
 VOCAB, ATOL = 512, 1e-4
 transformers.logging.set_verbosity_error()

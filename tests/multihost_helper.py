@@ -100,7 +100,7 @@ def _install_faults() -> None:
         Checkpointer._read_state = read_state
     reads_file = os.environ.get("FLAXZOO_TEST_READS")
     if reads_file:  # count the elements this process reads of each stored tensor (load_sharded's on_read hook)
-        from flaxzoo.models.hub import sharded
+        from flaxzoo.models.io import sharded
 
         load, counts = sharded.load_sharded, {}
 

@@ -44,9 +44,9 @@ def compare(case: dict[str, Any]) -> dict[str, Any]:
     from flax import nnx
 
     from flaxzoo.models.families.base import dotted
-    from flaxzoo.models.hub import from_pretrained
-    from flaxzoo.models.hub.sharded import load_sharded, pretrained_shapes
-    from flaxzoo.models.hub.sharded_plan import flat_tree
+    from flaxzoo.models.io import from_pretrained
+    from flaxzoo.models.io.sharded import load_sharded, pretrained_shapes
+    from flaxzoo.models.io.sharded_plan import flat_tree
 
     kwargs = case.get("kwargs", {})
     with warnings.catch_warnings(record=True) as caught:
@@ -88,8 +88,8 @@ def compare(case: dict[str, Any]) -> dict[str, Any]:
 def checks(args: dict[str, Any]) -> None:
     import jax
 
-    from flaxzoo.models.checkpoint import save_checkpoint
-    from flaxzoo.models.hub import from_pretrained
+    from flaxzoo.models.io.checkpoint import save_checkpoint
+    from flaxzoo.models.io import from_pretrained
 
     assert jax.device_count() == 8, jax.devices()
     for workdir in args.get("workdirs", []):
@@ -104,8 +104,8 @@ def memory(args: dict[str, Any]) -> None:
     import jax
     from flax import nnx
 
-    from flaxzoo.models.hub import from_pretrained
-    from flaxzoo.models.hub.sharded import load_sharded
+    from flaxzoo.models.io import from_pretrained
+    from flaxzoo.models.io.sharded import load_sharded
 
     jax.devices()
     baseline = status_kib("VmRSS")  # imports and backend, before loading

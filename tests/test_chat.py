@@ -1,4 +1,4 @@
-"""Chat templates (``flaxzoo.models.chat``) against transformers' ``AutoTokenizer.apply_chat_template(...,
+"""Chat templates (``flaxzoo.models.io.chat``) against transformers' ``AutoTokenizer.apply_chat_template(...,
 tokenize=False)``: the packaged SmolLM2-135M-Instruct template, a ChatML template with tools written here, templates
 stored every way a Hugging Face directory stores them, a GGUF file written with the gguf package, the errors for bad
 input, and ``generate_text(..., messages=...)`` on the real SmolLM2.
@@ -21,9 +21,9 @@ import pytest
 import tokenizers
 import transformers
 
-from flaxzoo.models.chat import ChatTemplate, ChatTemplateError, apply_chat_template, load_chat_template
-from flaxzoo.models.gguf import GGUFFile
-from flaxzoo.models.hub.packaged import SMOLLM2_FILE, smollm2_gguf
+from flaxzoo.models.io.chat import ChatTemplate, ChatTemplateError, apply_chat_template, load_chat_template
+from flaxzoo.models.io.gguf import GGUFFile
+from flaxzoo.models.io.packaged import SMOLLM2_FILE, smollm2_gguf
 
 transformers.logging.set_verbosity_error()
 
@@ -470,7 +470,7 @@ def test_generate_text_with_messages_equals_the_rendered_prompt(smol_model):
 
 
 def test_a_list_of_conversations_renders_to_a_list_of_prompts():
-    from flaxzoo.models.text import chat_prompts
+    from flaxzoo.models.inference.text import chat_prompts
 
     two = [SYSTEM_USER, MULTI_TURN]
     assert chat_prompts(two, smollm2_gguf()) == [apply_chat_template(smollm2_gguf(), m) for m in two]

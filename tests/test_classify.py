@@ -15,10 +15,10 @@ import transformers
 from flax import nnx
 
 from flaxzoo import models
-from flaxzoo.models.classifier import encode_for_classification
+from flaxzoo.models.inference.classifier import encode_for_classification
 from flaxzoo.models.config import FieldError
 from flaxzoo.models.families import get_preset
-from flaxzoo.models.text import truncate_ids
+from flaxzoo.models.inference.text import truncate_ids
 
 transformers.logging.set_verbosity_error()
 
@@ -146,7 +146,7 @@ def test_embed_and_classify_truncate_alike(model, hf_dir, tokenizer):
     for got in vectors:
         np.testing.assert_allclose(got, hidden / np.linalg.norm(hidden), atol=1e-5)
     # The default for the MiniLM folder's tokenizer (256) is capped at the model's 64 positions; more is refused.
-    from flaxzoo.models.text import resolve_max_length
+    from flaxzoo.models.inference.text import resolve_max_length
 
     assert resolve_max_length(model.config, tokenizer, None) == 64
     with pytest.raises(ValueError, match=r"max_length=65: expected at most the model's 64 positions"):

@@ -353,7 +353,7 @@ def test_tagging_config_compiles_the_taggers_step_without_data_files(minilm_dir,
     is the tagger's (``BertForTokenClassification``, the per-token loss), its head one logit per tag at every
     position of each device's rows, with the default 9 tags (CoNLL-2003's BIO)."""
     from flaxzoo.models import BertForTokenClassification
-    from flaxzoo.models.hub.sources import open_source
+    from flaxzoo.models.io.sources import open_source
     from flaxzoo.train import flops as flopslib
     from flaxzoo.train.finetune.compile import DEFAULT_TAGS
 

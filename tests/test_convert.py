@@ -1,5 +1,5 @@
 """Format plumbing: GGUF files (written here with the gguf package), flaxzoo training checkpoints, the
-``python -m flaxzoo.models.convert`` CLI, Hugging Face Hub ids against an offline cache, and the errors for bad input.
+``python -m flaxzoo.models.io.convert`` CLI, Hugging Face Hub ids against an offline cache, and the errors for bad input.
 
 The GGUF files are tiny Llama models written the way llama.cpp's converter writes them (its names, its Q/K
 permutation, several storage types), compared with transformers' own GGUF loader, which has its own reader and
@@ -28,8 +28,8 @@ from flax import nnx
 
 from flaxzoo import models
 from flaxzoo.models import from_pretrained, load_tokenizer
-from flaxzoo.models.checkpoint import save_checkpoint
-from flaxzoo.models.convert import convert, main as convert_main
+from flaxzoo.models.io.checkpoint import save_checkpoint
+from flaxzoo.models.io.convert import convert, main as convert_main
 
 transformers.logging.set_verbosity_error()
 
@@ -72,7 +72,7 @@ def tiny_llama(tied: bool) -> transformers.LlamaForCausalLM:
     return model
 
 
-# llama.cpp's tensor names, written out here independently of models/hub.py's table.
+# llama.cpp's tensor names, written out here independently of models/io.py's table.
 GGUF_TOP = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
             "lm_head.weight": "output.weight"}
 GGUF_LAYER = {"input_layernorm.weight": "attn_norm.weight", "post_attention_layernorm.weight": "ffn_norm.weight",
@@ -263,7 +263,7 @@ def test_gguf_header_reader_agrees_with_the_gguf_package(tmp_path):
     """flaxzoo's own header parser (``models.gguf.read_header``) against ``gguf.GGUFReader`` on a file holding every
     value type, arrays of strings / numbers / arrays (kept nested), an alignment other than 32, and tensors of several storage
     types: the same keys, values and types, the same tensor names, shapes and bytes."""
-    from flaxzoo.models.gguf import GGUFFile
+    from flaxzoo.models.io.gguf import GGUFFile
 
     path = tmp_path / "kinds.gguf"
     writer = gguf.GGUFWriter(str(path), "llama")
@@ -317,7 +317,7 @@ def test_gguf_header_reader_agrees_with_the_gguf_package(tmp_path):
     (lambda b: b[:4] + (3 << 24).to_bytes(4, "little") + b[8:], r"big-endian"),
 ])
 def test_damaged_gguf_header_is_a_clear_error(tmp_path, damage, match):
-    from flaxzoo.models.gguf import GGUFFile
+    from flaxzoo.models.io.gguf import GGUFFile
 
     good = write_gguf(tmp_path / "good.gguf", tiny_llama(False))
     bad = tmp_path / "bad.gguf"
@@ -372,7 +372,7 @@ def test_pickled_checkpoint_needs_allow_pickle_also_in_the_cli(tmp_path):
     with pytest.raises(ValueError, match=r"pytorch_model\.bin, a Python pickle.*allow_pickle=True"):
         from_pretrained(tmp_path / "ckpt")
     assert isinstance(from_pretrained(tmp_path / "ckpt", allow_pickle=True), models.GPTForCausalLM)
-    proc = run_module("-m", "flaxzoo.models.convert", str(tmp_path / "ckpt"), str(tmp_path / "out"))
+    proc = run_module("-m", "flaxzoo.models.io.convert", str(tmp_path / "ckpt"), str(tmp_path / "out"))
     assert proc.returncode == 2 and "allow_pickle=True" in proc.stderr, proc.stderr
     assert not (tmp_path / "out").exists()
 
@@ -492,10 +492,10 @@ def test_training_checkpoint_starts_another_head(tmp_path):
 def test_convert_cli_minilm_round_trip(tmp_path):
     """Hugging Face → flaxzoo checkpoint → Hugging Face with the CLI; the tokenizer travels along."""
     source = minilm_dir()
-    proc = run_module("-m", "flaxzoo.models.convert", str(source), str(tmp_path / "fz"), "--no-progress")
+    proc = run_module("-m", "flaxzoo.models.io.convert", str(source), str(tmp_path / "fz"), "--no-progress")
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "fz" / "checkpoints" / "0" / "meta").is_dir()
-    proc = run_module("-m", "flaxzoo.models.convert", str(tmp_path / "fz"), str(tmp_path / "hf"))
+    proc = run_module("-m", "flaxzoo.models.io.convert", str(tmp_path / "fz"), str(tmp_path / "hf"))
     assert proc.returncode == 0, proc.stderr
     assert sorted(p.name for p in (tmp_path / "hf").iterdir()) == [
         "config.json", "model.safetensors", "special_tokens_map.json", "tokenizer.json", "tokenizer_config.json",
@@ -514,7 +514,7 @@ def test_convert_cli_minilm_round_trip(tmp_path):
     for folder in (tmp_path / "fz", tmp_path / "hf"):
         assert load_tokenizer(folder).encode("Someone is strumming.").ids == \
             load_tokenizer(source).encode("Someone is strumming.").ids
-    proc = run_module("-m", "flaxzoo.models.convert", str(source), str(tmp_path / "hf"))
+    proc = run_module("-m", "flaxzoo.models.io.convert", str(source), str(tmp_path / "hf"))
     assert proc.returncode == 2 and "not empty" in proc.stderr
 
 

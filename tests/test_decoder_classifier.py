@@ -22,7 +22,7 @@ from flaxzoo import models
 from flaxzoo.models import GPTForCausalLM, GPTForSequenceClassification
 from flaxzoo.models.families import FAMILIES
 from flaxzoo.models.architectures.decoder.model import last_token_index
-from flaxzoo.models.hub import from_pretrained, save_pretrained
+from flaxzoo.models.io import from_pretrained, save_pretrained
 
 ATOL, LABELS, PAD = 1e-4, 3, SMALL["pad_token_id"]
 

@@ -211,7 +211,7 @@ def test_append_rule():
     assert with_appended(code, "--config.steps=2") == (
         "python -m flaxzoo.train --config x --config.steps=2  # a comment\n"
         "flaxzoo train    --config y --config.steps=2\nls '#'\n")
-    assert with_appended("python -m flaxzoo.models.convert a b\n", "") == "python -m flaxzoo.models.convert a b\n"
+    assert with_appended("python -m flaxzoo.models.io.convert a b\n", "") == "python -m flaxzoo.models.io.convert a b\n"
 
 
 def test_parse_block_and_directives(tmp_path, monkeypatch):
@@ -236,7 +236,7 @@ def test_parse_block_and_directives(tmp_path, monkeypatch):
 
 # What a block writes: save_pretrained / save_checkpoint / save_adapters' folder, convert's DST, --workdir / --dump-hlo.
 WRITES = (re.compile(r"save_(?:pretrained|checkpoint|adapters)\([^,()]+,\s*[\"']([^\"']+)[\"']"),
-          re.compile(r"(?:python3?\s+-m\s+flaxzoo\.models\.convert|flaxzoo\s+convert)\s+\S+\s+([^\s#]+)"),
+          re.compile(r"(?:python3?\s+-m\s+flaxzoo\.models\.io\.convert|flaxzoo\s+convert)\s+\S+\s+([^\s#]+)"),
           re.compile(r"--(?:workdir|dump-hlo)[= ]([^\s#]+)"))
 
 
@@ -256,7 +256,7 @@ def ignored_folders() -> set[str]:
 def test_examples_write_under_ignored_folders():
     """Run from a clone, no example leaves an untracked folder in the repository: every relative path a block writes
     lies under a folder .gitignore ignores (absolute paths and URIs are the reader's own)."""
-    assert written_paths('save_pretrained(m, "out_hf")\npython -m flaxzoo.models.convert a runs/b --to hf\n'
+    assert written_paths('save_pretrained(m, "out_hf")\npython -m flaxzoo.models.io.convert a runs/b --to hf\n'
                          "flaxzoo train --workdir=w  # or convert a DST") == ["out_hf", "runs/b", "w"]
     ignored = ignored_folders()
     assert "runs" in ignored

@@ -9,9 +9,9 @@ family whose config does not come out tiny fails, naming what to add), and every
 token classification, question answering, ELECTRA's replaced-token detection) is checked, per layer (and the base
 class stacked, ``scan_layers=True``, too), for:
 
-* LoRA (``models/lora.py``): ``attention`` + ``mlp`` adapt exactly the projections int8 quantises, a fresh adapter
+* LoRA (``models/adapters/lora.py``): ``attention`` + ``mlp`` adapt exactly the projections int8 quantises, a fresh adapter
   leaves every output array bit for bit, and adapter values move them;
-* int8 (``models/quantize.py``): every projection holds int8, and every output array stays close to float32's
+* int8 (``models/adapters/quantize.py``): every projection holds int8, and every output array stays close to float32's
   (cosine >= 0.999 as ``tests/test_quantize.py``'s embeddings; the heads' probabilities within 0.02 as its
   classifier);
 * the sharding rules (``train/sharding.py``): every parameter, per layer and stacked, plain and LoRA-adapted, carries
@@ -34,8 +34,8 @@ from flax import nnx
 
 from flaxzoo.models.config import TransformerConfig
 from flaxzoo.models.families import FAMILIES
-from flaxzoo.models.lora import LoraConfig, apply_lora, dense_modules
-from flaxzoo.models.quantize import is_quantized, module_at, projection_paths, quantize_model
+from flaxzoo.models.adapters.lora import LoraConfig, apply_lora, dense_modules
+from flaxzoo.models.adapters.quantize import is_quantized, module_at, projection_paths, quantize_model
 from tests.test_every_family import LORA, abstract, check_specs
 
 ENCODERS = sorted(name for name, family in FAMILIES.items() if not family.causal)

@@ -5,9 +5,9 @@ later is tested without a change here. Each gets a tiny config from transformers
 ``model_type`` (``AutoConfig.for_model`` with small sizes, through the family's ``config_from_hf``; a family
 transformers lacks: its ``*-tiny`` preset), and is checked for:
 
-* LoRA (``models/lora.py``): ``attention`` + ``mlp`` adapt exactly the projections int8 quantises, a fresh adapter
+* LoRA (``models/adapters/lora.py``): ``attention`` + ``mlp`` adapt exactly the projections int8 quantises, a fresh adapter
   leaves the logits bit for bit, and adapter values move them (they are wired into the family's block);
-* int8 (``models/quantize.py``): every projection holds int8, and the logits stay close to float32's (the tolerances
+* int8 (``models/adapters/quantize.py``): every projection holds int8, and the logits stay close to float32's (the tolerances
   of ``tests/test_quantize.py``: cosine >= 0.999 as its embeddings, probabilities within 0.02 as its classifier);
 * the sharding rules (``train/sharding.py``): every parameter of every class, per layer and stacked, plain and
   LoRA-adapted, carries logical axes whose rules give a ``PartitionSpec`` on a (2, 2, 2) mesh, the mechanism
@@ -30,8 +30,8 @@ from flaxzoo.models import GPTForSequenceClassification
 from flaxzoo.models.config import TransformerConfig
 from flaxzoo.models.families import PRESETS, get_preset
 from flaxzoo.models.families import FAMILIES
-from flaxzoo.models.lora import LoraConfig, apply_lora, dense_modules
-from flaxzoo.models.quantize import is_quantized, module_at, projection_paths, quantize_model
+from flaxzoo.models.adapters.lora import LoraConfig, apply_lora, dense_modules
+from flaxzoo.models.adapters.quantize import is_quantized, module_at, projection_paths, quantize_model
 from flaxzoo.train.sharding import MESH_AXES, logical_to_mesh, param_shardings
 
 DECODERS = sorted(name for name, family in FAMILIES.items() if family.causal)

@@ -21,9 +21,9 @@ from flaxzoo.models.families import bert, gpt2, llama, roberta
 from flaxzoo.models.families.base import BACKBONE, Family
 from flaxzoo.models.architectures.decoder.model import GPTForCausalLM, GPTModel
 from flaxzoo.models.architectures.decoder.hf import decoder_config_from_hf, decoder_config_to_hf
-from flaxzoo.models.hub import from_pretrained, save_pretrained
+from flaxzoo.models.io import from_pretrained, save_pretrained
 from flaxzoo.models.layers.block import TransformerBlock
-from flaxzoo.models.quantize import projection_paths
+from flaxzoo.models.adapters.quantize import projection_paths
 
 
 LAYOUT = {k: v for k, v in llama.hf.LLAMA_LAYOUT.items() if k != "sliding_window"}
@@ -160,8 +160,8 @@ def test_a_family_record_drives_blocks_lora_and_int8(registered):
 def test_a_family_on_bert_classes_keeps_its_own_targets(registered):
     """Families share BERT's classes (RoBERTa, ALBERT ...): LoRA and int8 read the targets of the model's own family
     (its config's model_type), not of the first family registered with the class."""
-    from flaxzoo.models.lora import LoraConfig, apply_lora
-    from flaxzoo.models.quantize import projection_paths, projections_of
+    from flaxzoo.models.adapters.lora import LoraConfig, apply_lora
+    from flaxzoo.models.adapters.quantize import projection_paths, projections_of
 
     own = registered(dataclasses.replace(
         roberta.FAMILY, model_type="roberta-values-only", architectures={"ValuesOnlyModel": models.BertModel},

@@ -17,10 +17,10 @@ from flaxzoo.models import BertForMaskedLM, BertModel
 from flaxzoo.models.config import TransformerConfig
 from flaxzoo.models.families import FAMILIES, family_and_class
 from flaxzoo.models.families.electra import ElectraForPreTraining
-from flaxzoo.models.hub import from_pretrained
-from flaxzoo.models.hub.pretrained import check_saveable
-from flaxzoo.models.lora import LoraConfig, apply_lora, dense_modules
-from flaxzoo.models.quantize import is_quantized, module_at, projection_paths, quantize_model
+from flaxzoo.models.io import from_pretrained
+from flaxzoo.models.io.pretrained import check_saveable
+from flaxzoo.models.adapters.lora import LoraConfig, apply_lora, dense_modules
+from flaxzoo.models.adapters.quantize import is_quantized, module_at, projection_paths, quantize_model
 from tests.encoder_parity import check_both_ways, check_encoder_layouts, right_padded, token_types
 from tests.family_parity import tiered
 from tests.test_every_family import abstract, check_specs

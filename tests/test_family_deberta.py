@@ -15,7 +15,7 @@ from flaxzoo.models import BertForMaskedLM, BertForQuestionAnswering, BertForSeq
 from flaxzoo.models import BertForTokenClassification, BertModel, TransformerConfig, get_preset
 from flaxzoo.models.config import FieldError
 from flaxzoo.models.families import family_and_class, family_of
-from flaxzoo.models.hub import from_pretrained
+from flaxzoo.models.io import from_pretrained
 from flaxzoo.models.layers.attention_core import attention_backend, choose_backend
 from flaxzoo.models.layers.relative_attention import log_bucket_position
 from tests.encoder_parity import (ATOL, check_both_ways, check_encoder_layouts, flax_outputs, hf_outputs,

@@ -12,7 +12,7 @@ import transformers
 
 from flaxzoo import models
 from flaxzoo.models.families import distilbert, family_and_class, roberta
-from flaxzoo.models.hub import from_pretrained
+from flaxzoo.models.io import from_pretrained
 from tests.encoder_parity import check_both_ways, check_encoder_layouts
 
 HEADS = {"base": "Model", "masked_lm": "ForMaskedLM", "sequence_classification": "ForSequenceClassification",

@@ -25,7 +25,7 @@ from family_parity import (SMALL, check_greedy_generation, check_loads_with_same
 from flaxzoo import models
 from flaxzoo.models import families
 from flaxzoo.models.families.gemma import GEMMA, GEMMA2, GEMMA3
-from flaxzoo.models.hub import save_pretrained
+from flaxzoo.models.io import save_pretrained
 
 
 def _gemma() -> torch.nn.Module:

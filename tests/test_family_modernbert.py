@@ -1,7 +1,7 @@
 """ModernBERT against transformers: every head both ways (transformers → flaxzoo ``from_pretrained``, flaxzoo
 ``save_pretrained`` → transformers; the scanned layout proven equal to the unrolled one), on right-padded batches of
 16 tokens with a local window of ``local_attention`` 4 (keys within 2 slots), layers global, local, local, so the
-windows change the outputs; the two classifier poolings; and unpadding by packing (``flaxzoo.models.packing``):
+windows change the outputs; the two classifier poolings; and unpadding by packing (``flaxzoo.models.inference.packing``):
 several sentences packed into rows with ``segment_ids`` give transformers' outputs for each sentence alone."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from flaxzoo.models.families import family_and_class
 from flaxzoo.models.families.modernbert import (ModernBertForMaskedLM, ModernBertForQuestionAnswering,
                                                 ModernBertForSequenceClassification,
                                                 ModernBertForTokenClassification, ModernBertModel)
-from flaxzoo.models.hub import from_pretrained
-from flaxzoo.models.packing import pack_padded, unpack
+from flaxzoo.models.io import from_pretrained
+from flaxzoo.models.inference.packing import pack_padded, unpack
 from tests.encoder_parity import ATOL, check_both_ways, check_encoder_layouts, right_padded
 from tests.family_parity import perturbed, tiered
 

@@ -19,7 +19,7 @@ from family_parity import (SMALL, check_greedy_generation, check_loads_with_same
 
 from flaxzoo import models
 from flaxzoo.models import families
-from flaxzoo.models.hub import save_pretrained
+from flaxzoo.models.io import save_pretrained
 
 NEOX_SMALL = {k: v for k, v in SMALL.items() if k != "num_key_value_heads"}  # full-width heads only
 

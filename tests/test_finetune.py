@@ -513,7 +513,7 @@ def test_a_lora_finetune_trains_only_the_adapters_and_the_head(tmp_path, data_di
     """``lora.rank`` > 0: the trained state is the adapters on attention + MLP and the fresh pooler + classifier
     (with ``freeze_steps`` and layer-wise LR decay on); the saved checkpoint is the merged classifier, whose encoder is
     the pretrained one (read back through transformers) plus ``A·B·alpha/rank`` on the adapted kernels only."""
-    from flaxzoo.models.lora import LORA_A, LORA_B, has_lora
+    from flaxzoo.models.adapters.lora import LORA_A, LORA_B, has_lora
 
     cfg = finetune_config(data_dir, tiny_encoder, minilm_dir, csv_files["train"], epochs=1, freeze_steps=2,
                           **{"lora.rank": 4, "lora.alpha": 8.0, "data.test_path": str(csv_files["test"])})
@@ -588,7 +588,7 @@ def test_lora_on_a_random_encoder_is_refused(data_dir, minilm_dir, csv_files):
 def test_layer_decay_and_freezing_act_on_the_adapters_as_on_the_weights():
     """With LoRA the optimizer sees the adapters and the head: an adapter of layer i learns at lr · decay^(L+1-i),
     and stays still while the head trains alone (``freeze_steps``)."""
-    from flaxzoo.models.lora import LoraConfig, apply_lora, frozen_and_trainable
+    from flaxzoo.models.adapters.lora import LoraConfig, apply_lora, frozen_and_trainable
 
     config = get_preset("bert-tiny", num_labels=3)
     model = nnx.eval_shape(lambda: apply_lora(BertForSequenceClassification(config, rngs=nnx.Rngs(0)),

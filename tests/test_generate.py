@@ -1,4 +1,4 @@
-"""``flaxzoo.models.generate`` (compiled KV-cache loop) against plain full forward passes, padding, eos and samplers."""
+"""``flaxzoo.models.inference.generate`` (compiled KV-cache loop) against plain full forward passes, padding, eos and samplers."""
 
 import functools
 
@@ -207,7 +207,7 @@ def test_mask_of_wrong_shape():
 
 
 def test_sampler_values_do_not_recompile():
-    from flaxzoo.models.generate import _generate
+    from flaxzoo.models.inference.generate import _generate
 
     model = model_for("llama")
     prompt = prompts(2, 4, seed=8)
@@ -302,7 +302,7 @@ def test_nearby_prompt_lengths_and_new_token_counts_share_one_program():
     """Prompts of 6, 7 and 5 tokens with 10, 10 and 12 new tokens: one compiled program (each prompt length and
     ``max_new_tokens`` compiled its own before), and each call equal to greedy decoding by full passes. Every
     lowering to XLA is counted (``jax.monitoring``), so host-side helpers compiled per shape would count too."""
-    from flaxzoo.models.generate import _generate
+    from flaxzoo.models.inference.generate import _generate
 
     model = nnx.merge(*nnx.split(model_for("gpt2")))
     model.config = model.config.replace(remat="full")  # a graph of its own (remat: full passes only, not decoding)
@@ -329,7 +329,7 @@ def test_nearby_prompt_lengths_and_new_token_counts_share_one_program():
 def test_a_model_in_training_mode_generates_in_eval_mode():
     """Dropout 0.3, the model as ``create_model`` leaves it (training mode): generate equals the eval-mode result,
     shares its compiled program, and leaves the caller's model in training mode."""
-    from flaxzoo.models.generate import _generate
+    from flaxzoo.models.inference.generate import _generate
 
     config = get_preset("llama-tiny", dropout=0.3, attention_dropout=0.3)
     train_mode = models.create_model(config, seed=0)
@@ -346,6 +346,6 @@ def test_a_model_in_training_mode_generates_in_eval_mode():
 @pytest.mark.parametrize("n, bucket", [(1, 16), (16, 16), (17, 24), (24, 24), (25, 32), (33, 48), (49, 64),
                                        (100, 128), (129, 192), (1000, 1024)])
 def test_shape_buckets(n, bucket):
-    from flaxzoo.models.generate import shape_bucket
+    from flaxzoo.models.inference.generate import shape_bucket
 
     assert shape_bucket(n) == bucket

@@ -32,8 +32,8 @@ import torch
 import transformers
 
 from family_parity import forward, hf_logits, perturbed
-from flaxzoo.models.hub import from_pretrained
-from flaxzoo.models.tokenizer import tokenizer_from_gguf
+from flaxzoo.models.io import from_pretrained
+from flaxzoo.models.io.tokenizer import tokenizer_from_gguf
 from test_gguf_tokenizers import gemma_vocab, llama_vocab, qwen2_vocab
 
 ATOL = 1e-4

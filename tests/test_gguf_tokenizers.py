@@ -21,9 +21,9 @@ import gguf
 import numpy as np
 import pytest
 
-from flaxzoo.models import tokenizer as tokenizer_module
-from flaxzoo.models.gguf_tokenizers import SPACE, merges_from_vocabulary, sentencepiece_flavour
-from flaxzoo.models.tokenizer import GGUF_TOKENIZERS, gguf_tokenizer_kinds, load_tokenizer, tokenizer_from_gguf
+from flaxzoo.models.io import tokenizer as tokenizer_module
+from flaxzoo.models.io.gguf_tokenizers import SPACE, merges_from_vocabulary, sentencepiece_flavour
+from flaxzoo.models.io.tokenizer import GGUF_TOKENIZERS, gguf_tokenizer_kinds, load_tokenizer, tokenizer_from_gguf
 
 transformers = pytest.importorskip("transformers")
 

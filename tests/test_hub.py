@@ -1,4 +1,4 @@
-"""flaxzoo.models.hub against transformers (PyTorch): logits parity both ways, sharded / bf16 / pickle checkpoints, errors.
+"""flaxzoo.models.io against transformers (PyTorch): logits parity both ways, sharded / bf16 / pickle checkpoints, errors.
 
 Every model is tiny (64 wide, 2 layers, vocabulary 1000) with its parameters perturbed away from the initialisers'
 zeros and ones, so biases and norm scales are exercised too.
@@ -22,7 +22,7 @@ from safetensors.numpy import load_file, save_file
 from flaxzoo import models
 from flaxzoo.models import (BertForMaskedLM, BertForSequenceClassification, BertForTokenClassification, BertModel,
                     GPTForCausalLM, GPTModel, get_preset)
-from flaxzoo.models.hub import from_pretrained, save_pretrained
+from flaxzoo.models.io import from_pretrained, save_pretrained
 
 VOCAB, SEQ, PAD_FROM = 1000, 12, 8
 ROBERTA_PAD = 1  # RobertaConfig's pad_token_id: positions start at 2

@@ -96,9 +96,9 @@ def find_cycle(edges: dict[str, set[str]], within: str) -> list[str] | None:
 
 def test_the_graph_is_read():
     edges, _ = graph()
-    assert "flaxzoo.models.hub.pretrained" in edges["flaxzoo.models.hub"]  # package __init__ → submodule
+    assert "flaxzoo.models.io.pretrained" in edges["flaxzoo.models.io"]  # package __init__ → submodule
     assert "flaxzoo.models.config" in edges["flaxzoo.models.modeling"]
-    assert any("flaxzoo.models.checkpoint" in e for m, e in edges.items() if m.startswith("flaxzoo.train"))
+    assert any("flaxzoo.models.io.checkpoint" in e for m, e in edges.items() if m.startswith("flaxzoo.train"))
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}, "a") is None  # only modules under `within`
     assert find_cycle({"p.a": {"p.b"}, "p.b": {"p.a"}}, "p") == ["p.a", "p.b", "p.a"]
 
@@ -181,3 +181,25 @@ def test_the_bare_name_check_sees_function_level_imports(source, expected):
              for n in ([a.name for a in node.names] if isinstance(node, ast.Import) else
                        [node.module] if isinstance(node, ast.ImportFrom) else []) if n.split(".")[0] in BARE]
     assert found == expected
+
+
+@pytest.mark.parametrize("old, new", [
+    ("flaxzoo.models.hub", "flaxzoo.models.io"),
+    ("flaxzoo.models.generate", "flaxzoo.models.inference.generate"),
+    ("flaxzoo.models.lora", "flaxzoo.models.adapters.lora"),
+    ("flaxzoo.models.chat", "flaxzoo.models.io.chat"),
+])
+def test_a_moved_module_names_its_new_home(old, new):
+    import importlib
+    import importlib.util
+    import sys
+
+    import flaxzoo.models
+
+    assert old not in sys.modules
+    with pytest.raises(ModuleNotFoundError) as raised:
+        importlib.import_module(old)
+    assert str(raised.value) == f"{old} has moved: import {new}"
+    importlib.import_module(new)  # the new name imports
+    for moved, home in flaxzoo.models.MOVED_MODULES.items():
+        assert importlib.util.find_spec(f"flaxzoo.models.{home}") is not None, (moved, home)

@@ -14,10 +14,10 @@ from flax import nnx
 
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # two test workers may load libtpu at once
 from flaxzoo.models import GPTForCausalLM, create_model, get_preset  # noqa: E402
-from flaxzoo.models.quantize import quantize_model  # noqa: E402
+from flaxzoo.models.adapters.quantize import quantize_model  # noqa: E402
 from flaxzoo.train import targets  # noqa: E402
 
-generatelib = importlib.import_module("flaxzoo.models.generate")  # the package exports the function of that name
+generatelib = importlib.import_module("flaxzoo.models.inference.generate")  # the package exports the function of that name
 
 HIDDEN, MLP = 128, 512
 HEADS, HEAD_DIM = 2, 64

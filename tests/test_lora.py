@@ -1,4 +1,4 @@
-"""LoRA (models/lora.py, computed by qwix): the adapted projections against numpy's x·W + (x·A)·B·alpha/r, only the
+"""LoRA (models/adapters/lora.py, computed by qwix): the adapted projections against numpy's x·W + (x·A)·B·alpha/r, only the
 named targets adapted, the base untouched by training, per-layer = stacked layers, merging, and bad input."""
 
 import jax
@@ -9,7 +9,7 @@ import pytest
 from flax import nnx
 
 from flaxzoo.models import BertForSequenceClassification, generate, get_preset
-from flaxzoo.models.lora import (LoraConfig, LoraError, apply_lora, dense_modules, has_lora, lora_param_count, merge_lora,
+from flaxzoo.models.adapters.lora import (LoraConfig, LoraError, apply_lora, dense_modules, has_lora, lora_param_count, merge_lora,
                          target_paths)
 from flaxzoo.models.modeling import create_model
 
@@ -179,7 +179,7 @@ def test_adapters_in_peft_layout_load_with_peft_onto_the_base_to_the_same_logits
     import transformers
 
     from flaxzoo.models import save_pretrained
-    from flaxzoo.models.hub.peft import save_adapters
+    from flaxzoo.models.io.peft import save_adapters
 
     config = get_preset(preset)
     if rope_layout:
@@ -226,7 +226,7 @@ def test_frozen_base_in_int8_or_bfloat16(scan, base_dtype):
 
 def test_train_fully_names_select_the_head_or_the_embeddings():
     from flaxzoo.models import BertForMaskedLM
-    from flaxzoo.models.lora import frozen_and_trainable, in_train_fully
+    from flaxzoo.models.adapters.lora import frozen_and_trainable, in_train_fully
 
     def modules(model, names):
         return sorted({".".join(map(str, p[:-1])) for p, _ in nnx.to_flat_state(nnx.state(model, nnx.Param))
@@ -252,7 +252,7 @@ def test_bfloat16_base_casts_only_the_adapted_projections(scan):
     """``base_dtype="bfloat16"``: the adapted projections' kernels and biases bfloat16; the head trained fully
     (pooler, classifier), the projections not targeted, the embeddings and norms stay float32, and so do the Adam
     moments of what is trained."""
-    from flaxzoo.models.lora import frozen_and_trainable
+    from flaxzoo.models.adapters.lora import frozen_and_trainable
 
     config = get_preset("bert-tiny").replace(scan_layers=scan)
     model = apply_lora(create_model(config.replace(num_labels=3), BertForSequenceClassification),

@@ -10,8 +10,8 @@ import pytest
 from flax import nnx
 
 from flaxzoo import models
-from flaxzoo.models.hub import load_adapted
-from flaxzoo.models.lora import has_lora
+from flaxzoo.models.io import load_adapted
+from flaxzoo.models.adapters.lora import has_lora
 from flaxzoo.models.modeling import create_model
 from flaxzoo.train.checkpoint import CheckpointError, read_meta
 from flaxzoo.train.config import ConfigError, TrainConfig
@@ -74,7 +74,7 @@ def test_lora_run_trains_adapters_only_resumes_exactly_refuses_another_base_and_
     import transformers
     from flax import traverse_util
 
-    from flaxzoo.models.convert import main as convert_main
+    from flaxzoo.models.io.convert import main as convert_main
 
     data = tmp_path / "data"
     config = lora_config(base_dir, data, **{"lora.train_fully": "embeddings"})

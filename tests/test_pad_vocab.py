@@ -20,9 +20,9 @@ from safetensors.numpy import load_file
 
 from flaxzoo import models
 from flaxzoo.models import from_pretrained, get_preset, save_pretrained
-from flaxzoo.models.checkpoint import read_meta, save_checkpoint
+from flaxzoo.models.io.checkpoint import read_meta, save_checkpoint
 from flaxzoo.models.layers.embeddings import PADDED_LOGIT, check_token_ids
-from flaxzoo.models.sampling import sample_logits
+from flaxzoo.models.inference.sampling import sample_logits
 
 transformers.logging.set_verbosity_error()
 

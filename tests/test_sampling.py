@@ -1,4 +1,4 @@
-"""``flaxzoo.models.sampling`` against an independent float64 numpy reference, χ² fits of its draws, one compilation for
+"""``flaxzoo.models.inference.sampling`` against an independent float64 numpy reference, χ² fits of its draws, one compilation for
 any traced temperature / top_k / top_p, per-row parameters, extreme logits and temperatures, argument checks."""
 
 import itertools
@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from flaxzoo.models.sampling import check_sampling_args, sample_logits, sampling_probabilities
+from flaxzoo.models.inference.sampling import check_sampling_args, sample_logits, sampling_probabilities
 
 TEMPERATURES = (0.0, 0.3, 1.0, 2.5, 1e-30)
 TOP_PS = (0.1, 0.5, 0.9, 1.0)

@@ -17,7 +17,7 @@ from sentence_transformers.sentence_transformer.modules import Dense, Normalize,
 from flax import nnx
 
 from flaxzoo import models
-from flaxzoo.models.sentence import SentenceConfig, read_sentence_config
+from flaxzoo.models.inference.sentence import SentenceConfig, read_sentence_config
 
 transformers.logging.set_verbosity_error()
 
@@ -237,7 +237,7 @@ def test_unsupported_files_are_refused(tiny_hf, tmp_path):
 
 
 def test_pool_refuses_a_mask_that_is_not_right_padded():
-    from flaxzoo.models.sentence import pool
+    from flaxzoo.models.inference.sentence import pool
 
     hidden = np.arange(2 * 3 * 2, dtype=np.float32).reshape(2, 3, 2)
     assert pool(hidden, np.array([[1, 1, 0], [1, 1, 1]]), ("lasttoken",)).shape == (2, 2)

@@ -1,4 +1,4 @@
-"""flaxzoo.models.hub.sharded: pretrained weights loaded shard by shard, against ``from_pretrained`` as the reference.
+"""flaxzoo.models.io.sharded: pretrained weights loaded shard by shard, against ``from_pretrained`` as the reference.
 
 The multi-device checks run in one subprocess with 8 CPU devices (tests/sharded_load_helper.py): tiny random
 transformers checkpoints (Llama in 2 safetensors shards, BERT with and without its classifier), a GGUF file and
@@ -21,7 +21,7 @@ import torch
 import transformers
 
 from flaxzoo.models.families.base import IDENTITY, LINEAR, Transform, layout
-from flaxzoo.models.hub.slicing import Unmappable, read_index, trace_layouts
+from flaxzoo.models.io.slicing import Unmappable, read_index, trace_layouts
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 HELPER = REPO / "tests" / "sharded_load_helper.py"
@@ -231,7 +231,7 @@ def test_shardings_that_do_not_match_are_named(tmp_path):
     from flax import nnx
     from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-    from flaxzoo.models.hub.sharded import load_sharded, pretrained_shapes
+    from flaxzoo.models.io.sharded import load_sharded, pretrained_shapes
 
     torch.manual_seed(0)
     transformers.BertModel(transformers.BertConfig(vocab_size=100, hidden_size=16, num_hidden_layers=1,

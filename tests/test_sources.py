@@ -1,4 +1,4 @@
-"""Loading through sources (``flaxzoo.models.hub.sources``): one source per format, picked in one place; paths
+"""Loading through sources (``flaxzoo.models.io.sources``): one source per format, picked in one place; paths
 relative, ``./``, ``~/`` and absolute alike; compute and parameter dtypes apart; packaged weights by name."""
 
 from __future__ import annotations
@@ -12,13 +12,13 @@ import pytest
 from flax import nnx
 
 from flaxzoo import models
-from flaxzoo.models import convert
-from flaxzoo.models.checkpoint import save_checkpoint
-from flaxzoo.models.gguf import GGUFFile
-from flaxzoo.models.hub import from_pretrained, open_source, packaged
-from flaxzoo.models.hub.packaged import minilm_dir, smollm2_gguf
-from flaxzoo.models.hub.sources import GGUFSource, HFSource, WorkdirSource
-from flaxzoo.models.tokenizer import load_tokenizer
+from flaxzoo.models.io import convert
+from flaxzoo.models.io.checkpoint import save_checkpoint
+from flaxzoo.models.io.gguf import GGUFFile
+from flaxzoo.models.io import from_pretrained, open_source, packaged
+from flaxzoo.models.io.packaged import minilm_dir, smollm2_gguf
+from flaxzoo.models.io.sources import GGUFSource, HFSource, WorkdirSource
+from flaxzoo.models.io.tokenizer import load_tokenizer
 
 IDS = jnp.array([[5, 17, 42, 99, 3, 250, 7, 1]], jnp.int32)
 SENTENCES = ["A man is playing a guitar.", "The stock market fell sharply today."]

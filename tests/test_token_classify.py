@@ -16,7 +16,7 @@ import tokenizers
 from flax import nnx
 
 from flaxzoo.models import BertForTokenClassification, get_preset
-from flaxzoo.models.hub.packaged import minilm_dir
+from flaxzoo.models.io.packaged import minilm_dir
 from flaxzoo.train import losses
 from flaxzoo.train import step as steplib
 from flaxzoo.train.finetune import tokens

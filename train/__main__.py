@@ -259,7 +259,7 @@ def next_steps(workdir: str, argv: list[str], *, stopped: bool) -> str:
     return "\n".join([
         f"results in {workdir} (checkpoints/, metrics.jsonl, tensorboard/, tokenizer.json); next:",
         f"  load it:      flaxzoo.models.from_pretrained({workdir!r})",
-        f"  convert it:   python -m flaxzoo.models.convert {workdir} {workdir}-hf --to hf",
+        f"  convert it:   flaxzoo convert {workdir} {workdir}-hf --to hf",
         f"  TensorBoard:  tensorboard --logdir {workdir}/tensorboard",
         "  train further: the same command with a larger --config.steps (it resumes from the last checkpoint)"])
 
@@ -305,7 +305,7 @@ def finetune_main(config, workdir: str) -> int:
     say(f"done in {wall:.0f} s wall time; results in {workdir} (eval/ report and confusion matrix, metrics.jsonl, "
         f"tensorboard/, the classifier in checkpoints/); next:\n"
         f"  load it:      flaxzoo.models.from_pretrained({workdir!r})\n"
-        f"  convert it:   python -m flaxzoo.models.convert {workdir} {workdir}-hf --to hf\n"
+        f"  convert it:   flaxzoo convert {workdir} {workdir}-hf --to hf\n"
         f"  TensorBoard:  tensorboard --logdir {workdir}/tensorboard\n"
         f"  several seeds: python -m flaxzoo.train.finetune.results (docs/fine-tuning.md)")
     return exit_codes.FINISHED

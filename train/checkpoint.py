@@ -25,7 +25,7 @@ Layout (a contract: ``from_pretrained`` reads training checkpoints with it)::
 
 To read the parameters elsewhere: build the abstract model from ``meta["config"]`` and ``meta["model_class"]``,
 take ``nnx.state(abstract, nnx.Param).to_pure_dict()`` as the restore target of ``state.params`` (or restore without a
-target and turn the string layer keys back into ints), then ``nnx.merge``: ``from_pretrained`` (``flaxzoo.models.hub.sources.WorkdirSource``,
+target and turn the string layer keys back into ints), then ``nnx.merge``: ``from_pretrained`` (``flaxzoo.models.io.sources.WorkdirSource``,
 behind :func:`load_params` too) does this.
 
 The data position is a plain number: global batch ``g`` of the input pipeline is a pure function of ``g`` and the
@@ -355,9 +355,9 @@ def read_meta(workdir: str | os.PathLike, step: int | None = None) -> tuple[int,
 def load_params(workdir: str | os.PathLike, step: int | None = None):
     """``(model, step)``: the model of a training checkpoint (default: the latest), on the default device.
 
-    The reading itself is ``from_pretrained``'s (``flaxzoo.models.hub.sources.WorkdirSource``), pointed at one step.
+    The reading itself is ``from_pretrained``'s (``flaxzoo.models.io.sources.WorkdirSource``), pointed at one step.
     """
-    from flaxzoo.models.hub import from_pretrained
+    from flaxzoo.models.io import from_pretrained
 
     step, _ = read_meta(workdir, step)
     return from_pretrained(resolve_workdir(workdir) / "checkpoints" / str(step)), step

@@ -11,7 +11,7 @@ import sys
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("flaxzoo.train", "train or fine-tune the model of a config (resumes from the work directory)"),
-    "convert": ("flaxzoo.models.convert", "convert checkpoints: Hugging Face / GGUF / flaxzoo work directory"),
+    "convert": ("flaxzoo.models.io.convert", "convert checkpoints: Hugging Face / GGUF / flaxzoo work directory"),
     "compile": ("flaxzoo.train.compile", "compile a config's step for a TPU / GPU target: memory per chip, FLOPs"),
     "bench": ("flaxzoo.train.bench", "benchmarks: training, decoding, serving, side by side with transformers"),
     "launch": ("flaxzoo.train.launch", "start N local processes as one multi-process job"),

@@ -26,7 +26,7 @@ Public, stable keys (``--config.KEY=VALUE`` on the command line):
   file, a flaxzoo work directory or a Hub id (``models.from_pretrained``'s sources). The model is the source's (the
   ``model`` section must then set nothing but ``cls``), and ``data.tokenizer`` ("bpe" / "wordpiece": train one)
   becomes the source's tokenizer. The checkpoints record the source's path and fingerprint.
-- ``lora.*``: LoRA (``models/lora.py``, computed by qwix): ``rank`` (0 = off: every parameter trains), ``alpha``
+- ``lora.*``: LoRA (``models/adapters/lora.py``, computed by qwix): ``rank`` (0 = off: every parameter trains), ``alpha``
   (updates scaled by alpha / rank), ``targets`` (comma-separated: ``attention``, ``mlp``, ``query`` ... ``down``,
   ``head``, or module-path regular expressions), ``base_dtype`` (float32 | bfloat16 | int8: the frozen base weights),
   ``train_fully`` (comma-separated modules trained in full beside the adapters, as PEFT's ``modules_to_save``; e.g.

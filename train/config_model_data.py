@@ -51,7 +51,7 @@ def build_model_config(build: typing.Callable[..., TransformerConfig], fields: d
 def pretrained_model(source: str, values: Mapping[str, Any]) -> tuple[TransformerConfig, type]:
     """The ``TransformerConfig`` and class of ``init_from``'s model (its config only is read). The ``model``
     section may set ``cls`` only: the architecture is the checkpoint's."""
-    from flaxzoo.models.hub.sources import open_source
+    from flaxzoo.models.io.sources import open_source
 
     reject_unknown_keys("model", values, ["preset", "cls", *(f.name for f in dataclasses.fields(TransformerConfig))])
     try:  # a source that is not there is the first thing to say

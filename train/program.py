@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from flaxzoo.models.lora import LoraError, apply_lora, check_train_fully, frozen_and_trainable
+from flaxzoo.models.adapters.lora import LoraError, apply_lora, check_train_fully, frozen_and_trainable
 from flaxzoo.models.modeling import abstract_model
 from flaxzoo.train import data as datalib
 from flaxzoo.train import sharding as shardlib
@@ -31,7 +31,7 @@ class StepProgram:
     """Everything of a run that the devices execute: see the module docstring.
 
     Attributes: ``graphdef`` (the model's static structure), ``tx`` / ``schedule`` (the optimizer), ``lora`` (the
-    ``flaxzoo.models.lora.LoraConfig`` or None), ``param_count`` / ``trainable_count``, ``state_shardings`` (of the train
+    ``flaxzoo.models.adapters.lora.LoraConfig`` or None), ``param_count`` / ``trainable_count``, ``state_shardings`` (of the train
     state ``{"params", "opt_state", "step", "rng"}``), ``rest_shardings`` (RNG streams; LoRA's frozen base),
     ``batch_sharding`` and ``placement`` (which rows this process loads), ``activation_placement`` (what the
     steps trace the model under: activation shardings, the platform), ``target`` (the abstract sharded train

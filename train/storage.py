@@ -76,8 +76,8 @@ def check_paths(workdir: Any, *, data_dir: Any = "", init_from: Any = "", compil
 def check_init_from(value: Any) -> None:
     """Raise :class:`ConfigError` on ``init_from`` when it names nothing: no local path, packaged model or Hub id
     (``org/name``). ``""`` and fine-tuning's ``"scratch"`` name no source; a Hub id is not fetched here."""
-    from flaxzoo.models.hub.files import is_hub_repo, missing_source_error
-    from flaxzoo.models.hub.packaged import PACKAGED
+    from flaxzoo.models.io.files import is_hub_repo, missing_source_error
+    from flaxzoo.models.io.packaged import PACKAGED
 
     if not value or is_uri(value):
         return

@@ -28,13 +28,13 @@ import tokenizers
 from tokenizers import models, pre_tokenizers, trainers
 
 # Loading a tokenizer is the model zoo's job (pretrained checkpoints need it too): one copy, in models/.
-from flaxzoo.models.tokenizer import BPE_SPECIALS, WORDPIECE_SPECIALS
-from flaxzoo.models.tokenizer import ROLE_NAMES as _ROLE_NAMES
-from flaxzoo.models.tokenizer import bert_parts as _bert_parts
-from flaxzoo.models.tokenizer import bert_post_processor as _bert_post_processor
-from flaxzoo.models.tokenizer import byte_level_parts as _byte_level_parts
-from flaxzoo.models.tokenizer import load_tokenizer as _load_tokenizer
-from flaxzoo.models.tokenizer import wordpiece_from_vocab_txt
+from flaxzoo.models.io.tokenizer import BPE_SPECIALS, WORDPIECE_SPECIALS
+from flaxzoo.models.io.tokenizer import ROLE_NAMES as _ROLE_NAMES
+from flaxzoo.models.io.tokenizer import bert_parts as _bert_parts
+from flaxzoo.models.io.tokenizer import bert_post_processor as _bert_post_processor
+from flaxzoo.models.io.tokenizer import byte_level_parts as _byte_level_parts
+from flaxzoo.models.io.tokenizer import load_tokenizer as _load_tokenizer
+from flaxzoo.models.io.tokenizer import wordpiece_from_vocab_txt
 
 KINDS = ("bpe", "wordpiece")
 BYTE_ALPHABET_SIZE = 256
@@ -245,6 +245,6 @@ def from_vocab_txt(path: str | os.PathLike, *, lowercase: bool = True) -> TextTo
 
 def load_tokenizer(path: str | os.PathLike, *, lowercase: bool = True) -> TextTokenizer:
     """Load a ``tokenizer.json``, a ``vocab.txt``, a ``vocab.json`` (with ``merges.txt`` beside it), a GGUF file or a
-    directory holding one of them (tried in that order); see ``flaxzoo.models.tokenizer.load_tokenizer``. ``lowercase``
+    directory holding one of them (tried in that order); see ``flaxzoo.models.io.tokenizer.load_tokenizer``. ``lowercase``
     applies to ``vocab.txt`` only and is overridden by a ``tokenizer_config.json`` ``do_lower_case`` beside it."""
     return TextTokenizer(_load_tokenizer(path, lowercase=lowercase))

@@ -83,7 +83,7 @@ class Dense(nnx.Module):
             raise ValueError(f"Dense expected trailing shape {self.in_shape}, got input shape {x.shape}")
         contract = (tuple(range(x.ndim - n_in, x.ndim)), tuple(range(n_in)))
         kernel = self.kernel
-        # A float kernel is an nnx.Param; a quantised one (models/quantize.py: qwix's ``WithAux`` of an int8 QArray)
+        # A float kernel is an nnx.Param; a quantised one (models/adapters/quantize.py: qwix's ``WithAux`` of an int8 QArray)
         # goes to dot_general whole, which qwix intercepts in a quantised Dense.
         kernel = compute_copy(kernel[...], self.dtype) if isinstance(kernel, nnx.Variable) else kernel
         # In the compute dtype: qwix's LoRA adds its float32 adapters' product inside dot_general, which would turn a

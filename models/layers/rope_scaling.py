@@ -28,7 +28,7 @@ as Hugging Face does: ``max(positions) + 1`` of the call (the whole batch). ``"l
 ``L <= original_max_position_embeddings`` and ``long_factor`` above; :func:`rope_frequencies` takes ``seq_len`` as a
 Python int, :func:`longrope_inv_freq` and :func:`rope_angles_scaled` select under ``jit``. Either way the choice is
 made per call: a cached step past the original length rotates its new tokens with the long factors, not the keys
-already in a KV cache, so ``flaxzoo.models.generate`` recomputes the cache at the step that crosses it (as Hugging
+already in a KV cache, so ``flaxzoo.models.inference.generate`` recomputes the cache at the step that crosses it (as Hugging
 Face's Phi-3 ``generate`` drops its cache there); passing ``seq_len`` (e.g. the cache length) to
 :func:`rope_angles_scaled` fixes one set for a whole generation instead.
 """

@@ -26,7 +26,7 @@ CPU, bf16 compute on accelerators for ``gpt2_small``):
   dequantised to float32), the prompt "The capital of France is" repeated over the batch, 128 greedy new tokens
   (EOS does not stop it), at batch 1 and 16 (``--batch`` for one size): new tokens/s, first call (load excluded:
   compile + run), peak memory. ``--quantize int8`` adds the same model loaded with ``quantize="int8"`` (qwix
-  weight-only int8 projections, ``models/quantize.py``) beside the float32 one; ``--compare llama.cpp`` adds
+  weight-only int8 projections, ``models/adapters/quantize.py``) beside the float32 one; ``--compare llama.cpp`` adds
   ``llama-cpp-python`` on the same GGUF file (its own Q4_1 kernels, batch 1 only: its high-level API decodes one
   sequence). Each side runs in its own subprocess per round (fresh compile, its own peak RSS: the process's maximum
   resident set, which includes Python and the libraries; the growth over the RSS before loading is reported too),

@@ -61,7 +61,7 @@ def headlines(limit: int) -> tuple[list[str], str]:
 
 def flaxzoo_side(model: Any, tokenizer: Any, texts: list[str]) -> dict[str, Any]:
     """flaxzoo's ``Classifier``: ms per headline at batch 1 (every bucket compiled first), headlines/s at batch 64."""
-    from flaxzoo.models.classifier import Classifier
+    from flaxzoo.models.inference.classifier import Classifier
 
     single = Classifier(model, tokenizer, batch_size=1)
     start = time.perf_counter()
@@ -89,7 +89,7 @@ def transformers_side(model: Any, tokenizer: Any, texts: list[str]) -> dict[str,
     import transformers
 
     from flaxzoo.models import save_pretrained
-    from flaxzoo.models.text import plain_tokenizer
+    from flaxzoo.models.inference.text import plain_tokenizer
 
     torch.set_num_threads(os.cpu_count() or 1)
     with tempfile.TemporaryDirectory() as folder:

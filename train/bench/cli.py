@@ -104,7 +104,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             parser.error(f"{flag} {value}: expected a positive integer")
     smollm2 = "smollm2_generate" in names
     if args.quantize is not None:
-        from flaxzoo.models.quantize import QUANTIZE_TYPES
+        from flaxzoo.models.adapters.quantize import QUANTIZE_TYPES
 
         if not smollm2:
             parser.error(f"--quantize {args.quantize}: only the smollm2_generate workload loads quantised models")

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from flaxzoo.models.architectures.decoder import GPTForCausalLM
-from flaxzoo.models.generate import generate
+from flaxzoo.models.inference.generate import generate
 from flaxzoo.models.modeling import create_model, param_count
 from flaxzoo.train import flops as flopslib
 from flaxzoo.train.bench.common import peak_memory_bytes, timed

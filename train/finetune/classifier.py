@@ -15,11 +15,11 @@ from flax import nnx
 
 from flaxzoo.models import BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification
 from flaxzoo.models.config import TransformerConfig
-from flaxzoo.models.checkpoint import find_step_dir
+from flaxzoo.models.io.checkpoint import find_step_dir
 from flaxzoo.models.families import family_of
-from flaxzoo.models.hub.packaged import minilm_dir
-from flaxzoo.models.hub import sharded
-from flaxzoo.models.lora import LoraConfig, LoraError, apply_lora, check_train_fully, frozen_and_trainable
+from flaxzoo.models.io.packaged import minilm_dir
+from flaxzoo.models.io import sharded
+from flaxzoo.models.adapters.lora import LoraConfig, LoraError, apply_lora, check_train_fully, frozen_and_trainable
 from flaxzoo.train.config import ConfigError
 from flaxzoo.train.finetune.config import SCRATCH, FinetuneConfig
 from flaxzoo.train.hooks import say
@@ -62,7 +62,7 @@ def classifier_class(cfg: FinetuneConfig, task: str = "sequence_classification")
     class for the task, such as GPT-2, or a path that is no checkpoint)."""
     if cfg.init_from == SCRATCH:
         return bert_class(task)
-    from flaxzoo.models.hub.sources import open_source
+    from flaxzoo.models.io.sources import open_source
 
     try:
         config, _ = open_source(cfg.init_from or packaged_minilm()).describe()
@@ -95,7 +95,7 @@ def describe_classifier(cfg: FinetuneConfig, names: tuple[str, ...], cls: type =
 def load_classifier_params(cfg: FinetuneConfig, config: TransformerConfig, shardings: Any,
                            cls: type = BertForSequenceClassification) -> dict:
     """The starting classifier's parameters (a pure-dict tree of global arrays laid out by ``shardings``): read from
-    ``init_from`` shard by shard (``flaxzoo.models.hub.sharded.load_sharded``: each process reads only the slices its
+    ``init_from`` shard by shard (``flaxzoo.models.io.sharded.load_sharded``: each process reads only the slices its
     devices hold; the head the encoder checkpoint lacks is initialised at ``seed``, said once), or random for
     ``"scratch"``, made under ``jax.jit`` already sharded. No device holds a whole array its sharding splits."""
     if cfg.init_from == SCRATCH:
@@ -120,7 +120,7 @@ def read_num_layers(source: str | pathlib.Path) -> int | None:
         return json.loads(hf.read_text()).get("num_hidden_layers")
     step = find_step_dir(path) if path.exists() else None
     if step is not None:
-        from flaxzoo.models.checkpoint import read_meta
+        from flaxzoo.models.io.checkpoint import read_meta
 
         return read_meta(step)["config"]["num_layers"]
     return None

@@ -28,9 +28,9 @@ import jax.numpy as jnp
 from flax import nnx
 from ml_collections import ConfigDict
 
-from flaxzoo.models.hub.sources import open_source
+from flaxzoo.models.io.sources import open_source
 from flaxzoo.models.layers.attention_core import attention_backend
-from flaxzoo.models.lora import apply_lora, frozen_and_trainable
+from flaxzoo.models.adapters.lora import apply_lora, frozen_and_trainable
 from flaxzoo.train import flops as flopslib
 from flaxzoo.train import sharding as shardlib
 from flaxzoo.train.finetune.config import SCRATCH, FinetuneConfig

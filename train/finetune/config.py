@@ -31,12 +31,12 @@ Keys (``--config.KEY=VALUE``):
 - ``lora.*``: LoRA, as in pre-training (``flaxzoo.train.config.LoraSettings``: ``rank`` 0 = off, ``alpha``, ``targets``,
   ``base_dtype``, ``train_fully``): the encoder stays frozen (no gradients, no optimizer state) and low-rank
   adapters train on ``targets`` (default ``attention,mlp``). The fresh pooler and classifier always need training:
-  ``train_fully`` "" means ``head`` here (``flaxzoo.models.lora``'s name for the modules outside the encoder's embeddings
+  ``train_fully`` "" means ``head`` here (``flaxzoo.models.adapters.lora``'s name for the modules outside the encoder's embeddings
   and layers: the pooler and the classifier), and a setting that leaves the classifier frozen is refused.
   ``optim.layer_decay`` scales the
   adapters by their layer as it scales the weights; ``freeze_steps`` trains the head alone first, then the adapters
   (both work with LoRA). Refused with LoRA: ``init_from="scratch"`` (a random encoder has nothing to adapt). The
-  checkpoint holds the merged classifier (``flaxzoo.models.lora.merge_lora``): a plain model, loaded as any other.
+  checkpoint holds the merged classifier (``flaxzoo.models.adapters.lora.merge_lora``): a plain model, loaded as any other.
 - ``eval_every`` (steps; 0 = only at the end): macro-F1 / accuracy on the validation hold-out
   (``data.validation_fraction``), logged with the training rows; ``profile_steps``: "a:b" traces steps a..b into
   ``WORKDIR/profile``, as in pre-training
@@ -57,7 +57,7 @@ import jax
 from ml_collections import ConfigDict, FieldReference
 
 from flaxzoo.models import TransformerConfig
-from flaxzoo.models.text import TRUNCATION_STRATEGIES
+from flaxzoo.models.inference.text import TRUNCATION_STRATEGIES
 from flaxzoo.train.config import (BOOL, TEXT, ConfigError, LoraSettings, MeshConfig, OptimConfig, PrecisionConfig,
                                   Section, Spec, checked, choice, compilation_cache_path, execution_defaults, integer,
                                   model_fields, model_from_values, names_list, number, section_dict)
@@ -70,7 +70,7 @@ TASK = "classify"
 TASKS = (TASK, "tag", "qa")
 SCRATCH = "scratch"
 CLASS_WEIGHTS = ("none", "balanced")
-# What LoRA fine-tuning trains in full when lora.train_fully is "": flaxzoo.models.lora's "head", the modules outside the
+# What LoRA fine-tuning trains in full when lora.train_fully is "": flaxzoo.models.adapters.lora's "head", the modules outside the
 # encoder's embeddings and layers (for a BertForSequenceClassification: bert.pooler and classifier).
 DEFAULT_TRAIN_FULLY = ("head",)
 # Top-level keys of earlier versions, now in precision.* (pre-training's names): base_config() keeps each as an unset

@@ -15,8 +15,8 @@ import jax
 from flax import nnx
 
 from flaxzoo.models import load_tokenizer
-from flaxzoo.models.checkpoint import find_step_dir, save_checkpoint
-from flaxzoo.models.lora import merge_lora
+from flaxzoo.models.io.checkpoint import find_step_dir, save_checkpoint
+from flaxzoo.models.adapters.lora import merge_lora
 from flaxzoo.train import multihost
 from flaxzoo.train import sharding as shardlib
 from flaxzoo.train import storage
@@ -94,7 +94,7 @@ class FinetuneTask(Task):
         config, tokenizer_source = describe_classifier(cfg, names, self.MODEL)
         self.base = None
         if cfg.init_from != SCRATCH:
-            from flaxzoo.models.hub.sources import open_source
+            from flaxzoo.models.io.sources import open_source
 
             source = cfg.init_from or packaged_minilm()
             self.base = {"path": str(source), "fingerprint": open_source(source).fingerprint()}

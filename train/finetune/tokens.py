@@ -28,7 +28,7 @@ from typing import Iterator, Sequence
 import numpy as np
 import tokenizers
 
-from flaxzoo.models.text import pad_batch, plain_tokenizer, truncating_tokenizer
+from flaxzoo.models.inference.text import pad_batch, plain_tokenizer, truncating_tokenizer
 from flaxzoo.train.batches import IGNORE_INDEX
 from flaxzoo.train.finetune.batching import GROUP
 

@@ -21,7 +21,7 @@ profiler).
 6. score the held-out test split once, at the end (it never selects anything), and write ``WORKDIR/eval/``
    (``report.py``), ``WORKDIR/metrics.jsonl`` and TensorBoard events (the training curve), the tokenizer and a
    flaxzoo checkpoint that ``models.from_pretrained(WORKDIR)`` loads as the classifier (with LoRA: the merged
-   classifier, ``flaxzoo.models.lora.merge_lora``). A work directory that holds the finished classifier is left as it
+   classifier, ``flaxzoo.models.adapters.lora.merge_lora``). A work directory that holds the finished classifier is left as it
    is: the run says so and ends.
 """
 
@@ -36,8 +36,8 @@ import jax
 import numpy as np
 
 from flaxzoo.models import BertForSequenceClassification
-from flaxzoo.models.classifier import encode_for_classification
-from flaxzoo.models.text import pad_batch
+from flaxzoo.models.inference.classifier import encode_for_classification
+from flaxzoo.models.inference.text import pad_batch
 from flaxzoo.train.finetune.batching import class_weights, epoch_batches, hold_out_validation
 from flaxzoo.train.finetune.classifier import classifier_class, packaged_minilm
 from flaxzoo.train.finetune.config import FinetuneConfig

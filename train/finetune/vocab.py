@@ -18,7 +18,7 @@ import numpy as np
 import tokenizers
 
 from flaxzoo.models.modeling import dotted
-from flaxzoo.models.text import plain_tokenizer
+from flaxzoo.models.inference.text import plain_tokenizer
 from flaxzoo.train.hooks import say
 
 TOKEN_TABLE = ("embeddings", "tokens", "embedding")  # the last keys of the token embedding's path

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Collection, Mapping
 import numpy as np
 
 if TYPE_CHECKING:
-    from flaxzoo.models.gguf import GGUFFile
+    from flaxzoo.models.io.gguf import GGUFFile
 
 __all__ = ["LLAMA_LAYER", "LLAMA_NAMES", "TOP_NAMES", "decoder_config", "layer_names", "metadata_float",
            "rope_scaling", "token_id", "vocab_size"]

@@ -1,7 +1,7 @@
 """Llama in llama.cpp's GGUF files: the tensor names and the config the metadata describes.
 
 Dequantised GGUF projections are ``[out, in]`` like torch's, so the Llama table's transforms apply unchanged; only
-the names differ (and Q/K rows are in the interleaved RoPE layout, which the config records: see ``models/gguf.py``).
+the names differ (and Q/K rows are in the interleaved RoPE layout, which the config records: see ``models/io/gguf.py``).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import numpy as np
 from flaxzoo.models.families.base import GGUFSpec
 
 if TYPE_CHECKING:
-    from flaxzoo.models.gguf import GGUFFile
+    from flaxzoo.models.io.gguf import GGUFFile
 
 # Hugging Face name (a regular expression) -> llama.cpp's name, as llama.cpp's convert_hf_to_gguf.py writes them.
 NAMES: tuple[tuple[str, str], ...] = (

@@ -28,7 +28,7 @@ from flaxzoo.models.architectures.decoder.gguf import decoder_config, layer_name
 from flaxzoo.models.families.base import GGUFSpec
 
 if TYPE_CHECKING:
-    from flaxzoo.models.gguf import GGUFFile
+    from flaxzoo.models.io.gguf import GGUFFile
 
 __all__ = ["NAMES", "SPEC"]
 

@@ -13,7 +13,7 @@ from flaxzoo.models.architectures.decoder.gguf import LLAMA_NAMES, decoder_confi
 from flaxzoo.models.families.base import GGUFSpec
 
 if TYPE_CHECKING:
-    from flaxzoo.models.gguf import GGUFFile
+    from flaxzoo.models.io.gguf import GGUFFile
 
 
 def qwen2_config_from_gguf(file: GGUFFile, names: Collection[str]) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from flaxzoo.models.architectures.decoder.gguf import LLAMA_LAYER, decoder_confi
 from flaxzoo.models.families.base import GGUFSpec
 
 if TYPE_CHECKING:
-    from flaxzoo.models.gguf import GGUFFile
+    from flaxzoo.models.io.gguf import GGUFFile
 
 __all__ = ["NAMES", "SPEC"]
 

@@ -1,6 +1,6 @@
 """Text in, text out for causal LMs (``generate_text``), and what every text path shares: tokenizing, truncation and
-padding. Sentence embeddings (``embed``) are :mod:`flaxzoo.models.sentence_encoder`'s, labels and probabilities from
-a sequence classifier (``classify``) :mod:`flaxzoo.models.classifier`'s.
+padding. Sentence embeddings (``embed``) are :mod:`flaxzoo.models.inference.sentence_encoder`'s, labels and probabilities from
+a sequence classifier (``classify``) :mod:`flaxzoo.models.inference.classifier`'s.
 
 All take a model and a ``tokenizers.Tokenizer`` (``models.load_tokenizer``), tokenize without the tokenizer's own
 padding (each batch is padded here to its longest row, rounded up to a multiple of 8 so that few shapes compile), and
@@ -25,8 +25,8 @@ from flax import nnx
 from tokenizers import normalizers
 
 from flaxzoo.models.architectures.decoder import GPTForCausalLM
-from flaxzoo.models.chat import ChatTemplate, load_chat_template
-from flaxzoo.models.generate import generate
+from flaxzoo.models.io.chat import ChatTemplate, load_chat_template
+from flaxzoo.models.inference.generate import generate
 
 __all__ = ["PAD_MULTIPLE", "TRUNCATION_STRATEGIES", "chat_prompts", "check_truncation", "encode_texts", "generate_text",
            "lowercasing_tokenizer", "pad_batch", "plain_tokenizer", "resolve_max_length", "truncate_ids",
@@ -132,11 +132,11 @@ def generate_text(model: nnx.Module, tokenizer: tokenizers.Tokenizer,
 
     Or, instead of a prompt, answer ``messages``: one conversation (a list of ``{"role", "content"}`` mappings;
     returns a string) or a list of them (returns a list), each rendered with ``chat_template`` and the header of
-    the assistant's reply (``flaxzoo.models.chat.apply_chat_template(chat_template, conversation,
+    the assistant's reply (``flaxzoo.models.io.chat.apply_chat_template(chat_template, conversation,
     add_generation_prompt=True)``), then continued like a prompt.
 
     Args:
-      max_new_tokens, temperature, top_k, top_p, rng, seed: as ``flaxzoo.models.generate`` (temperature 0 = greedy; sampling
+      max_new_tokens, temperature, top_k, top_p, rng, seed: as ``flaxzoo.models.inference.generate`` (temperature 0 = greedy; sampling
         without rng / seed draws a fresh seed each call).
       eos_token_id: stop a row at this token (or any of a list); default ``model.config.eos_token_id``.
         ``stop_at_eos=False`` never stops early. The text ends before the stop token.

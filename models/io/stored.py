@@ -2,7 +2,7 @@
 sharded with an index), each read through ``safe_open(file, "np").get_slice(name)[...]``, and the :class:`Read`
 record every read reports to a loader's ``on_read`` hook.
 
-safetensors' numpy API has no bfloat16 nor float8 (``flaxzoo.models.hub.files.read_safetensors`` says the same): a box
+safetensors' numpy API has no bfloat16 nor float8 (``flaxzoo.models.io.files.read_safetensors`` says the same): a box
 of such a tensor is read from a read-only ``np.memmap`` of the tensor's bytes (offsets from the file's header),
 viewed as the ``ml_dtypes`` type, which touches only the pages the box lies on.
 """

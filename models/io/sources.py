@@ -1,4 +1,4 @@
-"""Sources: one object per checkpoint format, each with the same small interface (``flaxzoo.models.hub.loading.Source``):
+"""Sources: one object per checkpoint format, each with the same small interface (``flaxzoo.models.io.loading.Source``):
 
 * ``describe()`` → ``(TransformerConfig, class)`` from the config alone, no weight read;
 * ``read()`` → ``{name: array}`` in the source's own naming (a flaxzoo work directory: dotted per-layer parameter
@@ -13,7 +13,7 @@ llama.cpp file), ``WorkdirSource`` (a flaxzoo training checkpoint: work director
 place that decides which a path is.
 
 What a path names, in order: an existing local path (relative, ``./``, ``~/`` and absolute paths alike: made absolute
-first); else a packaged model's name (``flaxzoo.models.hub.packaged.PACKAGED``: ``"smollm2-135m-instruct"``,
+first); else a packaged model's name (``flaxzoo.models.io.packaged.PACKAGED``: ``"smollm2-135m-instruct"``,
 ``"all-minilm-l6-v2"``; a local path of that name wins); else a Hugging Face Hub id (``org/name``).
 """
 
@@ -27,16 +27,16 @@ from typing import Any, Collection
 import jax
 from flax import nnx
 
-from flaxzoo.models.checkpoint import find_step_dir, param_metadata, read_meta, restore_params
+from flaxzoo.models.io.checkpoint import find_step_dir, param_metadata, read_meta, restore_params
 from flaxzoo.models.config import TransformerConfig
 from flaxzoo.models.families import family_and_class, family_of_class, factory_for, gguf_config, model_classes
 from flaxzoo.models.families.base import Entry, ParamPath, WeightMap, dotted, format_names, param_path
-from flaxzoo.models.gguf import GGUFFile, is_gguf
-from flaxzoo.models.hub.files import (PICKLE, PICKLE_INDEX, SAFETENSORS, SAFETENSORS_INDEX, PathLike, is_hub_id,
+from flaxzoo.models.io.gguf import GGUFFile, is_gguf
+from flaxzoo.models.io.files import (PICKLE, PICKLE_INDEX, SAFETENSORS, SAFETENSORS_INDEX, PathLike, is_hub_id,
                                       listing, read_config, read_weights, resolve_pretrained, weight_files)
-from flaxzoo.models.hub.loading import Plan, Source, flat_values, load_source
+from flaxzoo.models.io.loading import Plan, Source, flat_values, load_source
 from flaxzoo.models.layers.stack import unstack_layer_values
-from flaxzoo.models.lora import LoraConfig, apply_lora, merge_lora
+from flaxzoo.models.adapters.lora import LoraConfig, apply_lora, merge_lora
 from flaxzoo.models.modeling import abstract_params, assemble_model, per_layer_shapes
 
 __all__ = ["GGUFSource", "HFSource", "LoraRunSource", "Source", "WorkdirSource", "fingerprint_files", "load_adapted",
@@ -143,7 +143,7 @@ def stack_prefix(paths: Collection[ParamPath]) -> ParamPath:
 
 
 class WorkdirSource(Source):
-    """A flaxzoo training checkpoint (``flaxzoo.models.checkpoint``): a ``python -m flaxzoo.train`` work directory,
+    """A flaxzoo training checkpoint (``flaxzoo.models.io.checkpoint``): a ``python -m flaxzoo.train`` work directory,
     its ``checkpoints/`` folder or one step folder; the latest step is read, its parameters only.
 
     It loads as the stored class or another one of the same kind (encoder / decoder): parameters outside the layer

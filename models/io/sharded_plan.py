@@ -1,5 +1,5 @@
-"""What sharded loading (``flaxzoo.models.hub.sharded``) decides before reading anything: the config and class built
-(the same as ``flaxzoo.models.hub.loading.load_source``'s for the same overrides), the weight table checked once
+"""What sharded loading (``flaxzoo.models.io.sharded``) decides before reading anything: the config and class built
+(the same as ``flaxzoo.models.io.loading.load_source``'s for the same overrides), the weight table checked once
 against the source's names and shapes, the parameters the source lacks, where each model parameter's values come
 from (stacked parameters: one table entry per layer), the caller's shardings checked against the parameters, and the
 initialisation of the lacking ones, born sharded.
@@ -18,7 +18,7 @@ from jax.sharding import NamedSharding
 from flaxzoo.models.config import TransformerConfig
 from flaxzoo.models.families.base import (Entry, ParamPath, WeightMap, check_coverage, dotted, expected_hf_shapes,
                                           format_names, match_tensors)
-from flaxzoo.models.hub.loading import Plan, Source
+from flaxzoo.models.io.loading import Plan, Source
 from flaxzoo.models.layers.stack import is_stacked_path, unstack_layer_values
 from flaxzoo.models.modeling import (AbstractParams, abstract_params, override_config, per_layer_shapes, vocab_axes,
                                      vocab_shapes, warn_initialised)

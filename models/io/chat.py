@@ -5,7 +5,7 @@ string an instruct model was trained on, with the Jinja template its checkpoint 
 tokenize=False)`` does: the same sandboxed Jinja environment (jinja2's ``ImmutableSandboxedEnvironment`` with
 ``trim_blocks`` and ``lstrip_blocks``, the ``loopcontrols`` extension, a ``tojson`` filter that leaves non-ASCII text
 and ``<>&`` as they are and takes ``indent`` / ``separators`` / ``sort_keys``, the globals ``raise_exception`` and
-``strftime_now``, a ``{% generation %}`` block that renders its body: :mod:`flaxzoo.models.chat_render`) and the same
+``strftime_now``, a ``{% generation %}`` block that renders its body: :mod:`flaxzoo.models.io.chat_render`) and the same
 variables: ``messages``, ``add_generation_prompt``, ``tools``, ``documents`` (None unless given), the checkpoint's
 special tokens (``bos_token``, ``eos_token``, ``unk_token``, ``sep_token``, ``pad_token``, ``cls_token``,
 ``mask_token``; those it names) and any extra keyword, which wins over a special token of the same name. As there,
@@ -52,7 +52,7 @@ import os
 import pathlib
 from typing import Any, Mapping, Sequence
 
-from flaxzoo.models.chat_render import (ChatTemplateError, checked_messages, checked_tools, compile_template, failure,
+from flaxzoo.models.io.chat_render import (ChatTemplateError, checked_messages, checked_tools, compile_template, failure,
                                         plain_data)
 
 __all__ = ["CHAT_TEMPLATE_FILES", "SPECIAL_TOKEN_NAMES", "ChatTemplate", "ChatTemplateError", "apply_chat_template",
@@ -200,7 +200,7 @@ def template_from_directory(folder: pathlib.Path) -> ChatTemplate:
 
 def template_from_gguf(path: pathlib.Path) -> ChatTemplate:
     """The template(s) and special tokens in a GGUF file's metadata."""
-    from flaxzoo.models.gguf import GGUFFile
+    from flaxzoo.models.io.gguf import GGUFFile
 
     file = GGUFFile(path)
     templates: dict[str, str] = {}
@@ -224,7 +224,7 @@ def template_from_gguf(path: pathlib.Path) -> ChatTemplate:
 
 def template_from_file(path: pathlib.Path) -> ChatTemplate:
     """A GGUF file, a ``.jinja`` file (special tokens from its folder's config) or a tokenizer config file."""
-    from flaxzoo.models.gguf import is_gguf
+    from flaxzoo.models.io.gguf import is_gguf
 
     if path.suffix == ".gguf" or is_gguf(path):
         return template_from_gguf(path)
@@ -260,8 +260,8 @@ def template_from_hub(repo_id: str, revision: str | None) -> ChatTemplate:
 def load_chat_template(source: ChatTemplate | str | os.PathLike, *, revision: str | None = None) -> ChatTemplate:
     """The chat template(s) and special tokens ``source`` names (see the module docstring for the order); a Hub
     id's ``revision`` (branch, tag or commit)."""
-    from flaxzoo.models.hub.files import is_hub_id
-    from flaxzoo.models.hub.packaged import packaged_path
+    from flaxzoo.models.io.files import is_hub_id
+    from flaxzoo.models.io.packaged import packaged_path
 
     if isinstance(source, ChatTemplate):
         return source

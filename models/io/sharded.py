@@ -10,7 +10,7 @@ returns the parameters of the model ``from_pretrained`` would build, ``nnx.split
 shard needs:
 
 * Hugging Face safetensors (one file or sharded with an index): the shard's index is mapped back through the table
-  entry's transform to the stored tensor's box (``flaxzoo.models.hub.slicing``) and read with
+  entry's transform to the stored tensor's box (``flaxzoo.models.io.slicing``) and read with
   ``safe_open(file, "np").get_slice(name)[...]`` (bfloat16 / float8: a memory map of the tensor's bytes). *Exact*:
   every transform that is a rearrangement of axes, which is every one the bert, roberta, gpt2 and llama tables use:
   the identity (embeddings, norms, biases), ``LINEAR`` (a transpose: the slices transposed), the head splits
@@ -24,14 +24,14 @@ shard needs:
 * ``pytorch_model.bin`` (``allow_pickle``): read whole, as ``from_pretrained`` does, then sliced per shard.
 * GGUF: each tensor is dequantised whole in every process, translated, then sliced per shard.
 * A flaxzoo work directory (orbax): restored straight into the target shardings (``jax.ShapeDtypeStruct(...,
-  sharding=...)`` targets: orbax reads only this process's shards; ``flaxzoo.models.hub.sharded_workdir``). A LoRA
+  sharding=...)`` targets: orbax reads only this process's shards; ``flaxzoo.models.io.sharded_workdir``). A LoRA
   run's work directory: its merged model is built whole in every process (``LoraRunSource``), then sliced per shard.
 
 Heads the checkpoint lacks (a classifier on a base-model checkpoint) are initialised at ``seed`` with the model's
 initialisers under ``jax.jit`` with ``out_shardings`` (born sharded), to the values ``from_pretrained`` gives them,
 and listed in the same one warning. Vocabulary padding (``pad_vocab_to``): padding rows are zeros, never read.
 
-Reads are reported, one :class:`flaxzoo.models.hub.stored.Read` each, to the optional ``on_read`` hook (how the
+Reads are reported, one :class:`flaxzoo.models.io.stored.Read` each, to the optional ``on_read`` hook (how the
 tests count what each process reads).
 
 A trainer with a mesh and the logical-axis rules of ``flaxzoo.train.sharding`` calls it in every process::
@@ -52,13 +52,13 @@ from flax import nnx
 
 from flaxzoo.models.config import TransformerConfig
 from flaxzoo.models.families import family_and_class
-from flaxzoo.models.hub.files import PathLike, weight_files
-from flaxzoo.models.hub.loading import Source
-from flaxzoo.models.hub.sharded_hf import tensor_arrays
-from flaxzoo.models.hub.sharded_plan import Overrides, Prepared, check_shardings, fresh_arrays, prepare
-from flaxzoo.models.hub.sharded_workdir import stored_tensors, workdir_arrays
-from flaxzoo.models.hub.sources import HFSource, LoraRunSource, WorkdirSource, open_source
-from flaxzoo.models.hub.stored import OnRead, Read, SafetensorsFiles
+from flaxzoo.models.io.files import PathLike, weight_files
+from flaxzoo.models.io.loading import Source
+from flaxzoo.models.io.sharded_hf import tensor_arrays
+from flaxzoo.models.io.sharded_plan import Overrides, Prepared, check_shardings, fresh_arrays, prepare
+from flaxzoo.models.io.sharded_workdir import stored_tensors, workdir_arrays
+from flaxzoo.models.io.sources import HFSource, LoraRunSource, WorkdirSource, open_source
+from flaxzoo.models.io.stored import OnRead, Read, SafetensorsFiles
 
 __all__ = ["PretrainedShapes", "Read", "load_sharded", "pretrained_shapes"]
 

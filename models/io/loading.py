@@ -1,4 +1,4 @@
-"""The one assembly path every source takes: a ``Source`` (``flaxzoo.models.hub.sources``: a Hugging Face directory,
+"""The one assembly path every source takes: a ``Source`` (``flaxzoo.models.io.sources``: a Hugging Face directory,
 a GGUF file, a flaxzoo work directory) read once, checked once against a weight table, built once.
 
 ``load_source`` reads top to bottom: the source's config and class, the caller's overrides, the tensors, the table
@@ -20,7 +20,7 @@ from flaxzoo.models.config import TransformerConfig
 from flaxzoo.models.families.base import ParamPath, WeightMap, check_coverage, expected_hf_shapes, match_tensors
 from flaxzoo.models.modeling import (abstract_params, assemble_model, override_config, per_layer_shapes,
                                      resize_vocab_values, vocab_axes, vocab_shapes, warn_initialised)
-from flaxzoo.models.quantize import check_quantize, quantize_value
+from flaxzoo.models.adapters.quantize import check_quantize, quantize_value
 
 __all__ = ["Plan", "Source", "load_source"]
 
@@ -41,7 +41,7 @@ class Plan:
 
 
 class Source:
-    """One checkpoint in one format (the subclasses in ``flaxzoo.models.hub.sources``).
+    """One checkpoint in one format (the subclasses in ``flaxzoo.models.io.sources``).
 
     ``kind``: ``"hf"``, ``"gguf"`` or ``"flaxzoo"``. ``root``: the local path it was opened at. ``default_scan_layers``:
     the layer layout built when the caller asks for none (None: the stored config's)."""
@@ -73,7 +73,7 @@ class Source:
         raise NotImplementedError
 
     def fingerprint(self) -> str:
-        """``sha256:<hex>`` of :meth:`files`' names and bytes (``flaxzoo.models.hub.sources.fingerprint_files``)."""
+        """``sha256:<hex>`` of :meth:`files`' names and bytes (``flaxzoo.models.io.sources.fingerprint_files``)."""
         raise NotImplementedError
 
 

@@ -2,7 +2,7 @@
 ``ImmutableSandboxedEnvironment`` with ``trim_blocks`` / ``lstrip_blocks``, ``loopcontrols``, transformers'
 ``tojson``, ``raise_exception`` and ``strftime_now``, the ``{% generation %}`` block), the checks of the messages and
 tools a template is given, and one-line errors (:class:`ChatTemplateError`). Where templates come from, and the
-template object, are :mod:`flaxzoo.models.chat`'s.
+template object, are :mod:`flaxzoo.models.io.chat`'s.
 """
 
 from __future__ import annotations

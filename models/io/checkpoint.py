@@ -1,5 +1,5 @@
 """flaxzoo training checkpoints: the orbax format, read and written (a leaf: loading policy lives in
-``flaxzoo.models.hub``).
+``flaxzoo.models.io``).
 
 ``python -m flaxzoo.train`` keeps an orbax ``CheckpointManager`` rooted at ``WORKDIR/checkpoints``; each step directory holds
 the items
@@ -13,9 +13,9 @@ the items
 ``read_meta`` reads ``meta``; ``param_metadata`` / ``restore_params`` read only ``params`` out of ``state`` (a partial
 restore: the optimizer state is never opened), onto one local device whatever mesh wrote them, in the layout that
 wrote them (per layer, or stacked ``[num_layers, ...]`` with ``scan_layers``). ``save_checkpoint`` writes the same
-layout with ``state`` holding ``params`` only, at step 0: what ``python -m flaxzoo.models.convert ... --to flaxzoo``
+layout with ``state`` holding ``params`` only, at step 0: what ``flaxzoo convert ... --to flaxzoo``
 produces. Building a model from a checkpoint (another class, layout, dtype, vocabulary padding; a LoRA run's merge)
-is ``flaxzoo.models.hub.sources.WorkdirSource`` through ``from_pretrained``.
+is ``flaxzoo.models.io.sources.WorkdirSource`` through ``from_pretrained``.
 
 Every path is made absolute first (``~`` expanded): orbax's metadata lookup finds nothing under a relative path.
 """

@@ -21,10 +21,10 @@ from flax import nnx
 
 from flaxzoo.models.config import TransformerConfig
 from flaxzoo.models.families import family_of
-from flaxzoo.models.hub.files import PathLike
-from flaxzoo.models.hub.pretrained import check_saveable, interleaved_to_half
+from flaxzoo.models.io.files import PathLike
+from flaxzoo.models.io.pretrained import check_saveable, interleaved_to_half
 from flaxzoo.models.layers.stack import unstack_layer_values
-from flaxzoo.models.lora import adapter_tensors, in_train_fully, lora_config_of
+from flaxzoo.models.adapters.lora import adapter_tensors, in_train_fully, lora_config_of
 
 ADAPTER_WEIGHTS, ADAPTER_CONFIG = "adapter_model.safetensors", "adapter_config.json"
 # PEFT's task type of each flaxzoo ``task`` (a model class's ``task`` attribute).
@@ -37,7 +37,7 @@ def _keys(path: str) -> tuple:
 
 def save_adapters(model: nnx.Module, path: PathLike, *, base_model: str = "",
                   train_fully: Sequence[str] = ()) -> pathlib.Path:
-    """Write the LoRA adapters of ``model`` (``apply_lora``'s, e.g. ``flaxzoo.models.checkpoint.load_adapted(WORKDIR)``) to
+    """Write the LoRA adapters of ``model`` (``apply_lora``'s, e.g. ``flaxzoo.models.io.checkpoint.load_adapted(WORKDIR)``) to
     the directory ``path`` in PEFT's layout; ``base_model`` is recorded as ``base_model_name_or_path``.
     ``train_fully``: the run's ``lora.train_fully`` patterns; the Hugging Face tensors of those modules are written
     whole, as PEFT's ``modules_to_save``. Returns the directory."""
@@ -46,7 +46,7 @@ def save_adapters(model: nnx.Module, path: PathLike, *, base_model: str = "",
     lora = lora_config_of(model)
     adapters = adapter_tensors(model)
     if lora is None or not adapters:
-        raise ValueError(f"save_adapters expects a model with LoRA adapters (flaxzoo.models.lora.apply_lora); this "
+        raise ValueError(f"save_adapters expects a model with LoRA adapters (flaxzoo.models.adapters.lora.apply_lora); this "
                          f"{type(model).__name__} has none")
     config: TransformerConfig = model.config
     family = family_of(config.model_type)

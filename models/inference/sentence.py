@@ -7,7 +7,7 @@ an activation on the pooled vector) and ``Normalize`` (L2). The Transformer's se
 ``do_lower_case`` in ``sentence_bert_config.json`` (files written by sentence-transformers < 5) or, in newer files,
 the tokenizer's ``model_max_length`` in ``tokenizer_config.json`` (the lower-casing then lives in the saved tokenizer
 itself). :func:`read_sentence_config` turns these files into a
-:class:`SentenceConfig`; ``flaxzoo.models.sentence_encoder`` (``embed``, ``SentenceEncoder``) applies it.
+:class:`SentenceConfig`; ``flaxzoo.models.inference.sentence_encoder`` (``embed``, ``SentenceEncoder``) applies it.
 
 Poolings (``[batch, seq, hidden]`` hidden states and a ``[batch, seq]`` mask of real tokens, right padding, to
 ``[batch, hidden]``; several modes are concatenated in the order given, as sentence-transformers does):
@@ -96,7 +96,7 @@ class SentenceConfig:
         ``len(pooling) * hidden`` dimensions.
       normalize: divide each vector by its L2 norm (sentence-transformers' ``Normalize`` module).
       max_seq_length: tokens kept per text, special tokens included; None: ``embed``'s default rule
-        (``flaxzoo.models.text.resolve_max_length``).
+        (``flaxzoo.models.inference.text.resolve_max_length``).
       do_lower_case: lower-case the text before the tokenizer's own normalisation (sentence-transformers prepends a
         ``Lowercase`` normaliser).
       source: where the settings were read from (for messages), or None.
@@ -230,7 +230,7 @@ def read_dense(folder: pathlib.Path) -> DenseLayer:
     """A ``Dense`` module's layer from its folder: ``config.json`` (``in_features``, ``out_features``, ``bias``,
     ``activation_function``, ``use_residual``) and ``model.safetensors`` (``linear.weight`` / ``linear.bias``,
     ``residual.weight``); a pickled ``pytorch_model.bin`` is refused."""
-    from flaxzoo.models.hub.files import read_safetensors
+    from flaxzoo.models.io.files import read_safetensors
 
     settings = read_json(folder / "config.json") if (folder / "config.json").is_file() else None
     if settings is None or not (folder / "model.safetensors").is_file():

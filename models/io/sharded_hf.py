@@ -1,9 +1,9 @@
-"""Parameters made shard by shard from a source's tensors (``flaxzoo.models.hub.sharded``'s Hugging Face, GGUF and
+"""Parameters made shard by shard from a source's tensors (``flaxzoo.models.io.sharded``'s Hugging Face, GGUF and
 LoRA-run paths): each parameter is one ``jax.make_array_from_callback`` whose callback, given the index of one
 addressable shard, returns that shard's values.
 
-* A safetensors tensor (``flaxzoo.models.hub.stored.StoredTensor``) whose table transform is a rearrangement of axes
-  (``flaxzoo.models.hub.slicing``) is read only in the box the shard comes from: a transpose reads the transposed
+* A safetensors tensor (``flaxzoo.models.io.stored.StoredTensor``) whose table transform is a rearrangement of axes
+  (``flaxzoo.models.io.slicing``) is read only in the box the shard comes from: a transpose reads the transposed
   slices, a head split a contiguous range, one part of a fused tensor that part, a stacked ``[num_layers, ...]``
   parameter the layers of the index, each from its own tensor.
 * Anything else (a transform that computes, a GGUF tensor, which is dequantised whole, a pickle, a LoRA run's
@@ -22,9 +22,9 @@ import numpy as np
 from jax.sharding import NamedSharding
 
 from flaxzoo.models.families.base import Entry, ParamPath
-from flaxzoo.models.hub.sharded_plan import Prepared, layer_groups
-from flaxzoo.models.hub.slicing import Layout, Unmappable, read_index, trace_layouts
-from flaxzoo.models.hub.stored import OnRead, Read, StoredTensor
+from flaxzoo.models.io.sharded_plan import Prepared, layer_groups
+from flaxzoo.models.io.slicing import Layout, Unmappable, read_index, trace_layouts
+from flaxzoo.models.io.stored import OnRead, Read, StoredTensor
 
 __all__ = ["tensor_arrays"]
 

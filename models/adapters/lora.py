@@ -14,7 +14,7 @@ adapter tensors are created beforehand with the shapes and logical axes qwix wou
 kernel's first input axis, ``B`` its first output axis), so that sharding follows the base weight's.
 
 ``merge_lora`` folds the adapters into plain kernels (an ordinary model, what ``save_pretrained`` writes);
-``adapter_tensors`` lists them for PEFT's layout (``models/hub/peft.py``).
+``adapter_tensors`` lists them for PEFT's layout (``models/io/peft.py``).
 """
 
 from __future__ import annotations
@@ -182,7 +182,7 @@ def apply_lora(model: nnx.Module, lora: LoraConfig, *, seed: int = 0) -> nnx.Mod
     module path, ``B`` is zero. Works on concrete and abstract (``nnx.eval_shape``) models, per-layer or stacked.
     """
     if any(LORA_A in vars(m) for m in dense_modules(model).values()):
-        raise LoraError("targets", "this model already has LoRA adapters; merge them first (flaxzoo.models.lora.merge_lora)")
+        raise LoraError("targets", "this model already has LoRA adapters; merge them first (flaxzoo.models.adapters.lora.merge_lora)")
     init_a = jax.nn.initializers.he_uniform(in_axis=-2, out_axis=-1)
     key = jax.random.key(seed)
     for path in target_paths(model, lora.targets):
@@ -191,7 +191,7 @@ def apply_lora(model: nnx.Module, lora: LoraConfig, *, seed: int = 0) -> nnx.Mod
         a_shape, b_shape = lora_shapes(dense, lora.rank)
         a_axes, b_axes = _lora_axes(dense)
         if lora.base_dtype == "int8":
-            from flaxzoo.models.quantize import quantize_dense  # the int8 weight layout lives in one place
+            from flaxzoo.models.adapters.quantize import quantize_dense  # the int8 weight layout lives in one place
 
             dense = quantize_dense(dense)
         elif lora.base_dtype == "bfloat16":

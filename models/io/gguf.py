@@ -7,7 +7,7 @@ and metadata itself (``read_header``: fast on the tokenizer's large arrays) and 
 (``flaxzoo.models.families.gguf_family``), and that family's ``GGUFSpec`` gives the config it describes and its tensor
 names (Llama: ``models/families/llama/gguf.py``), so a GGUF loads through the same table-driven path as a Hugging
 Face directory.
-It stays outside ``models/hub/`` because ``load_tokenizer`` reads GGUF tokenizers with it too.
+It stays outside ``models/io/`` because ``load_tokenizer`` reads GGUF tokenizers with it too.
 
 Two facts about Llama GGUFs matter for the numbers:
 

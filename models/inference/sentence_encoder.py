@@ -1,7 +1,7 @@
 """Sentence embeddings from an encoder, as sentence-transformers computes them: ``embed`` and ``SentenceEncoder`` (the
 model, tokenizer and sentence-transformers' settings set up once). Tokenizing, truncation and padding are
-:mod:`flaxzoo.models.text`'s (the same for ``classify``); the pooling and the settings' files are
-:mod:`flaxzoo.models.sentence`'s.
+:mod:`flaxzoo.models.inference.text`'s (the same for ``classify``); the pooling and the settings' files are
+:mod:`flaxzoo.models.inference.sentence`'s.
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ import numpy as np
 import tokenizers
 from flax import nnx
 
-from flaxzoo.models.generate import eval_split
+from flaxzoo.models.inference.generate import eval_split
 from flaxzoo.models.layers.stack import TransformerStack
-from flaxzoo.models.sentence import SentenceConfig, pool, read_sentence_config
-from flaxzoo.models.text import encode_texts, lowercasing_tokenizer, pad_batch, resolve_max_length, truncating_tokenizer
+from flaxzoo.models.inference.sentence import SentenceConfig, pool, read_sentence_config
+from flaxzoo.models.inference.text import encode_texts, lowercasing_tokenizer, pad_batch, resolve_max_length, truncating_tokenizer
 
 __all__ = ["SentenceEncoder", "embed"]
 
@@ -34,13 +34,13 @@ def _stack(model: nnx.Module) -> nnx.Module:
 @partial(jax.jit, static_argnames=("graphdef", "modes"))
 def _pooled(graphdef: nnx.GraphDef, state: nnx.State, ids: jax.Array, mask: jax.Array,
             modes: tuple[str, ...]) -> jax.Array:
-    """The stack's hidden states pooled over real tokens (:func:`flaxzoo.models.sentence.pool`): ``[batch, seq]`` →
+    """The stack's hidden states pooled over real tokens (:func:`flaxzoo.models.inference.sentence.pool`): ``[batch, seq]`` →
     ``[batch, len(modes) * hidden]`` float32."""
     return pool(_stack(nnx.merge(graphdef, state))(ids, mask).hidden, mask, modes)
 
 
 class SentenceEncoder:
-    """An encoder, its tokenizer and sentence-transformers' settings (:class:`flaxzoo.models.sentence.SentenceConfig`:
+    """An encoder, its tokenizer and sentence-transformers' settings (:class:`flaxzoo.models.inference.sentence.SentenceConfig`:
     pooling, Dense layers, normalisation, ``max_seq_length``, ``do_lower_case``), ready to embed texts: an eval-mode
     split of the model and the tokenizer set up once. ``SentenceEncoder.from_pretrained(path)`` reads all of them from a
     sentence-transformers folder (a local directory, a packaged name or a Hub id); calling it is :func:`embed`.
@@ -75,10 +75,10 @@ class SentenceEncoder:
     def from_pretrained(cls, path: str | os.PathLike, *, revision: str | None = None,
                         max_length: int | None = None, **model_options) -> "SentenceEncoder":
         """The model (``models.from_pretrained(path, **model_options)``), tokenizer (``models.load_tokenizer``) and
-        sentence-transformers settings (:func:`flaxzoo.models.sentence.read_sentence_config`; a folder without
+        sentence-transformers settings (:func:`flaxzoo.models.inference.sentence.read_sentence_config`; a folder without
         ``modules.json``: the defaults) of ``path``: a local directory, a packaged name or a Hub id."""
-        from flaxzoo.models.hub import from_pretrained, resolve_pretrained
-        from flaxzoo.models.tokenizer import load_tokenizer
+        from flaxzoo.models.io import from_pretrained, resolve_pretrained
+        from flaxzoo.models.io.tokenizer import load_tokenizer
 
         local = resolve_pretrained(path, revision=revision)
         model = from_pretrained(local, **model_options)
@@ -131,12 +131,12 @@ def embed(model: nnx.Module | SentenceEncoder | str | os.PathLike, tokenizer: to
     computes for all-MiniLM-L6-v2 (mean pooling, ``Normalize``, 256 tokens).
 
     With them, their pooling, Dense layers, normalisation, ``max_seq_length`` and ``do_lower_case`` are applied
-    (:mod:`flaxzoo.models.sentence`): ``model`` a path, packaged name or Hub id (the model, its tokenizer when
+    (:mod:`flaxzoo.models.inference.sentence`): ``model`` a path, packaged name or Hub id (the model, its tokenizer when
     ``tokenizer`` is None, and its sentence-transformers files are read: :meth:`SentenceEncoder.from_pretrained`),
-    a :class:`SentenceEncoder`, or ``sentence_config`` a :class:`~flaxzoo.models.sentence.SentenceConfig` or the
+    a :class:`SentenceEncoder`, or ``sentence_config`` a :class:`~flaxzoo.models.inference.sentence.SentenceConfig` or the
     folder / Hub id to read one from (a folder without ``modules.json`` gives the defaults above).
 
-    ``pooling`` (a mode or a list, see ``flaxzoo.models.sentence.POOLING_MODES``), ``normalize`` and
+    ``pooling`` (a mode or a list, see ``flaxzoo.models.inference.sentence.POOLING_MODES``), ``normalize`` and
     ``max_length`` override the settings when given. Texts are encoded with the tokenizer's special tokens
     (``[CLS] … [SEP]``), batched by ``batch_size``; the model runs in eval mode. To embed many small batches, build
     a :class:`SentenceEncoder` once. Returns ``[len(texts), len(pooling) * hidden]`` float32 (one row for a single
@@ -156,7 +156,7 @@ def embed(model: nnx.Module | SentenceEncoder | str | os.PathLike, tokenizer: to
     else:
         config = sentence_config
         if isinstance(config, (str, os.PathLike)):
-            from flaxzoo.models.hub import resolve_pretrained
+            from flaxzoo.models.io import resolve_pretrained
 
             _stack(model)  # a flaxzoo model: checked before any file is read
             config = read_sentence_config(resolve_pretrained(config), hidden_size=model.config.hidden_size)

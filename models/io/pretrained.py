@@ -1,7 +1,7 @@
 """``from_pretrained`` / ``save_pretrained``: every source through one entry point, every family through its table.
 
-Loading: ``flaxzoo.models.hub.sources.open_source`` picks the source a path names (Hugging Face directory or Hub id,
-GGUF file, flaxzoo work directory), and ``flaxzoo.models.hub.loading.load_source`` reads it, checks its tensors
+Loading: ``flaxzoo.models.io.sources.open_source`` picks the source a path names (Hugging Face directory or Hub id,
+GGUF file, flaxzoo work directory), and ``flaxzoo.models.io.loading.load_source`` reads it, checks its tensors
 against the family's table once (names, shapes; strict), translates them and assembles the model for the requested
 config (``flaxzoo.models.modeling.assemble_model``: per-layer or stacked blocks, float or int8, head tensors the
 checkpoint lacks initialised). Saving walks the same table the other way.
@@ -19,12 +19,12 @@ from flaxzoo.models.config import TransformerConfig
 from flaxzoo.models.families import family_of
 from flaxzoo.models.families.base import Family, ParamPath, check_coverage
 from flaxzoo.models.families.fields import ACTIVATIONS_TO_HF, common_to_hf, labels_to_hf
-from flaxzoo.models.hub.files import PathLike, write_hf_directory
-from flaxzoo.models.hub.loading import load_source
-from flaxzoo.models.hub.sources import open_source
+from flaxzoo.models.io.files import PathLike, write_hf_directory
+from flaxzoo.models.io.loading import load_source
+from flaxzoo.models.io.sources import open_source
 from flaxzoo.models.layers.stack import unstack_layer_values
 from flaxzoo.models.modeling import resize_vocab_values, vocab_axes
-from flaxzoo.models.quantize import check_quantize, is_quantized, module_at, projection_paths
+from flaxzoo.models.adapters.quantize import check_quantize, is_quantized, module_at, projection_paths
 
 
 def from_pretrained(path: PathLike, *, cls: type | str | None = None, allow_pickle: bool = False,
@@ -78,7 +78,7 @@ def from_pretrained(path: PathLike, *, cls: type | str | None = None, allow_pick
         ids masked; ``save_pretrained`` drops the padding again. None: the checkpoint's (1 = no padding for Hugging
         Face / GGUF sources).
       seed: the seed of the initialisers for head tensors the checkpoint lacks.
-      quantize: ``"int8"``: weight-only int8 inference through qwix (``models/quantize.py``). Every attention
+      quantize: ``"int8"``: weight-only int8 inference through qwix (``models/adapters/quantize.py``). Every attention
         query / key / value / out and MLP gate / up / down projection holds int8 weights with one float scale per
         output channel (symmetric absmax); the activations stay float and each projection's int8 kernel is
         dequantised inside its matmul. The embeddings, norms, biases, BERT's pooler and classifier / MLM heads and

@@ -1,4 +1,4 @@
-"""Convert between checkpoint formats: ``python -m flaxzoo.models.convert SRC DST [--to hf|flaxzoo]``.
+"""Convert between checkpoint formats: ``flaxzoo convert SRC DST [--to hf|flaxzoo]``.
 
 ``SRC`` is anything ``from_pretrained`` reads: a Hugging Face directory, a ``.gguf`` file, a flaxzoo training
 checkpoint (work directory, ``checkpoints/`` or one step) or a Hub id. ``DST`` is a new directory, written as
@@ -26,11 +26,11 @@ import time
 import warnings
 from typing import Sequence
 
-from flaxzoo.models.checkpoint import find_step_dir, save_checkpoint
-from flaxzoo.models.hub import save_pretrained
-from flaxzoo.models.hub.loading import load_source
-from flaxzoo.models.hub.peft import save_adapters
-from flaxzoo.models.hub.sources import LoraRunSource, open_source
+from flaxzoo.models.io.checkpoint import find_step_dir, save_checkpoint
+from flaxzoo.models.io import save_pretrained
+from flaxzoo.models.io.loading import load_source
+from flaxzoo.models.io.peft import save_adapters
+from flaxzoo.models.io.sources import LoraRunSource, open_source
 
 __all__ = ["convert", "main"]
 
@@ -40,7 +40,7 @@ _TOKENIZER_EXTRAS = ("tokenizer_config.json", "special_tokens_map.json", "vocab.
 
 def _tokenizer_folder(kind: str, source: pathlib.Path) -> pathlib.Path | None:
     """Where the source's tokenizer files are, if anywhere."""
-    from flaxzoo.models.tokenizer import TOKENIZER_FILES
+    from flaxzoo.models.io.tokenizer import TOKENIZER_FILES
 
     if kind == "flaxzoo":  # a work directory may hold tokenizer.json beside checkpoints/
         step = find_step_dir(source)
@@ -55,7 +55,7 @@ def _tokenizer_folder(kind: str, source: pathlib.Path) -> pathlib.Path | None:
 
 def _copy_tokenizer(kind: str, source: pathlib.Path, dst: pathlib.Path) -> pathlib.Path | None:
     """Write ``dst/tokenizer.json`` from the source's tokenizer; returns its path, or None when there is none."""
-    from flaxzoo.models.tokenizer import load_tokenizer
+    from flaxzoo.models.io.tokenizer import load_tokenizer
 
     if kind == "gguf":
         try:
@@ -114,7 +114,7 @@ def convert(src: str | pathlib.Path, dst: str | pathlib.Path, *, to: str | None 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m flaxzoo.models.convert", description=__doc__.split("\n\n")[0],
+        prog="flaxzoo convert", description=__doc__.split("\n\n")[0],
         epilog="SRC: a Hugging Face directory, a .gguf file, a flaxzoo checkpoint or a Hub id. DST: a new directory.")
     parser.add_argument("src", help="the checkpoint to read")
     parser.add_argument("dst", help="the directory to write (must not exist or be empty)")

@@ -1,6 +1,6 @@
 """Files: reading Hugging Face weights (safetensors, sharded indexes, opt-in pickles) and configs, resolving a name to
 a local path (packaged models, Hub ids fetched into the Hugging Face cache), and writing a Hugging Face directory.
-Which format a path holds is ``flaxzoo.models.hub.sources.open_source``'s to tell.
+Which format a path holds is ``flaxzoo.models.io.sources.open_source``'s to tell.
 
 Weights are read with the safetensors numpy API (bfloat16 / float8 from the header's offsets): no torch at run time,
 except for the opt-in ``allow_pickle=True`` path that reads legacy ``pytorch_model.bin`` files.
@@ -20,7 +20,7 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from flaxzoo.models.families.base import format_names
-from flaxzoo.models.hub.packaged import PACKAGED, installed_names, packaged_path
+from flaxzoo.models.io.packaged import PACKAGED, installed_names, packaged_path
 
 PathLike = Union[str, pathlib.Path]
 
@@ -141,7 +141,7 @@ def read_config(directory: pathlib.Path) -> dict[str, Any]:
 HUB_ALLOW_PATTERNS = (
     "config.json", SAFETENSORS, "model-*.safetensors", SAFETENSORS_INDEX, "tokenizer.json", "tokenizer_config.json",
     "special_tokens_map.json", "vocab.txt", "vocab.json", "merges.txt", "generation_config.json",
-    # sentence-transformers' pipeline (flaxzoo.models.sentence): its module list, Transformer and Pooling settings
+    # sentence-transformers' pipeline (flaxzoo.models.inference.sentence): its module list, Transformer and Pooling settings
     "modules.json", "sentence_bert_config.json", "*_Pooling/config.json",
 )
 _HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]*(/[A-Za-z0-9][A-Za-z0-9_.\-]*)?")
@@ -202,7 +202,7 @@ def missing_source_error(value: PathLike, hub: Exception | None = None) -> FileN
 
 def resolve_pretrained(path: PathLike, *, revision: str | None = None) -> pathlib.Path:
     """The absolute local path ``path`` names: itself (``~`` expanded; relative to the working directory), for a
-    packaged model's name (``flaxzoo.models.hub.packaged.PACKAGED``; no local path of that name) the installed
+    packaged model's name (``flaxzoo.models.io.packaged.PACKAGED``; no local path of that name) the installed
     package's file or folder, for a Hub id ``org/name`` its snapshot folder in the Hugging Face cache.
 
     A bare name that is neither (a Hub repository of transformers' early names, ``gpt2``; or a typo) is asked of

@@ -12,7 +12,7 @@ Sources, tried in this order for a directory:
   uses for ``tokenizer.ggml.pre`` (SmolLM's ``"smollm"`` splits every digit off before GPT-2's regex) and BOS added
   only when ``tokenizer.ggml.add_bos_token`` says so (SmolLM2's file says no, as Hugging Face's SmolLM2 tokenizer
   does). A SentencePiece vocabulary (``"llama"``: Llama 2, Mistral, Phi-3, Gemma) is rebuilt as byte-fallback BPE
-  the way transformers' GGUF loader rebuilds it (``models/gguf_tokenizers.py``), BOS added unless the file says no;
+  the way transformers' GGUF loader rebuilds it (``models/io/gguf_tokenizers.py``), BOS added unless the file says no;
 * a Hugging Face Hub id (resolved as ``from_pretrained`` does).
 
 Padding is the caller's: ``padding=False`` (the default) returns each text at its own length even when the file
@@ -32,7 +32,7 @@ from typing import Any, Callable, Mapping
 import tokenizers
 from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers, processors
 
-from flaxzoo.models.gguf_tokenizers import sentencepiece_from_gguf
+from flaxzoo.models.io.gguf_tokenizers import sentencepiece_from_gguf
 
 __all__ = ["GGUF_TOKENIZERS", "SENTENCE_CONFIG", "byte_level_bpe_from_gguf", "gguf_tokenizer_kinds", "load_tokenizer",
            "pad_token", "sentence_max_length", "set_padding", "tokenizer_from_gguf", "wordpiece_from_vocab_txt"]
@@ -235,7 +235,7 @@ def tokenizer_from_gguf(path: str | os.PathLike) -> tuple[tokenizers.Tokenizer, 
     when ``tokenizer.ggml.add_bos_token`` / ``add_eos_token`` say so; a SentencePiece file without the BOS flag adds
     BOS, as llama.cpp and transformers do.
     """
-    from flaxzoo.models.gguf import GGUFFile, tokenizer_metadata
+    from flaxzoo.models.io.gguf import GGUFFile, tokenizer_metadata
 
     file = GGUFFile(path)
     meta: Mapping[str, Any] = tokenizer_metadata(file)
@@ -275,7 +275,7 @@ def tokenizer_from_gguf(path: str | os.PathLike) -> tuple[tokenizers.Tokenizer, 
 
 
 def _from_file(path: pathlib.Path, lowercase: bool) -> tuple[tokenizers.Tokenizer, tuple[int, str] | None]:
-    from flaxzoo.models.gguf import is_gguf
+    from flaxzoo.models.io.gguf import is_gguf
 
     if path.suffix == ".gguf" or is_gguf(path):
         return tokenizer_from_gguf(path)
@@ -325,7 +325,7 @@ def load_tokenizer(path: str | os.PathLike, *, padding: bool | int | None = Fals
     fixed-length padding, kept by ``padding=None``, follows: 256).
     ``flaxzoo.models.embed`` and ``classify`` take this length as their default ``max_length``.
     """
-    from flaxzoo.models.hub import is_hub_id, resolve_pretrained
+    from flaxzoo.models.io import is_hub_id, resolve_pretrained
 
     if is_hub_id(path):
         path = resolve_pretrained(path, revision=revision)

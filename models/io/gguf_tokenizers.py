@@ -20,7 +20,7 @@ GGUF loader (``AutoTokenizer.from_pretrained(folder, gguf_file=...)``) does, so 
     with real spaces; they are spelled ``▁`` here, as their merges need. Gemma's scores do not follow its merge
     order, the order of the pieces in the file does: merges are ranked by position.
 
-The caller (``flaxzoo.models.tokenizer.tokenizer_from_gguf``) adds the control and user-defined tokens and the BOS /
+The caller (``flaxzoo.models.io.tokenizer.tokenizer_from_gguf``) adds the control and user-defined tokens and the BOS /
 EOS template.
 """
 

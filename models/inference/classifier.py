@@ -1,6 +1,6 @@
 """Labels and class probabilities from a sequence classifier: ``classify`` and ``Classifier`` (the model and its
 tokenizer set up once), and ``encode_for_classification`` (the fine-tuners' encoding too). Truncation and padding are
-:mod:`flaxzoo.models.text`'s.
+:mod:`flaxzoo.models.inference.text`'s.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import tokenizers
 from flax import nnx
 
 from flaxzoo.models.architectures.encoder import BertForSequenceClassification
-from flaxzoo.models.generate import eval_split
-from flaxzoo.models.text import check_truncation, pad_batch, plain_tokenizer, resolve_max_length, truncate_ids
+from flaxzoo.models.inference.generate import eval_split
+from flaxzoo.models.inference.text import check_truncation, pad_batch, plain_tokenizer, resolve_max_length, truncate_ids
 
 __all__ = ["Classifier", "classify", "encode_for_classification"]
 

@@ -1,5 +1,5 @@
-"""Parameters of a flaxzoo work directory (an orbax checkpoint, ``flaxzoo.models.checkpoint``) restored straight into
-their shardings (``flaxzoo.models.hub.sharded``'s flaxzoo path).
+"""Parameters of a flaxzoo work directory (an orbax checkpoint, ``flaxzoo.models.io.checkpoint``) restored straight into
+their shardings (``flaxzoo.models.io.sharded``'s flaxzoo path).
 
 orbax is given ``jax.ShapeDtypeStruct(shape, dtype, sharding=...)`` targets, so that each process reads only the
 shards its devices hold. A parameter stored as the model holds it (same layout, shape and dtype) is restored into its
@@ -20,9 +20,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
-from flaxzoo.models.checkpoint import STATE, param_metadata, quiet_orbax
+from flaxzoo.models.io.checkpoint import STATE, param_metadata, quiet_orbax
 from flaxzoo.models.families.base import ParamPath, dotted
-from flaxzoo.models.hub.sharded_plan import Prepared, flat_tree, layer_groups
+from flaxzoo.models.io.sharded_plan import Prepared, flat_tree, layer_groups
 from flaxzoo.models.layers.stack import is_stacked_path, unstack_layer_values
 from flaxzoo.models.modeling import resize_vocab
 

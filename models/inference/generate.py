@@ -5,7 +5,7 @@ Few programs for many calls: prompts are left-aligned into a width rounded up to
 so calls whose longest prompt and ``max_new_tokens`` fall in the same buckets share one compiled program. Beyond the
 buckets, a program is compiled per model (its graph, in eval mode whatever mode the caller's model is in), batch size
 and kind of decoding: greedy or sampling. The values of ``temperature``, ``top_k`` and ``top_p`` (one sampling program
-serves plain, top-k and nucleus sampling: ``flaxzoo.models.sampling`` branches with ``lax.cond``), the stop ids
+serves plain, top-k and nucleus sampling: ``flaxzoo.models.inference.sampling`` branches with ``lax.cond``), the stop ids
 (padded to 8 or the next power of two) and the key are arguments, so changing them does not recompile.
 """
 
@@ -22,7 +22,7 @@ from flax import nnx
 
 from flaxzoo.models.config import TransformerConfig
 from flaxzoo.models.layers.embeddings import as_index_array, check_token_ids
-from flaxzoo.models.sampling import check_sampling_args, sample_logits
+from flaxzoo.models.inference.sampling import check_sampling_args, sample_logits
 
 __all__ = ["MIN_BUCKET", "eval_split", "generate", "left_align", "lower_generate", "shape_bucket"]
 
