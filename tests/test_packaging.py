@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import email
+import importlib.util
 import os
 import pathlib
 import subprocess
@@ -15,10 +16,69 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 SOURCE_FOLDERS = ("models", "train", "configs")
 
 
+def load_setup_script():
+    """The repository's setup.py as a module (imported, not run: it calls ``setup`` only as ``__main__``)."""
+    spec = importlib.util.spec_from_file_location("flaxzoo_setup_script", REPO / "setup.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def package_folders(root: pathlib.Path) -> set[str]:
+    """``flaxzoo.<dotted folder>`` of every folder with an ``__init__.py`` under the source folders of ``root``."""
+    return {"flaxzoo." + ".".join(init.parent.relative_to(root).parts)
+            for folder in SOURCE_FOLDERS for init in (root / folder).rglob("__init__.py")}
+
+
+def test_found_packages_are_every_folder_with_an_init():
+    """setup.py finds the packages: every folder with an ``__init__.py`` under models/, train/, configs/, named
+    flaxzoo.<folder>..., and nothing else (the list is derived, not written by hand)."""
+    setup_script = load_setup_script()
+    assert setup_script.package_dirs() == {f"flaxzoo.{folder}": folder for folder in SOURCE_FOLDERS}
+    packages = setup_script.flaxzoo_packages()
+    assert len(packages) == len(set(packages))
+    assert set(packages) == package_folders(REPO)
+    for name in ("flaxzoo.models.io", "flaxzoo.models.inference", "flaxzoo.models.adapters",
+                 "flaxzoo.models.families.bert", "flaxzoo.models.architectures.decoder"):
+        assert name in packages
+
+
+def test_a_new_folder_is_found_without_an_edit(tmp_path):
+    """A tree with a new nested package (and a folder without ``__init__.py``, which is no package): the new one is
+    found under its mapped name, the other is not, with pyproject.toml unchanged."""
+    for folder in SOURCE_FOLDERS:
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "__init__.py").write_text("")
+    (tmp_path / "pyproject.toml").write_bytes((REPO / "pyproject.toml").read_bytes())
+    nested = tmp_path / "models" / "families" / "newfamily"
+    nested.mkdir(parents=True)
+    for init in (nested.parent / "__init__.py", nested / "__init__.py"):
+        init.write_text("")
+    (tmp_path / "train" / "notes").mkdir()
+    packages = load_setup_script().flaxzoo_packages(tmp_path)
+    assert packages == ["flaxzoo.configs", "flaxzoo.models", "flaxzoo.models.families",
+                        "flaxzoo.models.families.newfamily", "flaxzoo.train"]
+    assert set(packages) == package_folders(tmp_path)
+
+
+def clean_copy(destination: pathlib.Path) -> pathlib.Path:
+    """The repository's files as git sees them (tracked, and untracked ones it does not ignore) copied to
+    ``destination``: a wheel built there cannot pick up a stale ``build/`` folder's modules."""
+    listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=REPO, capture_output=True,
+                            check=True, timeout=60).stdout.decode().split("\0")
+    for name in filter(None, listed):
+        source = REPO / name
+        if source.is_file():
+            (destination / name).parent.mkdir(parents=True, exist_ok=True)
+            (destination / name).write_bytes(source.read_bytes())
+    return destination
+
+
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> pathlib.Path:
     out = tmp_path_factory.mktemp("wheel")
-    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out), str(REPO)],
+    source = clean_copy(tmp_path_factory.mktemp("source"))
+    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out), str(source)],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     (built,) = out.glob("flaxzoo-*.whl")
@@ -33,15 +93,13 @@ def test_wheel_holds_only_the_flaxzoo_package(wheel):
     assert tops - dist_info == {"flaxzoo"}, sorted(tops)
     # flaxzoo itself is a namespace package: nothing but the three mapped folders below it
     assert {name.split("/")[1] for name in names if name.startswith("flaxzoo/")} == set(SOURCE_FOLDERS)
-    # every package folder of the source tree is in the wheel (pyproject lists them by hand)
-    for folder in SOURCE_FOLDERS:
-        for init in (REPO / folder).rglob("__init__.py"):
-            relative = init.relative_to(REPO).as_posix()
-            assert f"flaxzoo/{relative}" in names, f"{relative} is missing from the wheel: add its package to " \
-                                                   "[tool.setuptools] packages in pyproject.toml"
-        for module in (REPO / folder).rglob("*.py"):
-            if "__pycache__" not in module.parts:
-                assert f"flaxzoo/{module.relative_to(REPO).as_posix()}" in names, module
+    # every package folder of the source tree is in the wheel (setup.py finds them), and every module, and the
+    # wheel's modules are the tree's (none from elsewhere)
+    packages = {name.rsplit("/", 1)[0].replace("/", ".") for name in names if name.endswith("/__init__.py")}
+    assert packages == package_folders(REPO), sorted(packages ^ package_folders(REPO))
+    modules = {f"flaxzoo/{module.relative_to(REPO).as_posix()}" for folder in SOURCE_FOLDERS
+               for module in (REPO / folder).rglob("*.py") if "__pycache__" not in module.parts}
+    assert {name for name in names if name.endswith(".py")} == modules
 
 
 def test_wheel_metadata_license_and_console_script(wheel):
