@@ -6,26 +6,13 @@ checkpoint (``--config.init_from``). Batch 32 x 2048 over FSDP on every device, 
 See ``gpt2_small.py`` for pointing ``data`` at a real corpus.
 """
 
-from flaxzoo.train.config import base_config, data_fields, model_fields
+from flaxzoo.train.config import accelerator_config, data_fields, model_fields
 
 
 def get_config():
-    c = base_config()
-    c.steps = 10000
-    c.log_every = 10
-    c.eval_every = 1000
-    c.eval_batches = 20
-    c.checkpoint_every = 1000
-    c.batch_size = 32
-    c.seq_len = 2048
-    c.mesh.data, c.mesh.fsdp, c.mesh.tensor = 1, -1, 1
-    c.optim.lr = 3e-4
-    c.optim.warmup_steps = 500
+    c = accelerator_config(batch_size=32, seq_len=2048, lr=3e-4, remat="full")
     c.optim.b2 = 0.95
-    c.optim.weight_decay = 0.1
     c.optim.grad_clip = 1.0
-    c.precision.remat = "full"
     c.model = model_fields("llama-3.2-1b", max_position_embeddings=8192)
     c.data = data_fields(source="embedded", tokenizer="bpe", vocab_size=128256)
-    c.sample.prompt = "The"
     return c

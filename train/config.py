@@ -267,3 +267,19 @@ def base_config() -> ConfigDict:
     c.sample = section_dict(SampleConfig)
     c.lora = section_dict(LoraSettings)
     return c
+
+
+def accelerator_config(*, batch_size: int, seq_len: int, lr: float, remat: str = "dots",
+                       mesh: tuple[int, int, int] = (1, -1, 1)) -> ConfigDict:
+    """``base_config`` with the long pre-training run the accelerator configs share: 10,000 steps, a log line every
+    10, an evaluation (20 batches) and a checkpoint every 1,000, AdamW with weight decay 0.1 after 500 warm-up
+    steps, ``mesh`` = (data, fsdp, tensor) sizes (default: FSDP over every device), a sample after "The". The model,
+    the data and any other optimizer choice are the config's own."""
+    c = base_config()
+    c.steps, c.log_every, c.eval_every, c.eval_batches, c.checkpoint_every = 10000, 10, 1000, 20, 1000
+    c.batch_size, c.seq_len = batch_size, seq_len
+    c.mesh.data, c.mesh.fsdp, c.mesh.tensor = mesh
+    c.optim.lr, c.optim.warmup_steps, c.optim.weight_decay = lr, 500, 0.1
+    c.precision.remat = remat
+    c.sample.prompt = "The"
+    return c
