@@ -6,6 +6,12 @@ resolves to the earliest family that has it."""
 
 from __future__ import annotations
 
+import importlib
+import pathlib
+import sys
+
+import pytest
+
 from flaxzoo.models import families
 
 ORDER = ['bert', 'roberta', 'gpt2', 'llama', 'qwen2', 'qwen3', 'mistral', 'phi3', 'gpt_neox', 'olmo2', 'gemma', 'gemma2',
@@ -173,3 +179,57 @@ def test_gguf_presets_and_lora_targets_resolve_as_before():
         config = families.get_preset(name)
         assert config.model_type == model_type and families.default_model_class(config).__name__ == cls_name
     assert list(families.lora_targets().items()) == LORA_TARGETS
+
+
+# ------------------------------------------------------------------------------------------------ gathered, not listed
+
+def test_every_registered_record_comes_from_a_folder():
+    folders = sorted(p.name for p in pathlib.Path(families.__file__).parent.iterdir() if (p / "__init__.py").is_file())
+    assert [folder.__name__.rsplit(".", 1)[1] for folder in families.FOLDERS] == folders
+    records = [record for folder in families.FOLDERS for record in folder.RECORDS.values()]
+    assert sorted(record.model_type for record in records) == sorted(ORDER)
+    assert all(families.FAMILIES[record.model_type] is record for record in records)
+    assert families.last_added(families.FOLDERS).__name__ == "flaxzoo.models.families.modernbert"
+
+
+def write_folder(root: pathlib.Path, name: str, places: dict[int, str]) -> None:
+    """A family folder ``root/name`` whose RECORDS are Llama's record under other ``model_type``s."""
+    (root / name).mkdir()
+    records = ", ".join(f"{place}: replace(llama.FAMILY, model_type={model_type!r}, architectures={{}}, gguf=None, "
+                        f"presets={{}})" for place, model_type in places.items())
+    (root / name / "__init__.py").write_text("from dataclasses import replace\n\n"
+                                             "from flaxzoo.models.families import llama\n\n"
+                                             f"RECORDS = {{{records}}}\n")
+
+
+@pytest.fixture
+def package(tmp_path, monkeypatch):
+    """An empty package ``fake_families`` on sys.path (its imported modules removed afterwards)."""
+    (tmp_path / "fake_families").mkdir()
+    (tmp_path / "fake_families" / "__init__.py").write_text("")
+    (tmp_path / "fake_families" / "notes.py").write_text("")  # a module, not a folder: no family
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield tmp_path / "fake_families"
+    for name in [n for n in sys.modules if n == "fake_families" or n.startswith("fake_families.")]:
+        del sys.modules[name]
+
+
+def test_a_new_folder_is_gathered_in_the_order_of_its_places(package):
+    write_folder(package, "zeta", {20: "zeta"})
+    write_folder(package, "alpha", {21: "alpha", 19: "alpha-older"})
+    folders = families.family_folders(importlib.import_module("fake_families"))
+    assert [folder.__name__ for folder in folders] == ["fake_families.alpha", "fake_families.zeta"]
+    assert [record.model_type for record in families.gathered(folders)] == ["alpha-older", "zeta", "alpha"]
+    assert families.last_added(folders).__name__ == "fake_families.alpha"
+
+
+def test_a_folder_without_records_or_a_place_taken_twice_is_refused(package):
+    write_folder(package, "one", {5: "one"})
+    write_folder(package, "two", {5: "two"})
+    folders = families.family_folders(importlib.import_module("fake_families"))
+    with pytest.raises(ValueError, match=r"fake_families.two: place 5 of RECORDS is already fake_families.one's"):
+        families.gathered(folders)
+    (package / "three").mkdir()
+    (package / "three" / "__init__.py").write_text("FAMILY = None\n")
+    with pytest.raises(ValueError, match=r"fake_families.three: a family folder's __init__.py exports RECORDS"):
+        families.gathered([importlib.import_module("fake_families.three")])

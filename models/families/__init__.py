@@ -1,9 +1,11 @@
-"""The model families, one registration line each, and every lookup that needs one.
+"""The model families, gathered from their folders, and every lookup that needs one.
 
-A family is a folder here (``bert/``, ``roberta/``, ``gpt2/``, ``llama/``) whose ``FAMILY`` (a
-:class:`~flaxzoo.models.families.base.Family`) says everything flaxzoo knows about it: its Hugging Face
-architectures and flaxzoo classes, config translation, weight table, GGUF layout, LoRA and int8 targets. Adding one:
-its folder, and one ``register(...)`` line at the bottom of this file (``docs/adding-a-family.md``).
+A family is a folder here (``bert/``, ``roberta/``, ``gpt2/``, ``llama/``) whose ``__init__.py`` exports ``RECORDS``:
+its :class:`~flaxzoo.models.families.base.Family` records (what flaxzoo knows about a Hugging Face ``model_type``: its
+architectures and flaxzoo classes, config translation, weight table, GGUF layout, LoRA and int8 targets, presets), each
+under its place in the order the families were added. The registry imports every folder (``pkgutil``) and registers
+the records in that order, which is the order of lookups: a class several families share (BERT's, the decoder's)
+belongs to the earliest. Adding a family is its folder, and nothing else (``docs/adding-a-family.md``).
 
 Lookups: by flaxzoo ``model_type`` (:func:`family_of`), by a ``config.json`` (:func:`family_and_class`), by a GGUF's
 ``general.architecture`` (:func:`gguf_family`), by flaxzoo class (:func:`family_of_class`, :func:`model_classes`),
@@ -12,17 +14,15 @@ and the families' named configs (:data:`PRESETS`, :func:`get_preset`).
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
+import sys
+from types import ModuleType
 from typing import Any, Callable, Collection, Mapping
 
 from flax import nnx
 
 from flaxzoo.models.config import TransformerConfig
-from flaxzoo.models.families import bert, gemma, gpt2, llama, mistral, qwen2, qwen3, roberta
-from flaxzoo.models.families import gpt_neox, olmo2, phi3
-from flaxzoo.models.families import albert, electra
-from flaxzoo.models.families import distilbert
-from flaxzoo.models.families import deberta_v2
-from flaxzoo.models.families import modernbert
 from flaxzoo.models.families.base import Family, ParamPath
 
 FAMILIES: dict[str, Family] = {}
@@ -205,27 +205,43 @@ def lora_targets(model_or_cls: Any = None) -> Mapping[str, str]:
     return {name: pattern for f in FAMILIES.values() for name, pattern in f.lora_targets.items()}
 
 
-# The families, one line each (the order is the order of lookups: BERT before RoBERTa, which shares its classes).
-register(bert.FAMILY)
-register(roberta.FAMILY)
-register(gpt2.FAMILY)
-register(llama.FAMILY)
-register(qwen2.FAMILY)
-register(qwen3.FAMILY)
-register(mistral.FAMILY)
-register(phi3.FAMILY)
-register(gpt_neox.FAMILY)
-register(olmo2.FAMILY)
-register(gemma.GEMMA)
-register(gemma.GEMMA2)
-register(gemma.GEMMA3)
-register(albert.FAMILY)
-register(electra.FAMILY)
-register(distilbert.FAMILY)
-register(roberta.XLM_ROBERTA)
-register(deberta_v2.FAMILY)
-register(modernbert.FAMILY)
+def family_folders(package: ModuleType) -> list[ModuleType]:
+    """The family folders of ``package`` (its subpackages, imported), by name."""
+    names = sorted(info.name for info in pkgutil.iter_modules(package.__path__) if info.ispkg)
+    return [importlib.import_module(f"{package.__name__}.{name}") for name in names]
 
-__all__ = ["FAMILIES", "Family", "default_model_class", "factory_for", "family_and_class", "family_of",
-           "family_of_class", "family_of_model", "gguf_config", "gguf_family", "is_decoder_class", "lora_targets",
-           "model_class", "model_classes", "plain_factory", "register", "supported", "supported_architectures"]
+
+def gathered(folders: Collection[ModuleType]) -> list[Family]:
+    """The ``RECORDS`` of ``folders`` (``{place: Family}`` each), in the order of their places; ValueError naming the
+    folder that has none, a record that is no ``Family``, or two folders claiming one place."""
+    placed: dict[int, tuple[str, Family]] = {}
+    for folder in folders:
+        records = getattr(folder, "RECORDS", None)
+        if not isinstance(records, Mapping) or not records:
+            raise ValueError(f"{folder.__name__}: a family folder's __init__.py exports RECORDS, {{place: Family}} "
+                             "(place: the next number after the last family added)")
+        for place, record in records.items():
+            if not isinstance(place, int) or not isinstance(record, Family):
+                raise ValueError(f"{folder.__name__}: RECORDS maps int places to Family records; got "
+                                 f"{place!r}: {type(record).__name__}")
+            if place in placed:
+                raise ValueError(f"{folder.__name__}: place {place} of RECORDS is already "
+                                 f"{placed[place][0]}'s ({placed[place][1].model_type})")
+            placed[place] = folder.__name__, record
+    return [record for _, (_, record) in sorted(placed.items())]
+
+
+def last_added(folders: Collection[ModuleType]) -> ModuleType:
+    """The folder holding the record with the highest place: the family added last."""
+    return max(folders, key=lambda folder: max(folder.RECORDS))
+
+
+FOLDERS: list[ModuleType] = family_folders(sys.modules[__name__])  # every folder here, imported
+for _record in gathered(FOLDERS):
+    register(_record)
+del _record
+
+__all__ = ["FAMILIES", "FOLDERS", "Family", "default_model_class", "factory_for", "family_and_class", "family_folders",
+           "family_of", "family_of_class", "family_of_model", "gathered", "gguf_config", "gguf_family",
+           "is_decoder_class", "last_added", "lora_targets", "model_class", "model_classes", "plain_factory",
+           "register", "supported", "supported_architectures"]

@@ -232,8 +232,8 @@ def plain(cls: type, params: Collection[ParamPath]) -> Callable[..., nnx.Module]
 
 @dataclasses.dataclass(frozen=True)
 class Family:
-    """Everything flaxzoo knows about one Hugging Face ``model_type``; registering it is one line in
-    ``flaxzoo.models.families``.
+    """Everything flaxzoo knows about one Hugging Face ``model_type``; its family folder's ``RECORDS`` lists it, and
+    ``flaxzoo.models.families`` registers it (or :func:`~flaxzoo.models.families.register`, from your own code).
 
     ``architectures``: Hugging Face class name → flaxzoo class, the base model first (the heads are declared here
     and nowhere else; each class says its ``task``). ``weights(config, flaxzoo class, HF base prefix)`` builds the

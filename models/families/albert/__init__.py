@@ -4,4 +4,7 @@ names (``hf.py``)."""
 
 from flaxzoo.models.families.albert.hf import FAMILY
 
-__all__ = ["FAMILY"]
+# The records the registry gathers, by their place in the order the families were added (flaxzoo.models.families).
+RECORDS = {13: FAMILY}
+
+__all__ = ["RECORDS", "FAMILY"]

@@ -3,4 +3,7 @@
 
 from flaxzoo.models.families.bert.hf import FAMILY
 
-__all__ = ["FAMILY"]
+# The records the registry gathers, by their place in the order the families were added (flaxzoo.models.families).
+RECORDS = {0: FAMILY}
+
+__all__ = ["RECORDS", "FAMILY"]

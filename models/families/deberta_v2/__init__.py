@@ -4,4 +4,7 @@ under Hugging Face's ``deberta`` names (``hf.py``)."""
 
 from flaxzoo.models.families.deberta_v2.hf import FAMILY
 
-__all__ = ["FAMILY"]
+# The records the registry gathers, by their place in the order the families were added (flaxzoo.models.families).
+RECORDS = {17: FAMILY}
+
+__all__ = ["RECORDS", "FAMILY"]

@@ -3,4 +3,7 @@ names (``hf.py``)."""
 
 from flaxzoo.models.families.distilbert.hf import FAMILY
 
-__all__ = ["FAMILY"]
+# The records the registry gathers, by their place in the order the families were added (flaxzoo.models.families).
+RECORDS = {15: FAMILY}
+
+__all__ = ["RECORDS", "FAMILY"]

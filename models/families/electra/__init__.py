@@ -4,4 +4,7 @@ Hugging Face ``electra`` names (``hf.py``)."""
 from flaxzoo.models.families.electra.hf import FAMILY
 from flaxzoo.models.families.electra.model import ElectraForPreTraining
 
-__all__ = ["FAMILY", "ElectraForPreTraining"]
+# The records the registry gathers, by their place in the order the families were added (flaxzoo.models.families).
+RECORDS = {14: FAMILY}
+
+__all__ = ["RECORDS", "FAMILY", "ElectraForPreTraining"]

@@ -7,5 +7,8 @@ from flaxzoo.models.families.modernbert.model import (ModernBertBlock, ModernBer
                                                       ModernBertForSequenceClassification,
                                                       ModernBertForTokenClassification, ModernBertModel)
 
-__all__ = ["FAMILY", "ModernBertBlock", "ModernBertForMaskedLM", "ModernBertForQuestionAnswering",
+# The records the registry gathers, by their place in the order the families were added (flaxzoo.models.families).
+RECORDS = {18: FAMILY}
+
+__all__ = ["RECORDS", "FAMILY", "ModernBertBlock", "ModernBertForMaskedLM", "ModernBertForQuestionAnswering",
            "ModernBertForSequenceClassification", "ModernBertForTokenClassification", "ModernBertModel"]

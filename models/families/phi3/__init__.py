@@ -2,4 +2,7 @@
 
 from flaxzoo.models.families.phi3.hf import FAMILY
 
-__all__ = ["FAMILY"]
+# The records the registry gathers, by their place in the order the families were added (flaxzoo.models.families).
+RECORDS = {7: FAMILY}
+
+__all__ = ["RECORDS", "FAMILY"]
