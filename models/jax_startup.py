@@ -12,7 +12,7 @@ printed, before any output of its own:
 - libtpu's ``Failed to find host bounds for accelerator type: WARNING: could not determine TPU accelerator type ...``
   and ``E0000 ... common_lib.cc:554] INVALID_ARGUMENT: Error: unexpected worker hostname ... TPU_WORKER_HOSTNAMES``
   with its ``=== Source Location Trace: ===``, when JAX starts its backends and tries TPU, and when a deviceless TPU
-  compile loads libtpu (``flaxzoo.train.targets``).
+  compile loads libtpu (``flaxzoo.train.tools.targets``).
 
 What :func:`quiet_jax_startup` does, only while JAX is not imported yet and only on a machine with no sign of a GPU or
 TPU (:func:`accelerator_signs`; any sign: it changes nothing, and none of those lines is dropped there, where they
@@ -29,7 +29,7 @@ may be the clue to a broken driver):
    ``F...`` fatal log line followed by ``abort()`` still gets out, and C code that writes with the GIL held cannot
    block on a full pipe.
 
-:func:`quiet_plugin_start` does the same around a deviceless plugin's start (``flaxzoo.train.targets.devices``), and
+:func:`quiet_plugin_start` does the same around a deviceless plugin's start (``flaxzoo.train.tools.targets.devices``), and
 tells libtpu, only for that start and only where the machine has no TPU, that this machine is a single host
 (``TPU_WORKER_HOSTNAMES=localhost``, ``TPU_HOST_BOUNDS=1,1,1``, unless set): libtpu then has nothing to complain
 about (it reads them once, when it loads; the compile-only topology, process indices included, is unchanged).

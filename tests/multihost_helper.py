@@ -2,7 +2,7 @@
 (``PYTHONPATH=tests``), usually by ``python -m flaxzoo.train.launch --module multihost_helper``.
 
   meshes ARGS_JSON   {"data_dir", "root", "out", "runs": [{"name", "kind", "mesh", "interleave", "extra"}]}: train
-                     each run with ``flaxzoo.train.loop.Trainer`` in ``root/name``; the devices in ``jax.devices()`` order,
+                     each run with ``flaxzoo.train.pretrain.Trainer`` in ``root/name``; the devices in ``jax.devices()`` order,
                      or with ``interleave`` ordered device-major across processes (p0d0, p1d0, p0d1, p1d1), so the
                      mesh's axes do not follow process boundaries. Every process writes ``out.p<i>.json``: the
                      rows it loaded per run, and every file it opened for writing (a Python audit hook).
@@ -55,7 +55,7 @@ def meshes(args: dict) -> None:
     import jax
 
     from flaxzoo.train import multihost
-    from flaxzoo.train.loop import Trainer
+    from flaxzoo.train.pretrain import Trainer
     from train_helper import make_config
 
     multihost.initialize()
@@ -115,15 +115,15 @@ def _install_faults() -> None:
         sharded.load_sharded = counted
     delay = float(os.environ.get("FLAXZOO_TEST_STEP_DELAY", "0") or 0)
     if delay:
-        from flaxzoo.train import loop
+        from flaxzoo.train import pretrain
 
-        write = loop.MetricsWriter.write
+        write = pretrain.MetricsWriter.write
 
         def slow_write(self, row):
             write(self, row)
             time.sleep(delay)
 
-        loop.MetricsWriter.write = slow_write
+        pretrain.MetricsWriter.write = slow_write
 
 
 def train(argv: list[str]) -> int:

@@ -62,7 +62,7 @@ def test_flop_formula_matches_xla_cost_analysis():
 def test_bench_counts_flops_as_the_training_loop():
     """The bench's MFU uses ``flaxzoo.train.flops.flops_per_token`` with the loader's ``predictions`` (the MLM head on the
     ``P`` gathered slots), the count the training loop reports; causal workloads have no ``predictions``."""
-    from flaxzoo.train import bench
+    from flaxzoo.train.tools import bench
     from flaxzoo.train.data import DataConfig
 
     for work, seq, predictions in (("bert_train", 128, 20), ("bert_base", 128, 20), ("gpt_train", 256, None)):
@@ -82,7 +82,7 @@ def test_bench_batches_are_the_clis(work, argv):
     row numbered from 1; causal targets the next token but ``IGNORE_INDEX`` across a document end (after its EOS);
     MLM segments ``[CLS] ... [SEP]``, padding with segment 0 and attention 0, the loader's number of masked tokens
     (``flaxzoo.train.data.masking.num_to_predict``) at ``masked_positions`` (ascending, then 0) with their original ids."""
-    from flaxzoo.train import bench
+    from flaxzoo.train.tools import bench
     from flaxzoo.train.batches import IGNORE_INDEX
     from flaxzoo.train.data import DataConfig, batch_shapes
     from flaxzoo.train.data.masking import num_to_predict
@@ -150,7 +150,7 @@ def test_bench_times_the_main_job(tmp_path):
     """``main_gpt_train`` runs ``python -m flaxzoo.train --config gpt_train`` (tiny here) and reports its logged tokens/s."""
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     proc = subprocess.run(
-        [sys.executable, "-m", "flaxzoo.train.bench", "--work", "main_gpt_train", "--tiny", "--json", "--steps", "2",
+        [sys.executable, "-m", "flaxzoo.train.tools.bench", "--work", "main_gpt_train", "--tiny", "--json", "--steps", "2",
          "--peak-size", "256"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads([line for line in proc.stdout.splitlines() if line.startswith("{")][-1])
@@ -161,7 +161,7 @@ def test_bench_times_the_main_job(tmp_path):
 def test_bench_mfu_is_never_above_one(monkeypatch):
     """MFU against the round's peak; work that outran it has the CPU peak measured again (the higher kept), and
     work that still outruns that is left out with a reason, never reported above 100%."""
-    from flaxzoo.train.bench import common
+    from flaxzoo.train.tools.bench import common
 
     assert jax.devices()[0].platform == "cpu"
     monkeypatch.setattr(flopslib, "time_cpu_matmul", lambda size: 2e9)  # the peak measured again after the work
@@ -184,7 +184,7 @@ def test_bench_mfu_is_never_above_one(monkeypatch):
 
 def test_bench_imports_no_data_stack():
     """The accelerator image has no Grain, tensorflow-datasets or ml_collections: the bench must not import them."""
-    code = ("import sys, flaxzoo.train.bench; bad = [m for m in ('grain', 'tensorflow_datasets', 'ml_collections', 'torch', "
+    code = ("import sys, flaxzoo.train.tools.bench; bad = [m for m in ('grain', 'tensorflow_datasets', 'ml_collections', 'torch', "
             "'transformers', 'flaxzoo.train.data') if m in sys.modules]; print(bad); sys.exit(1 if bad else 0)")
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -197,7 +197,7 @@ def test_bench_profile_lists_the_compiled_programs_operations(tmp_path):
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     env.pop("XLA_FLAGS", None)
     proc = subprocess.run(
-        [sys.executable, "-m", "flaxzoo.train.bench", "--work", "gpt_train", "--tiny", "--json", "--steps", "1",
+        [sys.executable, "-m", "flaxzoo.train.tools.bench", "--work", "gpt_train", "--tiny", "--json", "--steps", "1",
          "--warmup", "1", "--peak-size", "256", "--profile", str(tmp_path)],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -213,7 +213,7 @@ def test_bench_classify_serves_the_same_labels_as_transformers():
     """``--work classify``: the packaged MiniLM with a 5-class head, flaxzoo and transformers on the same weights and
     headlines (times are the benchmark's business; here: it runs, and both sides give the same labels)."""
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-    proc = subprocess.run([sys.executable, "-m", "flaxzoo.train.bench", "--work", "classify", "--headlines", "12", "--json"],
+    proc = subprocess.run([sys.executable, "-m", "flaxzoo.train.tools.bench", "--work", "classify", "--headlines", "12", "--json"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads([line for line in proc.stdout.splitlines() if line.startswith("{")][-1])
@@ -232,7 +232,7 @@ def test_bench_classify_serves_the_same_labels_as_transformers():
 ])
 def test_bench_smollm2_generate_argument_errors(argv, message, capsys):
     """``--work smollm2_generate``'s options: one clear error per bad value (nothing is loaded)."""
-    from flaxzoo.train import bench
+    from flaxzoo.train.tools import bench
 
     with pytest.raises(SystemExit):
         bench.parse_args(["--work", "smollm2_generate", *argv])

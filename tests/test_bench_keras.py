@@ -4,7 +4,7 @@ extra, not the ``test`` one): without it they skip; the argument checks need not
 
 import pytest
 
-from flaxzoo.train import bench
+from flaxzoo.train.tools import bench
 
 TINY = ["--work", "gpt_generate", "--tiny", "--json", "--generate-repeats", "1", "--peak-size", "256"]
 

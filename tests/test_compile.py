@@ -13,9 +13,10 @@ import pytest
 
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # two test workers may load libtpu at once
 
-from flaxzoo.train import compile as compilelib  # noqa: E402
-from flaxzoo.train import hlo as hlolib  # noqa: E402
-from flaxzoo.train import sharding, targets  # noqa: E402
+from flaxzoo.train.tools import compile as compilelib  # noqa: E402
+from flaxzoo.train.tools import hlo as hlolib  # noqa: E402
+from flaxzoo.train import sharding  # noqa: E402
+from flaxzoo.train.tools import targets  # noqa: E402
 
 TPU = "v5e-8"
 GPU = "h100x8"
@@ -328,7 +329,7 @@ def test_generate_step_compiles_at_batch_one_and_the_configs_batch():
     assert reports[0].attention == "xla"  # one query over the cache: no full-sequence kernel
     from flaxzoo.models.modeling import abstract_model
     from flaxzoo.train.config import TrainConfig
-    from flaxzoo.train.roofline import decode_bytes_per_token
+    from flaxzoo.train.tools.roofline import decode_bytes_per_token
 
     cfg = TrainConfig.from_config_dict(compilelib.load_config("default", TINY), 8, backend="tpu")
     for report, batch in zip(reports, (1, 32)):  # the memory roofline against the chips' HBM bandwidth
@@ -355,7 +356,7 @@ def test_tagging_config_compiles_the_taggers_step_without_data_files(minilm_dir,
     from flaxzoo.models import BertForTokenClassification
     from flaxzoo.models.io.sources import open_source
     from flaxzoo.train import flops as flopslib
-    from flaxzoo.train.finetune.compile import DEFAULT_TAGS
+    from flaxzoo.train.tools.compile_finetune import DEFAULT_TAGS
 
     need("gpu")  # as the classify compile above (on 2 CPU cores: 32 s for h100x8, 56 s for v5e-8)
     config = compilelib.load_config("finetune_ner", [f"--config.init_from={minilm_dir}"])

@@ -489,7 +489,7 @@ def test_the_command_line_exits_2_on_bad_input(tmp_path):
 def test_a_flaxzoo_mlm_workdir_starts_a_classifier(tmp_path, data_dir, csv_files):
     """``init_from`` = a ``python -m flaxzoo.train`` masked-LM work directory (its tokenizer with it): the encoder's weights
     come from the checkpoint, the pooler and classifier are new, and the run trains."""
-    from flaxzoo.train.loop import Trainer
+    from flaxzoo.train.pretrain import Trainer
     from train_helper import make_config
 
     mlm = tmp_path / "mlm"

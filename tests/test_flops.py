@@ -76,7 +76,7 @@ def test_predictions_match_xla_count_of_the_mlm_loss():
     ``masked_positions``) on the bench's packed batch: a third of ``flops_per_token(..., predictions=P)`` within the
     element-wise ops the formula leaves out (norms, GELU, softmax, the loss: ~2 % at this width). The head counted
     on every position instead would be ~25 % too high."""
-    from flaxzoo.train import bench
+    from flaxzoo.train.tools import bench
     from flaxzoo.train.losses import masked_lm_loss
 
     config = get_preset("bert-base-uncased", vocab_size=4096, hidden_size=512, num_layers=2, num_heads=8,

@@ -1,4 +1,4 @@
-"""``python -m flaxzoo.train.gpu_check --tiny`` on CPU: every check prints one JSON line with finite positive figures; a part
+"""``python -m flaxzoo.train.tools.gpu_check --tiny`` on CPU: every check prints one JSON line with finite positive figures; a part
 that runs out of time becomes a failed figure, not a hang."""
 
 import json
@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from flaxzoo.train import bench, gpu_check
+from flaxzoo.train.tools import bench, gpu_check
 from flaxzoo.train import flops as flopslib
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -20,7 +20,7 @@ CHECKS = ("versions", "gpt2_small_train", "bert_base_train", "train_cli", "smoll
 @pytest.mark.slow
 def test_tiny_check_prints_every_figure(tmp_path):
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-    proc = subprocess.run([sys.executable, "-m", "flaxzoo.train.gpu_check", "--tiny", "--logs", str(tmp_path)], cwd=REPO,
+    proc = subprocess.run([sys.executable, "-m", "flaxzoo.train.tools.gpu_check", "--tiny", "--logs", str(tmp_path)], cwd=REPO,
                           env=env, capture_output=True, text=True, timeout=240)
     figures = {f["check"]: f for f in map(json.loads, proc.stdout.splitlines())}
     assert set(figures) == set(CHECKS), proc.stdout
@@ -57,7 +57,7 @@ def test_encoder_check_on_cpu_matches_the_definition():
     """``gpu_encoder_check --tiny`` on CPU: the biased padded call (with its bias gradient), the bidirectional window
     and the DeBERTa relative-table gradients within bfloat16's error of the float32 definition."""
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-    proc = subprocess.run([sys.executable, "-m", "flaxzoo.train.gpu_encoder_check", "--tiny", "--parts",
+    proc = subprocess.run([sys.executable, "-m", "flaxzoo.train.tools.gpu_encoder_check", "--tiny", "--parts",
                            "bias,window,deberta"], cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
     figures = [json.loads(line) for line in proc.stdout.splitlines()]
     assert proc.returncode == 0 and all(f.get("ok", True) for f in figures), proc.stdout[-3000:]

@@ -203,3 +203,37 @@ def test_a_moved_module_names_its_new_home(old, new):
     importlib.import_module(new)  # the new name imports
     for moved, home in flaxzoo.models.MOVED_MODULES.items():
         assert importlib.util.find_spec(f"flaxzoo.models.{home}") is not None, (moved, home)
+
+
+@pytest.mark.parametrize("old, new", [
+    ("flaxzoo.train.gpu_check", "flaxzoo.train.tools.gpu_check"),
+    ("flaxzoo.train.roofline", "flaxzoo.train.tools.roofline"),
+    ("flaxzoo.train.targets", "flaxzoo.train.tools.targets"),
+    ("flaxzoo.train.finetune.compile", "flaxzoo.train.tools.compile_finetune"),
+    ("flaxzoo.train.loop", "flaxzoo.train.pretrain"),
+])
+def test_a_moved_train_module_names_its_new_home(old, new):
+    import importlib
+    import importlib.util
+    import sys
+
+    import flaxzoo.train
+
+    assert old not in sys.modules
+    with pytest.raises(ModuleNotFoundError) as raised:
+        importlib.import_module(old)
+    assert str(raised.value) == f"{old} has moved: import {new}"
+    for moved, home in flaxzoo.train.MOVED_MODULES.items():
+        assert importlib.util.find_spec(f"flaxzoo.train.{home}") is not None, (moved, home)
+        assert not (ROOT / "train" / f"{moved.replace('.', '/')}.py").exists(), moved
+
+
+@pytest.mark.parametrize("command", ["bench", "compile"])
+def test_the_tools_old_commands_still_run(command):
+    """``python -m flaxzoo.train.bench`` / ``.compile`` forward to ``flaxzoo.train.tools``: the tool's own help."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", f"flaxzoo.train.{command}", "--help"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0 and "usage: python -m flaxzoo.train." + command in proc.stdout, proc.stderr[-2000:]

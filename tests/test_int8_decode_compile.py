@@ -15,7 +15,7 @@ from flax import nnx
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # two test workers may load libtpu at once
 from flaxzoo.models import GPTForCausalLM, create_model, get_preset  # noqa: E402
 from flaxzoo.models.adapters.quantize import quantize_model  # noqa: E402
-from flaxzoo.train import targets  # noqa: E402
+from flaxzoo.train.tools import targets  # noqa: E402
 
 generatelib = importlib.import_module("flaxzoo.models.inference.generate")  # the package exports the function of that name
 

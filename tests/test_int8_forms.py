@@ -1,10 +1,10 @@
-"""The int8 matmul forms of ``train/bench/int8_forms.py`` compute the same chain as numpy (the A/B of
+"""The int8 matmul forms of ``train/tools/bench/int8_forms.py`` compute the same chain as numpy (the A/B of
 ``models/QUANTIZE.md`` compares forms that agree), and the command runs."""
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from flaxzoo.train.bench import int8_forms
+from flaxzoo.train.tools.bench import int8_forms
 
 
 def numpy_chain(x: np.ndarray, weights: list[np.ndarray], steps: int) -> np.ndarray:

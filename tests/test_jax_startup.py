@@ -158,7 +158,7 @@ import os, sys
 {before}
 import jax
 print("platform", jax.devices()[0].platform, os.environ.get("JAX_PLATFORMS"))
-from flaxzoo.train.targets import compile_devices, parse_target
+from flaxzoo.train.tools.targets import compile_devices, parse_target
 print("v5e-1", [d.device_kind for d in compile_devices(parse_target("v5e-1"))])
 print("h100x1", [d.device_kind for d in compile_devices(parse_target("h100x1"))])
 """
@@ -189,7 +189,7 @@ def test_the_entry_points_collect_garbage_less_often_and_importing_flaxzoo_does_
     script = textwrap.dedent("""
         import gc, json, sys
         before = gc.get_threshold()
-        import flaxzoo.models, flaxzoo.train, flaxzoo.train.compile, flaxzoo.train.__main__ as cli
+        import flaxzoo.models, flaxzoo.train, flaxzoo.train.tools.compile, flaxzoo.train.__main__ as cli
         imported = gc.get_threshold()
         cli.main(["flaxzoo.train", "--help"])
         print(json.dumps([before, imported, gc.get_threshold()]))

@@ -15,7 +15,7 @@ from flaxzoo.models.adapters.lora import has_lora
 from flaxzoo.models.modeling import create_model
 from flaxzoo.train.checkpoint import CheckpointError, read_meta
 from flaxzoo.train.config import ConfigError, TrainConfig
-from flaxzoo.train.loop import Trainer, train
+from flaxzoo.train.pretrain import Trainer, train
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 PROMPT = np.asarray([[5, 17, 99, 3, 250, 41]], np.int32)

@@ -21,7 +21,7 @@ CONFIG = pathlib.Path(__file__).resolve().parent.parent / "configs" / "modernber
 
 @pytest.fixture(scope="module")
 def trainer(tmp_path_factory):
-    from flaxzoo.train.loop import Trainer
+    from flaxzoo.train.pretrain import Trainer
 
     spec = importlib.util.spec_from_file_location("modernbert_tiny", CONFIG)
     module = importlib.util.module_from_spec(spec)

@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from flaxzoo.train.notebook import FIGURE_PREFIX
+from flaxzoo.train.tools.notebook import FIGURE_PREFIX
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 NOTEBOOK_DIR = ROOT / "notebooks"
@@ -274,7 +274,7 @@ def test_runs_in_small_mode(name, tmp_path, monkeypatch):
 
 
 def test_setup_helpers():
-    from flaxzoo.train.notebook import figure, format_figure, small_mode
+    from flaxzoo.train.tools.notebook import figure, format_figure, small_mode
 
     assert small_mode({}) is False and small_mode({"SMALL": "1"}) is True and small_mode({"SMALL": " no "}) is False
     with pytest.raises(ValueError, match="SMALL='maybe'"):

@@ -145,7 +145,7 @@ def test_span_loss_is_the_mean_of_start_and_end_cross_entropies():
 # ------------------------------------------------------------------------------------------------ the engine
 @pytest.fixture(scope="module")
 def qa_run(tmp_path_factory):
-    from flaxzoo.train import compile as compilelib
+    from flaxzoo.train.tools import compile as compilelib
     from flaxzoo.train.finetune.qa import QuestionAnswering
 
     root = tmp_path_factory.mktemp("qa")

@@ -1,4 +1,4 @@
-"""The decode memory roofline (``flaxzoo.train.roofline``): bytes per new token against numpy's count of the model's
+"""The decode memory roofline (``flaxzoo.train.tools.roofline``): bytes per new token against numpy's count of the model's
 arrays and the cache formula, the stream bandwidth, and the accelerator compile's roofline line."""
 
 import jax.numpy as jnp
@@ -8,7 +8,7 @@ from flax import nnx
 
 from flaxzoo import models
 from flaxzoo.models.adapters.quantize import quantize_model
-from flaxzoo.train import roofline
+from flaxzoo.train.tools import roofline
 
 
 def state_bytes(model, skip=()) -> int:

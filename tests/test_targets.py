@@ -1,4 +1,4 @@
-"""flaxzoo.train.targets: target names, the figures behind them, and compile-only TPU / GPU devices that really compile.
+"""flaxzoo.train.tools.targets: target names, the figures behind them, and compile-only TPU / GPU devices that really compile.
 
 The compile tests need the ``aot`` extra (libtpu; JAX's CUDA plugin and NVIDIA's PTX compiler) and are skipped,
 with the reason, where a plugin is not installed."""
@@ -19,9 +19,9 @@ import pytest  # noqa: E402
 from jax.experimental import mesh_utils  # noqa: E402
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
 
-from flaxzoo.train import targets  # noqa: E402
-from flaxzoo.train.targets import devices as target_devices  # noqa: E402
-from flaxzoo.train.targets import GiB, AotUnavailable, Target, compile_devices, parse_target, target_names  # noqa: E402
+from flaxzoo.train.tools import targets  # noqa: E402
+from flaxzoo.train.tools.targets import devices as target_devices  # noqa: E402
+from flaxzoo.train.tools.targets import GiB, AotUnavailable, Target, compile_devices, parse_target, target_names  # noqa: E402
 
 
 def _installed(module: str) -> bool:
@@ -229,7 +229,7 @@ def test_gpu_devices_compile(name):
     assert len(devices) == 8 and {d.platform for d in devices} == {"gpu"}
     assert {d.device_kind for d in devices} == {target.device_kind}
     compiled = _check_matmul(target, devices)
-    assert compiled.cost_analysis() is None  # GPU executables give none: flaxzoo.train.compile counts FLOPs analytically
+    assert compiled.cost_analysis() is None  # GPU executables give none: flaxzoo.train.tools.compile counts FLOPs analytically
 
 
 @needs_gpu

@@ -223,9 +223,9 @@ def test_bert_pretraining_reports_masked_token_accuracy(data_dir, tmp_path):
 def test_an_error_after_the_first_step_exits_1_and_before_it_2(data_dir, tmp_path):
     """Exit code 2 means nothing was computed (a bad config or input); a ValueError once training runs is a run
     failure (1). The failure is simulated by a metrics writer that raises, in a real ``python -m flaxzoo.train`` process."""
-    failing = ("import sys, flaxzoo.train.loop as loop\n"
+    failing = ("import sys, flaxzoo.train.pretrain as loop\n"
                "def write(self, row):\n    raise ValueError('disk full (simulated)')\n"
-               "loop.MetricsWriter.write = write\n"
+               "pretrain.MetricsWriter.write = write\n"
                "from flaxzoo.train.__main__ import main\nsys.exit(main(sys.argv))\n")
     flags = [*as_flags("gpt", overrides("gpt", data_dir, steps=3)), "--workdir", str(tmp_path / "a")]
     proc = subprocess.run([sys.executable, "-c", failing, *flags], cwd=REPO, env=env(), capture_output=True,
@@ -239,7 +239,7 @@ def test_an_error_after_the_first_step_exits_1_and_before_it_2(data_dir, tmp_pat
 def test_closing_line_says_when_nothing_was_left_to_do():
     """Resumed at or past the last step: no "steps 801..800"; a normal or stopped run keeps its step range."""
     from flaxzoo.train.__main__ import steps_done
-    from flaxzoo.train.loop import Summary
+    from flaxzoo.train.pretrain import Summary
 
     def line(start: int, last: int, stopped_by: str | None = None) -> str:
         return steps_done(Summary(workdir="w", start_step=start, last_step=last, stopped_by=stopped_by), 800, 12.3)

@@ -624,7 +624,7 @@ def test_peak_table():
 
 def test_the_loop_and_the_bench_measure_the_same_cpu_peak():
     """One peak function and one matmul size for both, named with the figure (their MFUs used to disagree)."""
-    from flaxzoo.train import bench
+    from flaxzoo.train.tools import bench
 
     assert bench.parse_args(["--work", "gpt_train"]).peak_size == flops.CPU_PEAK_SIZE
     peak, source = flops.device_peak(jax.devices()[:1], cpu_size=256)
@@ -640,7 +640,7 @@ def test_an_object_store_work_directory_is_used_as_a_uri(tmp_path, monkeypatch):
     from etils.epath import backend, testing as epath_testing
 
     from flaxzoo.train.checkpoint import is_remote, resolve_workdir
-    from flaxzoo.train.loop import MetricsWriter
+    from flaxzoo.train.pretrain import MetricsWriter
 
     monkeypatch.chdir(tmp_path)
     assert str(resolve_workdir("gs://bucket/run")) == "gs://bucket/run" and is_remote(resolve_workdir("gs://b/r"))

@@ -12,7 +12,7 @@ import pytest
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from train_helper import flat_state, make_config, run_steps  # noqa: E402
 
-from flaxzoo.train.loop import Trainer  # noqa: E402
+from flaxzoo.train.pretrain import Trainer  # noqa: E402
 from flaxzoo.train.sharding import global_batch  # noqa: E402
 from flaxzoo.train.losses import token_cross_entropy  # noqa: E402
 

@@ -140,7 +140,7 @@ def main(command: str, args: dict[str, Any]) -> None:
     import jax
     import numpy as np
 
-    from flaxzoo.train.loop import Trainer
+    from flaxzoo.train.pretrain import Trainer
 
     if command == "parity":
         reference = Trainer(_mesh_config(args, (1, 1, 1)), args["workdir"], devices=jax.devices()[:1])

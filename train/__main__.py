@@ -35,7 +35,7 @@ from flaxzoo import configs  # noqa: E402
 from flaxzoo.train import exit_codes  # noqa: E402
 
 if TYPE_CHECKING:
-    from flaxzoo.train.loop import Summary
+    from flaxzoo.train.pretrain import Summary
 
 CONFIG_DIR = pathlib.Path(configs.__file__).resolve().parent
 DEFAULT_CONFIG = CONFIG_DIR / "default.py"
@@ -199,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     from flaxzoo.train.checkpoint import CheckpointError
     from flaxzoo.train.config import ConfigError, TrainConfig
     from flaxzoo.train.hooks import NonFiniteLossError, say as _say
-    from flaxzoo.train.loop import Trainer
+    from flaxzoo.train.pretrain import Trainer
 
     try:
         cfg = TrainConfig.from_config_dict(config)  # checked once, before any data work or compilation

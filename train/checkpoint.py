@@ -21,7 +21,7 @@ Layout (a contract: ``from_pretrained`` reads training checkpoints with it)::
                                      "data_position": the next global batch to read (= step)}
       damaged_checkpoints/<step>   a checkpoint that failed to restore, moved here (never deleted)
       tokenizer.json               the run's tokenizer
-      metrics.jsonl, tensorboard/  logs (train/loop.py)
+      metrics.jsonl, tensorboard/  logs (train/pretrain.py)
 
 To read the parameters elsewhere: build the abstract model from ``meta["config"]`` and ``meta["model_class"]``,
 take ``nnx.state(abstract, nnx.Param).to_pure_dict()`` as the restore target of ``state.params`` (or restore without a

@@ -12,12 +12,12 @@ import sys
 COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("flaxzoo.train", "train or fine-tune the model of a config (resumes from the work directory)"),
     "convert": ("flaxzoo.models.io.convert", "convert checkpoints: Hugging Face / GGUF / flaxzoo work directory"),
-    "compile": ("flaxzoo.train.compile", "compile a config's step for a TPU / GPU target: memory per chip, FLOPs"),
-    "bench": ("flaxzoo.train.bench", "benchmarks: training, decoding, serving, side by side with transformers"),
+    "compile": ("flaxzoo.train.tools.compile", "compile a config's step for a TPU / GPU target: memory per chip, FLOPs"),
+    "bench": ("flaxzoo.train.tools.bench", "benchmarks: training, decoding, serving, side by side with transformers"),
     "launch": ("flaxzoo.train.launch", "start N local processes as one multi-process job"),
     "data": ("flaxzoo.train.data", "prepare or inspect a config's dataset"),
     "results": ("flaxzoo.train.finetune.results", "fine-tuning result tables (several seeds)"),
-    "gpu-check": ("flaxzoo.train.gpu_check", "the prepared accelerator check (one JSON line per figure)"),
+    "gpu-check": ("flaxzoo.train.tools.gpu_check", "the prepared accelerator check (one JSON line per figure)"),
 }
 
 

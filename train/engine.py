@@ -60,7 +60,7 @@ class LoopResult:
 
 
 class Task:
-    """What a task gives the engine (subclassed by ``flaxzoo.train.loop.Trainer`` and the fine-tuners)."""
+    """What a task gives the engine (subclassed by ``flaxzoo.train.pretrain.Trainer`` and the fine-tuners)."""
 
     workdir: Any  # an ``epath.Path``
     settings: LoopSettings

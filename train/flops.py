@@ -1,5 +1,5 @@
 """Model FLOPs per token, accelerator peaks, and model FLOPs utilisation (MFU): the one definition the training loop,
-the benchmark (``train/bench/``) and the accelerator check (``train/gpu_check.py``, through the bench) share.
+the benchmark (``train/tools/bench/``) and the accelerator check (``train/tools/gpu_check.py``, through the bench) share.
 
 Convention (Kaplan et al., 2020; PaLM, Chowdhery et al., 2022, appendix B), for one training token:
 

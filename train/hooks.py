@@ -1,6 +1,6 @@
 """What every training task shares around its step: the stop signal (SIGTERM / SIGINT, agreed across processes),
 the metrics writer (``metrics.jsonl`` and TensorBoard), the non-finite loss check's error, the compilation cache and
-the lines printed by process 0. The pre-training loop (``train/loop.py``) and the fine-tuner
+the lines printed by process 0. The pre-training loop (``train/pretrain.py``) and the fine-tuner
 (``train/finetune/trainer.py``) run their steps with these.
 """
 

@@ -1,7 +1,7 @@
 """The step program of a run: the model's abstract state, its shardings on the mesh, and the jitted train / eval steps.
 
 Built from a checked :class:`~flaxzoo.train.config.TrainConfig` and a mesh alone: no data is read and nothing is allocated
-until :meth:`StepProgram.initial_state` is called. ``flaxzoo.train.loop.Trainer`` runs it; ``flaxzoo.train.compile`` lowers and
+until :meth:`StepProgram.initial_state` is called. ``flaxzoo.train.pretrain.Trainer`` runs it; ``flaxzoo.train.tools.compile`` lowers and
 compiles exactly the same step for compile-only TPU / GPU devices (``python -m flaxzoo.train.compile``).
 """
 

@@ -83,7 +83,7 @@ def make_train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, sc
                     grad_shardings: Any = None, trainable: Callable[[tuple], bool] | None = None,
                     placement: ActivationPlacement | None = None) -> Callable:
     """``train_step(state, rest, batch, with_accuracy=True) -> (state, metrics)``, not yet jitted: the one place a
-    loss is differentiated (the training loop and ``flaxzoo.train.bench`` both build their step here).
+    loss is differentiated (the training loop and ``flaxzoo.train.tools.bench`` both build their step here).
 
     ``batch`` holds the whole step's rows ``[batch_size, seq]`` (keys: ``flaxzoo.train.batches``); with ``accum_steps`` > 1
     they are cut into micro-batches by striding (micro-batch ``i`` = rows ``i, i + accum_steps, ...``), so that each

@@ -175,7 +175,7 @@ def lower_generate(model: nnx.Module, batch: int, width: int, capacity: int, *, 
                    sharding: jax.sharding.Sharding | None = None) -> jax.stages.Lowered:
     """The program :func:`generate` runs (prefill and decode loop) for ``batch`` prompts ``width`` tokens wide and
     ``capacity`` new tokens (shape buckets), lowered from abstract inputs placed by ``sharding`` (default: none):
-    what a compile for another platform (``flaxzoo.train.targets.compile_devices``) starts from."""
+    what a compile for another platform (``flaxzoo.train.tools.targets.compile_devices``) starts from."""
     graphdef, state = eval_split(model)
 
     def spec(shape: tuple[int, ...], dtype) -> jax.ShapeDtypeStruct:

@@ -2,7 +2,7 @@
 
 The layers name the axes of their activations (``ACTIVATION_BATCH``, ``ACTIVATION_LENGTH``, ...) and call
 :func:`constrain`. Outside a :func:`placed` block (a notebook, a test, decoding) that is a no-op. Inside one (the
-train and eval steps of ``train/``, ``train/compile.py``), each name is mapped to mesh axes by the placement's rule
+train and eval steps of ``train/``, ``train/tools/compile.py``), each name is mapped to mesh axes by the placement's rule
 (``train/sharding.py``: batch over ``data`` × ``fsdp``, heads and MLP width over ``tensor``) and becomes a
 ``with_sharding_constraint``.
 

@@ -208,7 +208,7 @@ def cached_attention(query: jax.Array, key_rows: jax.Array, value_rows: jax.Arra
                          value_rows)
     return _sequence_major(context.reshape(batch, kv_heads, groups * q_len, head_dim), q_len)
 
-CAUSAL_BLOCK_QUERIES = 64  # the smallest query block worth its own matmuls on the 2-core CPU (train/PERFORMANCE.md)
+CAUSAL_BLOCK_QUERIES = 64  # the smallest query block worth its own matmuls on the 2-core CPU (train/tools/bench/PERFORMANCE.md)
 MAX_CAUSAL_BLOCKS = 8
 
 

@@ -27,9 +27,9 @@ import numpy as np
 
 from flaxzoo.models.inference.generate import generate
 from flaxzoo.models.io.packaged import SMOLLM2_FILE, smollm2_gguf
-from flaxzoo.train.bench.common import cpu_model_name, current_rss_mb, timed
-from flaxzoo.train.bench.op_profile import profile_ops
-from flaxzoo.train.roofline import roofline_fields, time_memory_bandwidth
+from flaxzoo.train.tools.bench.common import cpu_model_name, current_rss_mb, timed
+from flaxzoo.train.tools.bench.op_profile import profile_ops
+from flaxzoo.train.tools.roofline import roofline_fields, time_memory_bandwidth
 
 SMOLLM2_PROMPT = "The capital of France is"
 SMOLLM2_VARIANTS = ("float32", "int8", "llama.cpp")
@@ -118,7 +118,7 @@ def run_smollm2_variant(variant: str, args: argparse.Namespace) -> dict[str, Any
 
 def run_smollm2_subprocess(variant: str, args: argparse.Namespace) -> dict[str, Any]:
     """``run_smollm2_variant`` in a fresh ``python -m flaxzoo.train.bench`` process: its own compile and peak RSS."""
-    command = [sys.executable, "-m", "flaxzoo.train.bench", "--work", "smollm2_generate", "--variant", variant,
+    command = [sys.executable, "-m", "flaxzoo.train.tools.bench", "--work", "smollm2_generate", "--variant", variant,
                "--generate-repeats", str(args.generate_repeats)]
     for flag, value in (("--batch", args.batch), ("--new-tokens", args.new_tokens), ("--profile", args.profile)):
         if value is not None:

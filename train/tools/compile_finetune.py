@@ -41,7 +41,7 @@ from flaxzoo.train.finetune.task import FinetuneTask, is_head
 from flaxzoo.train.finetune.trainer import Finetuner
 from flaxzoo.train.optim import make_finetune_optimizer
 from flaxzoo.train.step import make_train_step, new_train_state
-from flaxzoo.train.targets import Target
+from flaxzoo.train.tools.targets import Target
 
 STEPS = 1000  # the schedule's length does not change the compiled step
 TASK_CLASSES: dict[str, type[FinetuneTask]] = {"classify": Finetuner, "tag": Tagger, "qa": QuestionAnswering}
@@ -79,7 +79,7 @@ def abstract_batch_shapes(task: str, batch: int, seq: int,
 def compile_finetune(config: ConfigDict, target: Target, devices: list[jax.Device], *,
                      report: Callable[..., Any]) -> tuple[Any, jax.stages.Compiled]:
     """Compile ``config``'s fine-tuning step for ``devices``: ``(report, compiled)``; ``report`` is the function that
-    builds ``flaxzoo.train.compile.Report`` (passed in: ``flaxzoo.train.compile`` imports this module)."""
+    builds ``flaxzoo.train.tools.compile.Report`` (passed in: ``flaxzoo.train.tools.compile`` imports this module)."""
     cfg = FinetuneConfig.from_config_dict(without_data(config))
     task = TASK_CLASSES[cfg.task]
     platform = shardlib.platform_of(devices[0])

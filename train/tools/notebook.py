@@ -2,7 +2,7 @@
 
 A notebook calls :func:`setup` once, after its install cell::
 
-    from flaxzoo.train.notebook import figure, setup
+    from flaxzoo.train.tools.notebook import figure, setup
     nb = setup("02_train_gpt")          # prints the JAX backend and devices; nb.small, nb.workdir
     figure("val_perplexity", 68.4)      # a line '[figure] val_perplexity = 68.4' docs/notebooks.md's table is checked against
 

@@ -1,6 +1,6 @@
 """Accelerator targets by name: the chip generations' figures (memory, peak, bandwidth, how their topology is asked
 for) and :func:`parse_target`, which turns a name ("v5e-8", "h100x16") into a :class:`Target` (the table of names is
-``flaxzoo.train.targets``' docstring)."""
+``flaxzoo.train.tools.targets``' docstring)."""
 
 from __future__ import annotations
 

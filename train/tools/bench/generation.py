@@ -2,7 +2,7 @@
 tokens): the first call (compile + run) and the median of ``--generate-repeats`` calls after it. Its FLOPs are
 forward-only (``flaxzoo.train.flops.forward_flops_per_token``: ``2N + 4·L·T̄·d`` per new token, ``T̄`` the mean
 context length); decoding at batch 1 is memory-bound, so its MFU is low by nature: the memory roofline
-(``flaxzoo.train.roofline``: bytes per new token, the bandwidth measured beside the work, the fraction achieved) is
+(``flaxzoo.train.tools.roofline``: bytes per new token, the bandwidth measured beside the work, the fraction achieved) is
 the figure to read."""
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from flaxzoo.models.architectures.decoder import GPTForCausalLM
 from flaxzoo.models.inference.generate import generate
 from flaxzoo.models.modeling import create_model, param_count
 from flaxzoo.train import flops as flopslib
-from flaxzoo.train.bench.common import peak_memory_bytes, timed
-from flaxzoo.train.bench.op_profile import profile_ops
-from flaxzoo.train.roofline import roofline_fields, time_memory_bandwidth
+from flaxzoo.train.tools.bench.common import peak_memory_bytes, timed
+from flaxzoo.train.tools.bench.op_profile import profile_ops
+from flaxzoo.train.tools.roofline import roofline_fields, time_memory_bandwidth
 
 
 def generate_prompt(spec: dict[str, Any], seed: int) -> np.ndarray:

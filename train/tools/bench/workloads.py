@@ -21,7 +21,7 @@ from flaxzoo.models.architectures.decoder import GPTForCausalLM
 from flaxzoo.models.architectures.encoder import BertForMaskedLM
 from flaxzoo.models.families import get_preset
 from flaxzoo.train import flops as flopslib
-from flaxzoo.train.bench.batches import MLM_PROB
+from flaxzoo.train.tools.bench.batches import MLM_PROB
 
 WORKLOADS = ("gpt_train", "bert_train", "gpt_generate", "gpt2_small", "bert_base", "main_gpt_train",
              "smollm2_generate")

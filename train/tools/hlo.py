@@ -1,7 +1,7 @@
 """Reading a compiled program's HLO text: its collectives, its fused attention kernels, its largest buffers, the
 buffers that hold a whole global batch.
 
-Used by ``flaxzoo.train.compile`` (the deviceless compile report) and ``flaxzoo.train.bench`` (which kernel a timed step ran).
+Used by ``flaxzoo.train.tools.compile`` (the deviceless compile report) and ``flaxzoo.train.tools.bench`` (which kernel a timed step ran).
 Shapes in a partitioned (SPMD) program are per device.
 """
 

@@ -58,12 +58,12 @@ from flaxzoo.models.jax_startup import quiet_jax_startup
 
 quiet_jax_startup()  # before anything imports JAX: no CUDA plugin / libtpu start-up noise on a CPU machine
 
-from flaxzoo.train.bench.batches import (  # noqa: E402
+from flaxzoo.train.tools.bench.batches import (  # noqa: E402
     CLS_ID, EOS_ID, FIRST_WORD_ID, MASK_ID, MLM_PROB, PAD_ID, SEP_ID, make_batch)
-from flaxzoo.train.bench.cli import main, parse_args, run_workload  # noqa: E402
-from flaxzoo.train.bench.common import median_round  # noqa: E402
-from flaxzoo.train.bench.smollm2 import smollm2_batches  # noqa: E402
-from flaxzoo.train.bench.workloads import CPU_WORKLOADS, WORKLOADS, train_flops_per_token, workload_spec  # noqa: E402
+from flaxzoo.train.tools.bench.cli import main, parse_args, run_workload  # noqa: E402
+from flaxzoo.train.tools.bench.common import median_round  # noqa: E402
+from flaxzoo.train.tools.bench.smollm2 import smollm2_batches  # noqa: E402
+from flaxzoo.train.tools.bench.workloads import CPU_WORKLOADS, WORKLOADS, train_flops_per_token, workload_spec  # noqa: E402
 
 __all__ = ["CLS_ID", "CPU_WORKLOADS", "EOS_ID", "FIRST_WORD_ID", "MASK_ID", "MLM_PROB", "PAD_ID", "SEP_ID", "WORKLOADS",
            "main", "make_batch", "median_round", "parse_args", "run_workload", "smollm2_batches",

@@ -17,9 +17,9 @@ import numpy as np
 from flaxzoo.models.architectures.decoder import GPTForCausalLM
 from flaxzoo.train import flops as flopslib
 from flaxzoo.train.batches import IGNORE_INDEX
-from flaxzoo.train.bench.batches import make_batch
-from flaxzoo.train.bench.common import timed
-from flaxzoo.train.bench.workloads import LR, WEIGHT_DECAY, train_flops_per_token
+from flaxzoo.train.tools.bench.batches import make_batch
+from flaxzoo.train.tools.bench.common import timed
+from flaxzoo.train.tools.bench.workloads import LR, WEIGHT_DECAY, train_flops_per_token
 
 
 def torch_models(name: str, spec: dict[str, Any]) -> Any:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from flaxzoo.train.targets.chips import GiB
+from flaxzoo.train.tools.targets.chips import GiB
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """The command line of ``python -m flaxzoo.train.bench`` (:func:`parse_args`) and the run (:func:`main`): each workload
 ``--rounds`` times, flaxzoo then (``--compare transformers,keras_hub``) each comparison within each round, the peak
-measured beside every round (``flaxzoo.train.bench.common``), each side's median round and the median per-round
+measured beside every round (``flaxzoo.train.tools.bench.common``), each side's median round and the median per-round
 ratio."""
 
 from __future__ import annotations
@@ -16,12 +16,12 @@ import jax
 
 from flaxzoo.models.layers.attention_core import attention_backend
 from flaxzoo.train import flops as flopslib
-from flaxzoo.train.bench.common import add_mfu, machine, median_round, report_line, round_peak
-from flaxzoo.train.bench.generation import run_generate
-from flaxzoo.train.bench.main_job import run_main_job
-from flaxzoo.train.bench.smollm2 import SMOLLM2_VARIANTS, run_smollm2_variant, run_smollm2_workload
-from flaxzoo.train.bench.training import run_train
-from flaxzoo.train.bench.workloads import CPU_WORKLOADS, WORKLOADS, workload_spec
+from flaxzoo.train.tools.bench.common import add_mfu, machine, median_round, report_line, round_peak
+from flaxzoo.train.tools.bench.generation import run_generate
+from flaxzoo.train.tools.bench.main_job import run_main_job
+from flaxzoo.train.tools.bench.smollm2 import SMOLLM2_VARIANTS, run_smollm2_variant, run_smollm2_workload
+from flaxzoo.train.tools.bench.training import run_train
+from flaxzoo.train.tools.bench.workloads import CPU_WORKLOADS, WORKLOADS, workload_spec
 
 DESCRIPTION = ("``python -m flaxzoo.train.bench --work NAME [--json] [--compare transformers,keras_hub]``: the "
                "benchmark workloads.")
@@ -36,8 +36,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--work", default="gpt_train",
                         help=f"a workload or a comma-separated list: {', '.join(WORKLOADS)}; 'cpu' = the three CPU "
                              "ones; "
-                             "'gpu' = the accelerator check of train/gpu_check.py (--tiny passes on); 'classify' = "
-                             "serving a headline classifier beside transformers (train/bench/classify.py)")
+                             "'gpu' = the accelerator check of train/tools/gpu_check.py (--tiny passes on); 'classify' = "
+                             "serving a headline classifier beside transformers (train/tools/bench/classify.py)")
     parser.add_argument("--json", action="store_true", help="print one JSON line per workload")
     parser.add_argument("--compare", help="also run, in this process, transformers (PyTorch) and/or (gpt_generate, "
                                           "gpt_train, bert_train) keras_hub (KerasHub on jax): one or a comma-separated list; "
@@ -130,11 +130,11 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     return the results."""
     args = parse_args(argv)
     if args.work == "gpu":
-        from flaxzoo.train import gpu_check
+        from flaxzoo.train.tools import gpu_check
 
         raise SystemExit(gpu_check.main(["--tiny"] if args.tiny else []))
     if args.work == "classify":
-        from flaxzoo.train.bench.classify import run_classify
+        from flaxzoo.train.tools.bench.classify import run_classify
 
         result = run_classify(args)
         if args.json:
@@ -195,7 +195,7 @@ def run_workload(name: str, args: argparse.Namespace) -> dict[str, Any]:
                               "call" if name == "gpt_generate" else "step")
         for side, rounds in theirs_rounds.items():
             if side == "keras_hub":
-                from flaxzoo.train.bench.keras_side import run_keras_hub_round
+                from flaxzoo.train.tools.bench.keras_side import run_keras_hub_round
 
                 rounds.append(run_keras_hub_round(name, spec, args, peak, peak_kind))
             else:
@@ -236,7 +236,7 @@ def run_transformers_round(name: str, spec: dict[str, Any], args: argparse.Names
     import torch
     import transformers
 
-    from flaxzoo.train.bench.transformers_side import run_transformers
+    from flaxzoo.train.tools.bench.transformers_side import run_transformers
 
     time.sleep(1.0)  # let the other framework's worker threads go idle
     theirs = run_transformers(name, spec, args)

@@ -16,7 +16,7 @@ import time
 from typing import Any
 
 from flaxzoo.models.modeling import param_count
-from flaxzoo.train.bench.workloads import train_flops_per_token
+from flaxzoo.train.tools.bench.workloads import train_flops_per_token
 
 
 def run_main_job(spec: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:

@@ -37,20 +37,20 @@ mesh over hosts takes ``process_is_granule=True``; the compiled HLO is the same 
 What the compilers check: libtpu refuses a program that does not fit the chip (``RESOURCE_EXHAUSTED: ... exceeds
 available HBM (15.75G)``: :attr:`Target.usable_hbm_bytes`); XLA's GPU compiler does not (it only logs that the
 scheduler's memory limit is exceeded), so a GPU fit check is ``memory_analysis()`` against ``hbm_bytes``. Compile-only
-devices have no ``memory_stats()``. A GPU executable's ``cost_analysis()`` is ``None`` (``flaxzoo.train.compile`` counts
+devices have no ``memory_stats()``. A GPU executable's ``cost_analysis()`` is ``None`` (``flaxzoo.train.tools.compile`` counts
 FLOPs analytically anyway: XLA counts a loop body once). JAX's persistent compilation cache writes compile-only
 executables but cannot read them back (``PjRtCompiler must be constructed with a Client``, a warning and a fresh
 compile): compile under :func:`persistent_cache_off`.
 
 Modules: ``chips`` (the figures, :class:`Target`, :func:`parse_target`, :func:`target_names`), ``gpu_specs`` (the
 device descriptions of :data:`GPU_SPECS`), ``devices`` (:func:`compile_devices`, :func:`plugin_available`,
-:func:`persistent_cache_off`); every name below is importable from ``flaxzoo.train.targets`` itself.
+:func:`persistent_cache_off`); every name below is importable from ``flaxzoo.train.tools.targets`` itself.
 """
 
-from flaxzoo.train.targets.chips import GiB, TARGET_HELP, Target, parse_target, target_names
-from flaxzoo.train.targets.devices import (AOT_INSTALL, AotUnavailable, compile_devices, persistent_cache_off,
+from flaxzoo.train.tools.targets.chips import GiB, TARGET_HELP, Target, parse_target, target_names
+from flaxzoo.train.tools.targets.devices import (AOT_INSTALL, AotUnavailable, compile_devices, persistent_cache_off,
                                            plugin_available)
-from flaxzoo.train.targets.gpu_specs import A100_SXM, GPU_SPECS, H100_SXM, GpuSpec
+from flaxzoo.train.tools.targets.gpu_specs import A100_SXM, GPU_SPECS, H100_SXM, GpuSpec
 
 __all__ = ["A100_SXM", "AOT_INSTALL", "GPU_SPECS", "GiB", "GpuSpec", "H100_SXM", "TARGET_HELP", "AotUnavailable",
            "Target", "compile_devices", "parse_target", "persistent_cache_off", "plugin_available", "target_names"]

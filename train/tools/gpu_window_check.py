@@ -1,4 +1,4 @@
-"""``python -m flaxzoo.train.gpu_window_check``: the decoder-family mechanisms on a real GPU, one JSON line per figure.
+"""``python -m flaxzoo.train.tools.gpu_window_check``: the decoder-family mechanisms on a real GPU, one JSON line per figure.
 
 1. ``attention``: causal grouped-query attention ``[batch, seq, heads, 128]`` with a sliding window and / or soft
    cap through ``attend(impl="auto")`` and ``impl="softmax"``, in float32 and bfloat16: the backend chosen and why,

@@ -1,4 +1,4 @@
-"""``python -m flaxzoo.train.bench.int8_forms``: which XLA form of an int8-weight matmul is fastest in a decode loop.
+"""``python -m flaxzoo.train.tools.bench.int8_forms``: which XLA form of an int8-weight matmul is fastest in a decode loop.
 
 A chain of ``--layers`` × 6 projections of SmolLM2's shapes (576 → 1536 → 576, the weights stored int8 with one
 absmax scale per output column) runs ``--steps`` times inside a ``lax.fori_loop``, the way the decode loop of
@@ -102,7 +102,7 @@ def make_weights(layers: int, hidden: int, mlp: int, seed: int = 0,
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
-    parser = argparse.ArgumentParser(prog="python -m flaxzoo.train.bench.int8_forms",
+    parser = argparse.ArgumentParser(prog="python -m flaxzoo.train.tools.bench.int8_forms",
                                      description=__doc__.split("\n")[0])
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--layers", type=int, default=30)

@@ -1,4 +1,4 @@
-"""``python -m flaxzoo.train.gpu_encoder_check``: the encoder-family attention on a real GPU, one JSON line per figure.
+"""``python -m flaxzoo.train.tools.gpu_encoder_check``: the encoder-family attention on a real GPU, one JSON line per figure.
 
 1. ``bias``: bidirectional attention ``[batch, seq, heads, 64]`` with an additive ``[batch, heads, seq, seq]`` bias
    (DeBERTa's disentangled scores are one) and right padding, through ``attend(impl="auto")`` (XLA today),
@@ -34,7 +34,7 @@ from flax import nnx  # noqa: E402
 
 from flaxzoo import models  # noqa: E402
 from flaxzoo.models.layers.attention_core import attend, choose_backend  # noqa: E402
-from flaxzoo.train.hlo import attention_kernels  # noqa: E402
+from flaxzoo.train.tools.hlo import attention_kernels  # noqa: E402
 
 HEADS, HEAD_DIM = 12, 64
 TINY = "--tiny" in sys.argv  # a CPU smoke run
