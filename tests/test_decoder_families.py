@@ -1,11 +1,16 @@
-"""The Llama-layout decoder families (Qwen2 / 2.5, Qwen3, Mistral, Llama 3 RoPE) against transformers: logits both ways
-on left-padded batches (the scanned layout proven equal to the unrolled one), and 24 greedy tokens past the sliding
-window (``tests/family_parity.py``). Each case turns on its family's mechanisms: q/k/v biases without an output bias,
-sliding windows on some or all layers, YaRN and llama3 RoPE scaling, QK-norm with an explicit head_dim."""
+"""The decoder families against transformers (PyTorch), from the parity cases their folders hold
+(``models/families/<name>/parity_cases.py``: ``CASES``, plain data, each case turning on its family's mechanisms):
+logits both ways on left-padded batches (the scanned layout proven equal to the unrolled one), and 24 greedy tokens,
+past the sliding window where a case has one (``tests/family_parity.py``). A family folder with such a file is tested
+here with no change to this file; the family test files (``test_family_*.py``) keep what is particular to a family
+(older ``config.json`` spellings, refusals)."""
 
 from __future__ import annotations
 
-from typing import Callable
+import functools
+import importlib
+import importlib.util
+from typing import Any
 
 import pytest
 import torch
@@ -14,59 +19,56 @@ import transformers
 from family_parity import (SMALL, check_greedy_generation, check_loads_with_same_logits,
                            check_saves_with_same_logits, check_scanned_layout, checkpoint_fixture, tiered)
 
+from flaxzoo.models import families
+
+CASE_KEYS = {"model", "config", "quick", "settings", "without"}
 
 
-def _qwen2() -> torch.nn.Module:
-    return transformers.Qwen2ForCausalLM(transformers.Qwen2Config(
-        **SMALL, num_hidden_layers=3, use_sliding_window=True, sliding_window=8, max_window_layers=1,
-        rope_theta=20_000.0, tie_word_embeddings=False))
+def folder_cases() -> dict[str, tuple[str, dict[str, Any]]]:
+    """``{case: (family folder, case)}`` of every decoder family folder's ``parity_cases.CASES``, checked as they are
+    collected: plain data of the known keys, a transformers config of a ``model_type`` the folder registers, one quick
+    case at least per folder, no case name twice."""
+    found: dict[str, tuple[str, dict[str, Any]]] = {}
+    for folder in families.FOLDERS:
+        module = f"{folder.__name__}.parity_cases"
+        if not all(record.causal for record in folder.RECORDS.values()) or importlib.util.find_spec(module) is None:
+            continue
+        cases = importlib.import_module(module).CASES
+        model_types = {record.model_type for record in folder.RECORDS.values()}
+        for case, spec in cases.items():
+            assert case not in found, f"{module}: case {case!r} is already {found[case][0]}'s"
+            assert set(spec) <= CASE_KEYS and {"model", "config", "quick", "settings"} <= set(spec), (module, case)
+            assert getattr(transformers, spec["config"]).model_type in model_types, (module, case)
+            found[case] = folder.__name__, spec
+        assert any(spec["quick"] for spec in cases.values()), f"{module}: no quick case"
+    return found
 
 
-def _qwen2_yarn() -> torch.nn.Module:
-    return transformers.Qwen2ForCausalLM(transformers.Qwen2Config(
-        **SMALL, num_hidden_layers=2, tie_word_embeddings=True,
-        rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32}))
+CASES = folder_cases()
+QUICK = [case for case, (_, spec) in CASES.items() if spec["quick"]]  # one case per family or more
 
 
-def _qwen3() -> torch.nn.Module:
-    return transformers.Qwen3ForCausalLM(transformers.Qwen3Config(
-        **SMALL, num_hidden_layers=2, head_dim=24, attention_bias=True, tie_word_embeddings=True,
-        rope_theta=1_000_000.0))
+def build(spec: dict[str, Any]) -> torch.nn.Module:
+    """The case's transformers model: ``SMALL`` less ``without``, updated by ``settings`` (random weights)."""
+    settings = {k: v for k, v in SMALL.items() if k not in spec.get("without", ())} | spec["settings"]
+    return getattr(transformers, spec["model"])(getattr(transformers, spec["config"])(**settings))
 
 
-def _mistral() -> torch.nn.Module:
-    return transformers.MistralForCausalLM(transformers.MistralConfig(**SMALL, num_hidden_layers=2, sliding_window=6))
+checkpoint = checkpoint_fixture({case: functools.partial(build, spec) for case, (_, spec) in CASES.items()})
 
 
-def _llama3() -> torch.nn.Module:
-    return transformers.LlamaForCausalLM(transformers.LlamaConfig(
-        **SMALL, num_hidden_layers=2, rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                                                    "high_freq_factor": 4.0, "original_max_position_embeddings": 16}))
-
-
-FAMILY_CASES: dict[str, Callable[[], torch.nn.Module]] = {
-    "qwen2": _qwen2, "qwen2_yarn": _qwen2_yarn, "qwen3": _qwen3, "mistral": _mistral, "llama3": _llama3,
-}
-
-
-checkpoint = checkpoint_fixture(FAMILY_CASES)
-
-
-QUICK = ("qwen2", "qwen3", "mistral", "llama3")  # one case per family in the quick tier (``-m "not slow"``)
-
-
-@pytest.mark.parametrize("case", tiered(FAMILY_CASES, QUICK))
+@pytest.mark.parametrize("case", tiered(CASES, QUICK))
 def test_transformers_checkpoint_gives_same_logits(checkpoint, case):
     check_loads_with_same_logits(*checkpoint(case))
 
 
-@pytest.mark.parametrize("case", tiered(FAMILY_CASES, QUICK))
+@pytest.mark.parametrize("case", tiered(CASES, QUICK))
 def test_saved_model_loads_in_transformers_with_same_logits(checkpoint, case, tmp_path):
     check_saves_with_same_logits(*checkpoint(case), tmp_path / "saved")
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", sorted(FAMILY_CASES))
+@pytest.mark.parametrize("case", sorted(CASES))
 def test_scanned_layout_equals_the_unrolled_one(checkpoint, case, tmp_path):
     """Stacked parameters, saved tensors and logits of ``scan_layers=True`` equal the unrolled layout's (the one
     both directions above run), and its logits are transformers'."""
@@ -74,6 +76,6 @@ def test_scanned_layout_equals_the_unrolled_one(checkpoint, case, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", sorted(FAMILY_CASES))
-def test_greedy_generation_equals_transformers_past_the_window(checkpoint, case):
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_greedy_generation_equals_transformers(checkpoint, case):
     check_greedy_generation(*checkpoint(case))

@@ -1,82 +1,20 @@
-"""The Gemma line (Gemma, Gemma 2, Gemma 3 text) against transformers: logits both ways on left-padded batches (the
-scanned layout proven equal to the unrolled one), and 24 greedy tokens past the sliding window
-(``tests/family_parity.py``); ``config.json`` read in transformers v5's form and the older one (``rope_theta`` /
-``rope_scaling`` / ``rope_local_base_freq`` / ``sliding_window_pattern``, no ``layer_types``) as transformers reads
-it, and written so that transformers reads the same values back.
-
-Each case turns on its generation's mechanisms: Gemma's (1 + w) RMSNorm, √hidden embedding scale, GELU-tanh and a
-head_dim other than hidden / heads; Gemma 2's sandwich norms, score and logit soft caps, query_pre_attn_scalar other
-than head_dim and alternating sliding / global layers (window 6: generation passes it); Gemma 3's QK-norm and per-layer
-RoPE (local θ unscaled, global θ with linear scaling) on mixed layers, which the scanned layout runs through a traced
-window mask. transformers picks its own attention: sdpa for Gemma and Gemma 3, eager for Gemma 2 (its sdpa cannot
-soft-cap); both agree with flaxzoo."""
+"""The Gemma line (Gemma, Gemma 2, Gemma 3 text): ``config.json`` read in transformers v5's form and the older one
+(``rope_theta`` / ``rope_scaling`` / ``rope_local_base_freq`` / ``sliding_window_pattern``, no ``layer_types``) as
+transformers reads it, and written so that transformers reads the same values back; what the families cannot express,
+refused by name. The logits, both ways, layouts and greedy tokens against transformers: the cases in
+``models/families/gemma/parity_cases.py``, run by ``tests/test_decoder_families.py``."""
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
 import pytest
-import torch
 import transformers
-
-from family_parity import (SMALL, check_greedy_generation, check_loads_with_same_logits,
-                           check_saves_with_same_logits, check_scanned_layout, checkpoint_fixture, tiered)
 
 from flaxzoo import models
 from flaxzoo.models import families
 from flaxzoo.models.families.gemma import GEMMA, GEMMA2, GEMMA3
 from flaxzoo.models.io import save_pretrained
-
-
-def _gemma() -> torch.nn.Module:
-    return transformers.GemmaForCausalLM(transformers.GemmaConfig(**SMALL, num_hidden_layers=2, head_dim=32))
-
-
-def _gemma2() -> torch.nn.Module:
-    return transformers.Gemma2ForCausalLM(transformers.Gemma2Config(
-        **SMALL, num_hidden_layers=3, head_dim=24, sliding_window=6, query_pre_attn_scalar=20,
-        attn_logit_softcapping=1.5, final_logit_softcapping=2.0))
-
-
-def _gemma3() -> torch.nn.Module:
-    return transformers.Gemma3ForCausalLM(transformers.Gemma3TextConfig(
-        **SMALL, num_hidden_layers=3, head_dim=32, sliding_window=6, query_pre_attn_scalar=24,
-        layer_types=["sliding_attention", "full_attention", "sliding_attention"],
-        rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
-                         "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1_000_000.0}}))
-
-
-FAMILY_CASES: dict[str, Callable[[], torch.nn.Module]] = {"gemma": _gemma, "gemma2": _gemma2, "gemma3": _gemma3}
-
-
-checkpoint = checkpoint_fixture(FAMILY_CASES)
-
-
-QUICK = ("gemma", "gemma2", "gemma3")  # one case per family in the quick tier (``-m "not slow"``)
-
-
-@pytest.mark.parametrize("case", tiered(FAMILY_CASES, QUICK))
-def test_transformers_checkpoint_gives_same_logits(checkpoint, case):
-    check_loads_with_same_logits(*checkpoint(case))
-
-
-@pytest.mark.parametrize("case", tiered(FAMILY_CASES, QUICK))
-def test_saved_model_loads_in_transformers_with_same_logits(checkpoint, case, tmp_path):
-    check_saves_with_same_logits(*checkpoint(case), tmp_path / "saved")
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("case", sorted(FAMILY_CASES))
-def test_scanned_layout_equals_the_unrolled_one(checkpoint, case, tmp_path):
-    """Stacked parameters, saved tensors and logits of ``scan_layers=True`` equal the unrolled layout's (the one
-    both directions above run), and its logits are transformers'."""
-    check_scanned_layout(*checkpoint(case), tmp_path)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("case", sorted(FAMILY_CASES))
-def test_greedy_generation_equals_transformers_past_the_window(checkpoint, case):
-    check_greedy_generation(*checkpoint(case))
 
 
 # ------------------------------------------------------------------------------------------------------ config.json

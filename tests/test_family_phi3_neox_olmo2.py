@@ -1,93 +1,15 @@
-"""Phi-3, GPT-NeoX (Pythia) and OLMo 2 against transformers: logits both ways on left-padded batches (the scanned layout
-proven equal to the unrolled one), and 24 greedy tokens (``tests/family_parity.py``). Each case turns on its family's
-mechanisms: Phi-3's fused q/k/v split unevenly by grouped-query heads, a sliding window the generation passes,
-LongRoPE with a partial rotary crossing ``original_max_position_embeddings``; GPT-NeoX's per-head fused q/k/v with a
-quarter of each head rotated, parallel and sequential residuals, tied and untied heads; OLMo 2's post-branch norms
-and full-width QK-norm with grouped-query heads. Then the older ``config.json`` spellings and the refusals."""
+"""Phi-3, GPT-NeoX (Pythia) and OLMo 2: the older ``config.json`` spellings read as transformers reads them, and what
+the families cannot express, refused by name. The logits, both ways, layouts and greedy tokens against transformers:
+the cases in ``models/families/{phi3,gpt_neox,olmo2}/parity_cases.py``, run by ``tests/test_decoder_families.py``."""
 
 from __future__ import annotations
 
-from typing import Callable
-
-import numpy as np
 import pytest
-import torch
 import transformers
-
-from family_parity import (SMALL, check_greedy_generation, check_loads_with_same_logits,
-                           check_saves_with_same_logits, check_scanned_layout, checkpoint_fixture, tiered)
 
 from flaxzoo import models
 from flaxzoo.models import families
 from flaxzoo.models.io import save_pretrained
-
-NEOX_SMALL = {k: v for k, v in SMALL.items() if k != "num_key_value_heads"}  # full-width heads only
-
-
-def _phi3() -> torch.nn.Module:
-    return transformers.Phi3ForCausalLM(transformers.Phi3Config(
-        **SMALL, num_hidden_layers=2, sliding_window=6, rope_theta=20_000.0))
-
-
-def _phi3_longrope() -> torch.nn.Module:
-    """Partial rotary (0.75 of 16 features: 6 frequencies); the 12-token batches use the long factors, the 10-token
-    prompt the short ones, and generation crosses the original length 10."""
-    ramp = np.linspace(0.0, 1.0, 6)
-    return transformers.Phi3ForCausalLM(transformers.Phi3Config(
-        **SMALL, num_hidden_layers=2, original_max_position_embeddings=10,
-        rope_parameters={"rope_type": "longrope", "rope_theta": 10_000.0, "partial_rotary_factor": 0.75,
-                         "short_factor": (1.0 + 0.5 * ramp).tolist(), "long_factor": (1.0 + 7.0 * ramp).tolist()}))
-
-
-def _gpt_neox() -> torch.nn.Module:
-    return transformers.GPTNeoXForCausalLM(transformers.GPTNeoXConfig(
-        **NEOX_SMALL, num_hidden_layers=2, rotary_pct=0.25, rotary_emb_base=20_000.0, use_parallel_residual=True))
-
-
-def _gpt_neox_sequential() -> torch.nn.Module:
-    return transformers.GPTNeoXForCausalLM(transformers.GPTNeoXConfig(
-        **NEOX_SMALL, num_hidden_layers=2, rotary_pct=0.5, use_parallel_residual=False, tie_word_embeddings=True))
-
-
-def _olmo2() -> torch.nn.Module:
-    return transformers.Olmo2ForCausalLM(transformers.Olmo2Config(
-        **SMALL, num_hidden_layers=2, rope_theta=500_000.0, rms_norm_eps=1e-6))
-
-
-FAMILY_CASES: dict[str, Callable[[], torch.nn.Module]] = {
-    "phi3": _phi3, "phi3_longrope": _phi3_longrope, "gpt_neox": _gpt_neox,
-    "gpt_neox_sequential": _gpt_neox_sequential, "olmo2": _olmo2,
-}
-
-
-checkpoint = checkpoint_fixture(FAMILY_CASES)
-
-
-QUICK = ("phi3", "gpt_neox", "olmo2")  # one case per family in the quick tier (``-m "not slow"``)
-
-
-@pytest.mark.parametrize("case", tiered(FAMILY_CASES, QUICK))
-def test_transformers_checkpoint_gives_same_logits(checkpoint, case):
-    check_loads_with_same_logits(*checkpoint(case))
-
-
-@pytest.mark.parametrize("case", tiered(FAMILY_CASES, QUICK))
-def test_saved_model_loads_in_transformers_with_same_logits(checkpoint, case, tmp_path):
-    check_saves_with_same_logits(*checkpoint(case), tmp_path / "saved")
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("case", sorted(FAMILY_CASES))
-def test_scanned_layout_equals_the_unrolled_one(checkpoint, case, tmp_path):
-    """Stacked parameters, saved tensors and logits of ``scan_layers=True`` equal the unrolled layout's (the one
-    both directions above run), and its logits are transformers'."""
-    check_scanned_layout(*checkpoint(case), tmp_path)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("case", sorted(FAMILY_CASES))
-def test_greedy_generation_equals_transformers(checkpoint, case):
-    check_greedy_generation(*checkpoint(case))
 
 
 # ------------------------------------------------------------------------------------- older files and refusals
