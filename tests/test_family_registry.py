@@ -2,7 +2,8 @@
 architecture and preset resolves to the family and class it resolved to when the families were registered by a
 hand-written list (the tables below were printed from that registry). Gathering the records from the family folders
 must leave every answer as it was, the order included: a class several families share (BERT's, the decoder's)
-resolves to the earliest family that has it."""
+resolves to the earliest family that has it. A family added later adds answers and changes none of these (the checks
+look at the pinned names only)."""
 
 from __future__ import annotations
 
@@ -148,7 +149,7 @@ LORA_TARGETS = [('attention', '(^|\\.)attention\\.(query|key|value|out)$'),
 
 
 def test_the_order_of_the_families():
-    assert list(families.FAMILIES) == ORDER
+    assert [model_type for model_type in families.FAMILIES if model_type in ORDER] == ORDER
 
 
 def test_every_model_type_and_architecture_resolves_as_before():
@@ -164,7 +165,7 @@ def test_every_model_type_and_architecture_resolves_as_before():
 
 def test_every_class_resolves_to_the_same_family():
     classes = families.model_classes()
-    assert list(classes) == list(FAMILY_OF_CLASS)
+    assert [name for name in classes if name in FAMILY_OF_CLASS] == list(FAMILY_OF_CLASS)
     for name, model_type in FAMILY_OF_CLASS.items():
         assert families.family_of_class(classes[name]).model_type == model_type, name
         assert families.model_class(name) is classes[name]
@@ -173,12 +174,11 @@ def test_every_class_resolves_to_the_same_family():
 
 def test_gguf_presets_and_lora_targets_resolve_as_before():
     assert {a: families.gguf_family(a).model_type for a in GGUF} == GGUF
-    assert sorted(a for f in families.FAMILIES.values() if f.gguf for a in f.gguf.architectures) == sorted(GGUF)
-    assert list(families.PRESETS) == list(PRESETS)
+    assert [name for name in families.PRESETS if name in PRESETS] == list(PRESETS)
     for name, (model_type, cls_name) in PRESETS.items():
         config = families.get_preset(name)
         assert config.model_type == model_type and families.default_model_class(config).__name__ == cls_name
-    assert list(families.lora_targets().items()) == LORA_TARGETS
+    assert [item for item in families.lora_targets().items() if item[0] in dict(LORA_TARGETS)] == LORA_TARGETS
 
 
 # ------------------------------------------------------------------------------------------------ gathered, not listed
@@ -187,9 +187,11 @@ def test_every_registered_record_comes_from_a_folder():
     folders = sorted(p.name for p in pathlib.Path(families.__file__).parent.iterdir() if (p / "__init__.py").is_file())
     assert [folder.__name__.rsplit(".", 1)[1] for folder in families.FOLDERS] == folders
     records = [record for folder in families.FOLDERS for record in folder.RECORDS.values()]
-    assert sorted(record.model_type for record in records) == sorted(ORDER)
+    assert set(ORDER) <= {record.model_type for record in records}
     assert all(families.FAMILIES[record.model_type] is record for record in records)
-    assert families.last_added(families.FOLDERS).__name__ == "flaxzoo.models.families.modernbert"
+    places = [place for folder in families.FOLDERS for place in folder.RECORDS]
+    assert len(places) == len(set(places)) == len(records)
+    assert max(families.last_added(families.FOLDERS).RECORDS) == max(places)
 
 
 def write_folder(root: pathlib.Path, name: str, places: dict[int, str]) -> None:
