@@ -28,7 +28,7 @@ from typing import Sequence
 
 from flaxzoo.models.io.checkpoint import find_step_dir, save_checkpoint
 from flaxzoo.models.io import save_pretrained
-from flaxzoo.models.io.loading import load_source
+from flaxzoo.models.io.sharded import Overrides, adapted_model, load_model
 from flaxzoo.models.io.peft import save_adapters
 from flaxzoo.models.io.sources import LoraRunSource, open_source
 
@@ -98,11 +98,11 @@ def convert(src: str | pathlib.Path, dst: str | pathlib.Path, *, to: str | None 
         if not isinstance(opened, LoraRunSource):
             raise ValueError(f"--adapters-only: {source} is not a LoRA run's work directory (its meta has no 'lora')")
         meta = opened.meta
-        save_adapters(opened.adapted(), dst, base_model=meta.get("base", {}).get("path", ""),
+        save_adapters(adapted_model(opened), dst, base_model=meta.get("base", {}).get("path", ""),
                       train_fully=meta["lora"].get("train_fully", ()))
         _copy_tokenizer(kind, source, dst)
         return dst
-    model = load_source(opened, param_dtype=dtype, progress=progress)
+    model = load_model(opened, overrides=Overrides(param_dtype=dtype), progress=progress)
     dst.mkdir(parents=True, exist_ok=True)
     if to == "hf":
         save_pretrained(model, dst)

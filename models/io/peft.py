@@ -37,7 +37,7 @@ def _keys(path: str) -> tuple:
 
 def save_adapters(model: nnx.Module, path: PathLike, *, base_model: str = "",
                   train_fully: Sequence[str] = ()) -> pathlib.Path:
-    """Write the LoRA adapters of ``model`` (``apply_lora``'s, e.g. ``flaxzoo.models.io.checkpoint.load_adapted(WORKDIR)``) to
+    """Write the LoRA adapters of ``model`` (``apply_lora``'s, e.g. ``flaxzoo.models.io.load_adapted(WORKDIR)``) to
     the directory ``path`` in PEFT's layout; ``base_model`` is recorded as ``base_model_name_or_path``.
     ``train_fully``: the run's ``lora.train_fully`` patterns; the Hugging Face tensors of those modules are written
     whole, as PEFT's ``modules_to_save``. Returns the directory."""

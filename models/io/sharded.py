@@ -1,6 +1,9 @@
-"""Pretrained weights loaded shard by shard into an already-sharded parameter tree: no device and no process holds a
-full copy of a parameter it only holds shards of (the process reading a GGUF file or a LoRA run's merge aside: see
-below).
+"""The one loader: pretrained weights placed shard by shard into a parameter tree laid out by the caller's shardings, or
+(no shardings: ``from_pretrained``, ``flaxzoo convert``) whole on the default device, a single device being a mesh of
+one. No device and no process holds a full copy of a parameter it only holds shards of (the process reading a GGUF
+file or a LoRA run's merge aside: see below). Every source takes the same steps: open (``flaxzoo.models.io.sources``),
+plan and check once (``flaxzoo.models.io.sharded_plan.prepare``), place (``tensor_arrays`` or, for a flaxzoo work
+directory, ``flaxzoo.models.io.sharded_workdir``), initialise what the checkpoint lacks.
 
 ``load_sharded(path, shardings=...)`` takes what ``from_pretrained`` takes (a Hugging Face directory or Hub id, a GGUF
 file, a flaxzoo work directory, a packaged name; the same class, dtype, layout, label and vocabulary overrides) and
@@ -25,7 +28,8 @@ shard needs:
 * GGUF: each tensor is dequantised whole in every process, translated, then sliced per shard.
 * A flaxzoo work directory (orbax): restored straight into the target shardings (``jax.ShapeDtypeStruct(...,
   sharding=...)`` targets: orbax reads only this process's shards; ``flaxzoo.models.io.sharded_workdir``). A LoRA
-  run's work directory: its merged model is built whole in every process (``LoraRunSource``), then sliced per shard.
+  run's work directory: its base is loaded (through this loader), the adapters applied and merged, whole in every
+  process, then sliced per shard.
 
 Heads the checkpoint lacks (a classifier on a base-model checkpoint) are initialised at ``seed`` with the model's
 initialisers under ``jax.jit`` with ``out_shardings`` (born sharded), to the values ``from_pretrained`` gives them,
@@ -42,25 +46,38 @@ A trainer with a mesh and the logical-axis rules of ``flaxzoo.train.sharding`` c
     plain = nnx.to_pure_dict(params)  # the tree train.sharding.global_from_host would have made
 
 (``pretrained_shapes(path, ...)`` gives the config, class and abstract parameters first, without reading weights.)
+
+``load_model`` builds the model itself (what ``from_pretrained`` returns): float, or int8 with each projection
+quantised as soon as it is placed (``quantize="int8"``: the float projections of the whole model are never held).
+
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, Iterable, NamedTuple
 
+import jax
+import numpy as np
 from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec
 
+from flaxzoo.models.adapters.lora import merge_lora
+from flaxzoo.models.adapters.quantize import check_quantize, quantize_value
 from flaxzoo.models.config import TransformerConfig
 from flaxzoo.models.families import family_and_class
+from flaxzoo.models.families.base import ParamPath, dotted
 from flaxzoo.models.io.files import PathLike, weight_files
-from flaxzoo.models.io.loading import Source
-from flaxzoo.models.io.sharded_hf import tensor_arrays
-from flaxzoo.models.io.sharded_plan import Overrides, Prepared, check_shardings, fresh_arrays, prepare
+from flaxzoo.models.io.sharded_plan import (Overrides, Prepared, check_shardings, initial_state, layer_groups, prepare,
+                                            tensor_arrays)
 from flaxzoo.models.io.sharded_workdir import stored_tensors, workdir_arrays
-from flaxzoo.models.io.sources import HFSource, LoraRunSource, WorkdirSource, open_source
+from flaxzoo.models.io.sources import HFSource, LoraRunSource, Source, WorkdirSource, open_source
 from flaxzoo.models.io.stored import OnRead, Read, SafetensorsFiles
+from flaxzoo.models.layers.stack import unstack_layer_values
+from flaxzoo.models.modeling import abstract_params, assemble_model
 
-__all__ = ["PretrainedShapes", "Read", "load_sharded", "pretrained_shapes"]
+__all__ = ["Overrides", "PretrainedShapes", "Read", "load_adapted", "load_model", "load_sharded", "pretrained_shapes"]
+
+Make = Callable[[dict[ParamPath, NamedSharding] | None], Iterable[tuple[ParamPath, jax.Array]]]
 
 
 class PretrainedShapes(NamedTuple):
@@ -77,25 +94,34 @@ def _source(path: PathLike | Source, revision: str | None, allow_pickle: bool) -
     return path if isinstance(path, Source) else open_source(path, revision=revision, allow_pickle=allow_pickle)
 
 
+def _one_device(prepared: Prepared) -> dict[ParamPath, NamedSharding]:
+    mesh = jax.sharding.Mesh(np.array(jax.local_devices()[:1]), ("data",))
+    return {p: NamedSharding(mesh, PartitionSpec()) for p in prepared.abstract.shapes}
+
+
 def _prepare(source: Source, cls: type | str | None, overrides: Overrides, seed: int, on_read: OnRead | None,
-             announce: bool = True) -> tuple[Prepared, Callable[[dict], dict], Callable[[], None]]:
-    """The plan, the function making the arrays of the parameters the source has, and the clean-up."""
-    if isinstance(source, LoraRunSource):  # the merge is built whole: its values are read whole
-        prepared = prepare(source, cls, overrides, seed, announce=announce)
-        return prepared, lambda s: tensor_arrays(prepared, s, on_read), lambda: None
-    if isinstance(source, WorkdirSource):
-        shapes, where, metadata = stored_tensors(source.step_dir, source.describe()[0].num_layers)
-        prepared = prepare(source, cls, overrides, seed, lambda: dict(shapes), announce)
-        return prepared, lambda s: workdir_arrays(source.step_dir, prepared, where, metadata, s), lambda: None
+             announce: bool = True, progress: bool = False) -> tuple[Prepared, Make, Callable[[], None]]:
+    """The plan, the function making the arrays of the parameters the source has (given shardings, or None: the
+    default device), and the clean-up."""
+    files, rename = [], None
     if isinstance(source, HFSource):
-        files, _ = weight_files(source.root, source.allow_pickle)
-        if all(f.suffix == ".safetensors" for f in files):
-            stored = SafetensorsFiles(files, family_and_class(source.hf, None)[0].rename, on_read)
-            prepared = prepare(source, cls, overrides, seed, lambda: dict(stored.tensors), announce)
-            stored.release()
-            return prepared, lambda s: tensor_arrays(prepared, s, on_read, after_each=stored.release), stored.release
-    # GGUF (lazy: each tensor dequantised whole when read), pickles (read whole)
-    prepared = prepare(source, cls, overrides, seed, announce=announce)
+        rename = family_and_class(source.hf, None)[0].rename  # an unsupported model type is named before the weights
+        files = weight_files(source.root, source.allow_pickle)[0]
+    if isinstance(source, LoraRunSource):  # the merge is built whole: its values are read whole
+        tensors = merged_tensors(source)
+    elif isinstance(source, WorkdirSource):
+        shapes, where, metadata = stored_tensors(source.step_dir, source.describe()[0].num_layers)
+        prepared = prepare(source, cls, overrides, seed, shapes, announce)
+        return prepared, lambda s: workdir_arrays(source.step_dir, prepared, where, metadata,
+                                                  s or _one_device(prepared)).items(), lambda: None
+    elif files and all(f.suffix == ".safetensors" for f in files):
+        stored = SafetensorsFiles(files, rename, on_read)
+        prepared = prepare(source, cls, overrides, seed, stored.tensors, announce)
+        stored.release()
+        return prepared, lambda s: tensor_arrays(prepared, s, on_read, after_each=stored.release), stored.release
+    else:  # GGUF (lazy: each tensor dequantised whole when read), pickles (read whole)
+        tensors = source.read(progress=progress)
+    prepared = prepare(source, cls, overrides, seed, tensors, announce)
     return prepared, lambda s: tensor_arrays(prepared, s, on_read), lambda: None
 
 
@@ -141,13 +167,73 @@ def load_sharded(path: PathLike | Source, *, shardings: Any, cls: type | str | N
         ``NamedSharding``s, or do not divide a parameter (each named).
     """
     overrides = Overrides(dtype, param_dtype, scan_layers, num_labels, pad_vocab_to)
-    source = _source(path, revision, allow_pickle)
-    prepared, make, done = _prepare(source, cls, overrides, seed, on_read)
+    prepared, make, done = _prepare(_source(path, revision, allow_pickle), cls, overrides, seed, on_read)
     try:
         flat = check_shardings(shardings, prepared.abstract)
-        values = make(flat)
+        values = dict(make(flat))
     finally:
         done()
     lacking = [p for p in prepared.abstract.shapes if p in prepared.lacking]
-    values.update(fresh_arrays(prepared, lacking, flat, seed))
+    if lacking:
+        values.update(initial_state(prepared, lacking, flat, seed)[0])
     return nnx.from_flat_state([(p, var.replace(values[p])) for p, var in nnx.to_flat_state(prepared.abstract.params)])
+
+
+def load_model(source: Source, *, cls: type | str | None = None, overrides: Overrides = Overrides(), seed: int = 0,
+               quantize: str | None = None, progress: bool = False) -> nnx.Module:
+    """The model (eval mode) ``source`` holds, built as ``cls`` in the stored config with ``overrides`` (see
+    ``from_pretrained``), its parameters whole on the default device. The head tensors the source lacks (another
+    class's checkpoint) are initialised at ``seed`` and listed in one warning. ``quantize`` (``"int8"``): each
+    projection is quantised as soon as it is placed, so the float projections of the whole model are never held."""
+    quantize = check_quantize(quantize)
+    prepared, make, done = _prepare(source, cls, overrides, seed, None, progress=progress)
+    config, factory, abstract = prepared.config, prepared.plan.factory, prepared.abstract
+    quantized = abstract_params(config, factory, quantize) if quantize is not None else None
+    groups = layer_groups(abstract.shapes, config.num_layers)
+    values: dict[ParamPath, Any] = {}
+    try:
+        for path, array in make(None):
+            if quantized is None:
+                values[path] = array
+                continue
+            for i, layer_path in enumerate(groups[path] or [path]):  # per layer: the layout quantize_value takes
+                value = array if groups[path] is None else array[i]
+                values.update(quantize_value(quantized.model, layer_path, value, stacked=config.scan_layers))
+    finally:
+        done()
+    lacking = [p for p in abstract.shapes if p in prepared.lacking]
+    if quantized is not None:
+        return assemble_model(config, factory, values, abstract=quantized, fresh=lacking, seed=seed,
+                              quantize=quantize)
+    fresh, rest = initial_state(prepared, lacking, None, seed)
+    values.update(fresh)
+    params = nnx.from_flat_state([(p, var.replace(values.pop(p))) for p, var in nnx.to_flat_state(abstract.params)])
+    model = nnx.merge(abstract.graphdef, params, rest)
+    model.eval()
+    return model
+
+
+def adapted_model(source: LoraRunSource) -> nnx.Module:
+    """A LoRA run's model with its adapters unmerged: its base loaded as the run's class and layer layout, then
+    ``LoraRunSource.adapted``."""
+    config, model_cls = source.describe()
+    base = load_model(source.base_source(), cls=model_cls, overrides=Overrides(scan_layers=config.scan_layers))
+    return source.adapted(base)
+
+
+def merged_tensors(source: LoraRunSource) -> dict[str, Any]:
+    """``{dotted per-layer path: value}`` of a LoRA run's model with its adapters merged."""
+    merged = merge_lora(adapted_model(source))
+    values = {p: v.get_value() for p, v in nnx.to_flat_state(nnx.state(merged, nnx.Param))}
+    return {dotted(p): v for p, v in unstack_layer_values(values, source.describe()[0].num_layers).items()}
+
+
+def load_adapted(path: PathLike, *, base: PathLike | None = None) -> nnx.Module:
+    """The model of a LoRA run's checkpoint with its adapters unmerged (see ``LoraRunSource.adapted``); ``base``:
+    the base weights when they have moved from the path the run recorded."""
+    source = open_source(path)
+    if not isinstance(source, LoraRunSource):
+        where = getattr(source, "step_dir", source.root)
+        raise ValueError(f"{where} is not a LoRA run's checkpoint (its meta has no 'lora')")
+    source.base = base
+    return adapted_model(source)

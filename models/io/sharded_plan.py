@@ -1,16 +1,29 @@
-"""What sharded loading (``flaxzoo.models.io.sharded``) decides before reading anything: the config and class built
-(the same as ``flaxzoo.models.io.loading.load_source``'s for the same overrides), the weight table checked once
-against the source's names and shapes, the parameters the source lacks, where each model parameter's values come
-from (stacked parameters: one table entry per layer), the caller's shardings checked against the parameters, and the
-initialisation of the lacking ones, born sharded.
+"""The one loading path's decisions and its tensor reads (``flaxzoo.models.io.sharded`` drives them): the config and
+class built, the weight table checked once against the source's names and shapes (``prepare``), the parameters the
+source lacks, the caller's shardings checked against the parameters, the lacking ones initialised (born sharded),
+and each parameter made from a source's tensors (``tensor_arrays``).
+
+``tensor_arrays`` makes each parameter with ``jax.make_array_from_callback``, whose callback, given the index of one
+addressable shard, returns that shard's values (no shardings: the whole parameter, on the default device):
+
+* A safetensors tensor (``flaxzoo.models.io.stored.StoredTensor``) whose table transform is a rearrangement of axes
+  (``flaxzoo.models.io.slicing``) is read only in the box the shard comes from: a transpose reads the transposed
+  slices, a head split a contiguous range, one part of a fused tensor that part, a stacked ``[num_layers, ...]``
+  parameter the layers of the index, each from its own tensor.
+* Anything else (a transform that computes, a GGUF tensor, which is dequantised whole, a pickle, a LoRA run's
+  merged values) is read whole once per parameter per process, translated, and sliced.
+
+The vocabulary rows a table is padded with (``pad_vocab_to``) are zeros, never read; a shard index that several
+local devices share (a replicated mesh axis) is read once.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding
@@ -18,12 +31,17 @@ from jax.sharding import NamedSharding
 from flaxzoo.models.config import TransformerConfig
 from flaxzoo.models.families.base import (Entry, ParamPath, WeightMap, check_coverage, dotted, expected_hf_shapes,
                                           format_names, match_tensors)
-from flaxzoo.models.io.loading import Plan, Source
+from flaxzoo.models.io.slicing import Layout, Unmappable, read_index, trace_layouts
+from flaxzoo.models.io.sources import Plan, Source
+from flaxzoo.models.io.stored import OnRead, Read, StoredTensor
 from flaxzoo.models.layers.stack import is_stacked_path, unstack_layer_values
 from flaxzoo.models.modeling import (AbstractParams, abstract_params, override_config, per_layer_shapes, vocab_axes,
                                      vocab_shapes, warn_initialised)
 
-__all__ = ["Overrides", "Prepared", "check_shardings", "flat_tree", "fresh_arrays", "layer_groups", "prepare"]
+__all__ = ["Overrides", "Prepared", "check_shardings", "flat_tree", "initial_state", "layer_groups", "prepare",
+           "tensor_arrays"]
+
+Index = tuple[slice, ...]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,19 +78,18 @@ class Prepared:
     lacking: set[ParamPath]
 
 
-def prepare(source: Source, cls: type | str | None, overrides: Overrides, seed: int,
-            tensors: Callable[[], dict[str, Any]] | None = None, announce: bool = True) -> Prepared:
+def prepare(source: Source, cls: type | str | None, overrides: Overrides, seed: int, tensors: Mapping[str, Any],
+            announce: bool = True) -> Prepared:
     """The config, class, checked table and lacking parameters for loading ``source`` as ``cls`` with
-    ``overrides`` (the steps of ``load_source``, in its order, with its one check of names and shapes and its one
-    warning for initialised heads). ``tensors``: the source's ``{name: object with .shape}`` (default: its
-    ``read()``, which for a Hugging Face / GGUF source is lazy only in the GGUF case). ``announce``: give the warning
-    (False: only the shapes are wanted)."""
+    ``overrides``: the one check of names and shapes, and the one warning for initialised heads. ``tensors``: the
+    source's ``{name: object with .shape}`` (read lazily or not, as the source allows). ``announce``: give the
+    warning (False: only the shapes are wanted)."""
     stored_config, _ = source.describe()
     model_cls = source.model_class(cls)
     scan = source.default_scan_layers if overrides.scan_layers is None else overrides.scan_layers
     config = override_config(stored_config, dtype=overrides.dtype, param_dtype=overrides.param_dtype,
                              scan_layers=scan, num_labels=overrides.num_labels, pad_vocab_to=overrides.pad_vocab_to)
-    found = tensors() if tensors is not None else source.read()
+    found = dict(tensors)
     plan = source.plan(config, model_cls, found.keys())
     abstract = abstract_params(config, plan.factory)
     shapes = per_layer_shapes(abstract.shapes, config.num_layers)
@@ -144,17 +161,105 @@ def check_shardings(shardings: Any, abstract: AbstractParams) -> dict[ParamPath,
     return flat
 
 
-def fresh_arrays(prepared: Prepared, paths: list[ParamPath], shardings: Mapping[ParamPath, NamedSharding], seed: int
-                 ) -> dict[ParamPath, jax.Array]:
-    """The model's own initial values (``seed``) of ``paths``, computed under ``jax.jit`` with ``out_shardings``:
-    born sharded, the values ``load_source`` gives them (``assemble_model(fresh=...)``)."""
-    if not paths:
-        return {}
+def initial_state(prepared: Prepared, paths: list[ParamPath], shardings: Mapping[ParamPath, NamedSharding] | None,
+                  seed: int) -> tuple[dict[ParamPath, jax.Array], nnx.State]:
+    """The model's own initial values (``seed``) of ``paths`` (what ``create_model`` gives them), computed under
+    ``jax.jit`` with ``out_shardings`` (born sharded; None: on the default device), and its state other than
+    parameters (replicated)."""
     config, factory, wanted = prepared.config, prepared.plan.factory, set(paths)
 
-    def initial() -> dict[str, jax.Array]:
-        _, params, _ = nnx.split(factory(config, rngs=nnx.Rngs(seed)), nnx.Param, ...)
-        return {dotted(p): v.get_value() for p, v in nnx.to_flat_state(params) if p in wanted}
+    def initial() -> tuple[dict[str, jax.Array], nnx.State]:
+        _, params, rest = nnx.split(factory(config, rngs=nnx.Rngs(seed)), nnx.Param, ...)
+        return {dotted(p): v.get_value() for p, v in nnx.to_flat_state(params) if p in wanted}, rest
 
-    out = jax.jit(initial, out_shardings={dotted(p): shardings[p] for p in paths})()
-    return {p: out[dotted(p)] for p in paths}
+    if shardings is None:
+        out, rest = jax.jit(initial)()
+    else:
+        replicated = NamedSharding(next(iter(shardings.values())).mesh, jax.sharding.PartitionSpec())
+        out, rest = jax.jit(initial, out_shardings=({dotted(p): shardings[p] for p in paths}, replicated))()
+    return {p: out[dotted(p)] for p in paths}, rest
+
+
+class _Shards:
+    """The callback of one parameter: its shards' values (``[num_layers, ...]`` when stacked), in its dtype."""
+
+    def __init__(self, prepared: Prepared, path: ParamPath, per_layer: list[ParamPath] | None, dtype: Any,
+                 layouts: dict[str, tuple[Layout, ...] | None], on_read: OnRead | None):
+        self.prepared, self.path, self.per_layer, self.dtype = prepared, path, per_layer, dtype
+        self.layouts, self.on_read = layouts, on_read
+        self.done: dict[tuple, np.ndarray] = {}  # shard index -> values: a replicated shard is read once
+        self.whole: dict[str, tuple[np.ndarray, ...]] = {}  # entries read whole, while this parameter is made
+
+    def __call__(self, index: Index) -> np.ndarray:
+        shape = self.prepared.abstract.shapes[self.path].shape
+        bounds = tuple(s.indices(d)[:2] for s, d in zip(index, shape))
+        if bounds not in self.done:
+            spans = tuple(slice(a, b) for a, b in bounds)
+            if self.per_layer is None:
+                value = self.layer(self.path, spans)
+            else:
+                value = np.stack([self.layer(p, spans[1:]) for p in self.per_layer[spans[0]]])
+            self.done[bounds] = np.asarray(value).astype(self.dtype, copy=False)
+        return self.done[bounds]
+
+    def layer(self, path: ParamPath, index: Index) -> np.ndarray:
+        """One per-layer parameter's ``[index]``; vocabulary rows past the stored ones are zeros."""
+        axis = self.prepared.vocab.get(path)
+        rows = self.prepared.stored_shapes[path][axis] if axis is not None else None
+        if axis is None or index[axis].stop <= rows:
+            return self.read(path, index)
+        start, stop = index[axis].start, index[axis].stop
+        shape = [s.stop - s.start for s in index]
+        shape[axis] = stop - max(start, rows)
+        padding = np.zeros(shape, self.dtype)
+        if start >= rows:
+            return padding
+        kept = self.read(path, (*index[:axis], slice(start, rows), *index[axis + 1:]))
+        return np.concatenate([kept, padding.astype(kept.dtype)], axis=axis)
+
+    def read(self, path: ParamPath, index: Index) -> np.ndarray:
+        entry, output = self.prepared.entries[path]
+        tensor = self.prepared.tensors[entry.hf]
+        layouts = self.layout(entry, tensor)
+        if layouts is not None:
+            return read_index(layouts[output], index, tensor.read)
+        if entry.hf not in self.whole:
+            if not isinstance(tensor, StoredTensor) and self.on_read is not None:  # a StoredTensor reports itself
+                shape = tuple(tensor.shape)
+                self.on_read(Read(entry.hf, tuple(slice(0, d) for d in shape), int(np.prod(shape)), False))
+            self.whole[entry.hf] = tuple(entry.transform.to_flax(np.asarray(tensor)))
+        return np.asarray(self.whole[entry.hf][output][index])
+
+    def layout(self, entry: Entry, tensor: Any) -> tuple[Layout, ...] | None:
+        """The entry's layouts when its tensor can be read by the box and its transform is a rearrangement."""
+        if not isinstance(tensor, StoredTensor):
+            return None
+        if entry.hf not in self.layouts:
+            try:
+                self.layouts[entry.hf] = trace_layouts(entry.transform, tensor.shape)
+            except Unmappable:
+                self.layouts[entry.hf] = None
+        return self.layouts[entry.hf]
+
+
+def tensor_arrays(prepared: Prepared, shardings: Mapping[ParamPath, NamedSharding] | None,
+                  on_read: OnRead | None = None, after_each: Callable[[], None] | None = None
+                  ) -> Iterator[tuple[ParamPath, jax.Array]]:
+    """``(model path, global array)`` for every parameter the source has (not ``prepared.lacking``), one at a time,
+    laid out by ``shardings`` (None: whole, on the default device); ``after_each()`` runs once each parameter is made
+    (closing the files it mapped)."""
+    groups = layer_groups(prepared.abstract.shapes, prepared.config.num_layers)
+    layouts: dict[str, tuple[Layout, ...] | None] = {}
+    for path, struct in prepared.abstract.shapes.items():
+        if path in prepared.lacking:
+            continue
+        callback = _Shards(prepared, path, groups[path], np.dtype(struct.dtype), layouts, on_read)
+        shape = tuple(struct.shape)
+        if shardings is None:
+            array = jnp.asarray(callback(tuple(slice(0, d) for d in shape)))
+        else:
+            array = jax.make_array_from_callback(shape, shardings[path], callback, dtype=struct.dtype)
+        del callback  # what it read whole goes with it
+        if after_each is not None:
+            after_each()
+        yield path, array

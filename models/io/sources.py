@@ -1,15 +1,15 @@
-"""Sources: one object per checkpoint format, each with the same small interface (``flaxzoo.models.io.loading.Source``):
+"""Sources: one object per checkpoint format, each with the same small interface (:class:`Source`):
 
 * ``describe()`` → ``(TransformerConfig, class)`` from the config alone, no weight read;
-* ``read()`` → ``{name: array}`` in the source's own naming (a flaxzoo work directory: dotted per-layer parameter
-  paths);
-* ``plan(config, class, names)`` → the weight table ``from_pretrained`` assembles through;
+* ``read()`` → ``{name: array}`` in the source's own naming (Hugging Face and GGUF files; a flaxzoo work directory is
+  restored by orbax straight into its shardings, ``flaxzoo.models.io.sharded_workdir``);
+* ``plan(config, class, names)`` → the weight table the loader (``flaxzoo.models.io.sharded``) places through;
 * ``files()`` / ``fingerprint()`` → the files that make up the weights and a hash of them (what training records, so
   that resuming or merging adapters onto other base weights is refused).
 
 ``HFSource`` (a Hugging Face directory; a Hub id is fetched into the Hugging Face cache first), ``GGUFSource`` (a
 llama.cpp file), ``WorkdirSource`` (a flaxzoo training checkpoint: work directory, ``checkpoints/`` or one step) and
-``LoraRunSource`` (a LoRA run's work directory: base weights + adapters, merged). :func:`open_source` is the one
+``LoraRunSource`` (a LoRA run's work directory: base weights + adapters; the loader loads the base and merges). :func:`open_source` is the one
 place that decides which a path is.
 
 What a path names, in order: an existing local path (relative, ``./``, ``~/`` and absolute paths alike: made absolute
@@ -19,31 +19,82 @@ first); else a packaged model's name (``flaxzoo.models.io.packaged.PACKAGED``: `
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import pathlib
 import re
-from typing import Any, Collection
+from typing import Any, Callable, Collection
 
 import jax
 from flax import nnx
 
-from flaxzoo.models.io.checkpoint import find_step_dir, param_metadata, read_meta, restore_params
+from flaxzoo.models.io.checkpoint import find_step_dir, read_meta, restore_params
 from flaxzoo.models.config import TransformerConfig
 from flaxzoo.models.families import family_and_class, family_of_class, factory_for, gguf_config, model_classes
 from flaxzoo.models.families.base import Entry, ParamPath, WeightMap, dotted, format_names, param_path
 from flaxzoo.models.io.gguf import GGUFFile, is_gguf
 from flaxzoo.models.io.files import (PICKLE, PICKLE_INDEX, SAFETENSORS, SAFETENSORS_INDEX, PathLike, is_hub_id,
                                       listing, read_config, read_weights, resolve_pretrained, weight_files)
-from flaxzoo.models.io.loading import Plan, Source, flat_values, load_source
-from flaxzoo.models.layers.stack import unstack_layer_values
-from flaxzoo.models.adapters.lora import LoraConfig, apply_lora, merge_lora
+from flaxzoo.models.adapters.lora import LoraConfig, apply_lora
 from flaxzoo.models.modeling import abstract_params, assemble_model, per_layer_shapes
 
-__all__ = ["GGUFSource", "HFSource", "LoraRunSource", "Source", "WorkdirSource", "fingerprint_files", "load_adapted",
+__all__ = ["GGUFSource", "HFSource", "LoraRunSource", "Plan", "Source", "WorkdirSource", "fingerprint_files",
            "open_source"]
 
 FINGERPRINT_CHUNK = 1 << 22  # bytes read at a time
 HF_WEIGHT_PATTERNS = ("*.safetensors", "*.safetensors.index.json", "pytorch_model*.bin", "pytorch_model.bin.index.json")
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """How a source's tensors become one model's parameters.
+
+    ``factory``: what builds the model (``factory(config, rngs=...)``). ``weights``: the table from the source's
+    tensor names to the model's per-layer parameter paths (with what may be lacking, skipped or tied). ``vocab_rows``:
+    the rows the source's vocabulary tables hold (``config.vocab_size`` for Hugging Face / GGUF; a flaxzoo checkpoint:
+    its stored padded size). ``where``: how errors and warnings name the source."""
+
+    factory: Callable[..., nnx.Module]
+    weights: WeightMap
+    vocab_rows: int
+    where: str
+
+
+class Source:
+    """One checkpoint in one format (the subclasses below).
+
+    ``kind``: ``"hf"``, ``"gguf"`` or ``"flaxzoo"``. ``root``: the local path it was opened at. ``default_scan_layers``:
+    the layer layout built when the caller asks for none (None: the stored config's)."""
+
+    kind: str = ""
+    root: pathlib.Path
+    default_scan_layers: bool | None = False
+
+    def describe(self) -> tuple[TransformerConfig, type]:
+        """``(config, class)`` of the model the source holds, read from its config alone (no weights)."""
+        raise NotImplementedError
+
+    def model_class(self, cls: type | str | None) -> type:
+        """The class to build for ``cls`` (a class, its name, or None: the source's own); ValueError for a class
+        that cannot hold this source."""
+        raise NotImplementedError
+
+    def read(self, progress: bool = False) -> dict[str, Any]:
+        """Every tensor, ``{name: array}`` in the source's naming (anything ``np.asarray`` takes: a GGUF tensor is
+        dequantised only then)."""
+        raise NotImplementedError
+
+    def plan(self, config: TransformerConfig, model_cls: type, names: Collection[str]) -> Plan:
+        """The table for building ``model_cls`` in ``config`` from the tensors ``names``."""
+        raise NotImplementedError
+
+    def files(self) -> list[pathlib.Path]:
+        """The files whose bytes make up the source's weights and config (sorted)."""
+        raise NotImplementedError
+
+    def fingerprint(self) -> str:
+        """``sha256:<hex>`` of :meth:`files`' names and bytes (``flaxzoo.models.io.sources.fingerprint_files``)."""
+        raise NotImplementedError
 
 
 def fingerprint_files(files: list[pathlib.Path], root: pathlib.Path) -> str:
@@ -175,12 +226,6 @@ class WorkdirSource(Source):
                              f"it loads as one of {sorted(allowed)}")
         return allowed[name]
 
-    def read(self, progress: bool = False) -> dict[str, Any]:
-        stored_config, _ = self.describe()
-        values = unstack_layer_values(restore_params(self.step_dir, param_metadata(self.step_dir)),
-                                      stored_config.num_layers)
-        return {dotted(p): v for p, v in values.items()}
-
     def plan(self, config: TransformerConfig, model_cls: type, names: Collection[str]) -> Plan:
         stored_config, stored_cls = self.describe()
         stored = [param_path(n) for n in names]
@@ -229,10 +274,9 @@ class LoraRunSource(WorkdirSource):
                              f"({stored_cls.__name__}); save it (models.save_checkpoint) to change them")
         return stored_cls
 
-    def adapted(self) -> nnx.Module:
-        """The model with its adapters unmerged (qwix-intercepted projections, in the stored config): the base
-        weights (``meta["base"]``, or ``base`` when they have moved; their fingerprint must match), ``apply_lora``
-        with the stored settings, then the stored adapters and fully trained parameters."""
+    def base_source(self) -> Source:
+        """The base weights' source (``meta["base"]``, or ``base`` when they have moved); their fingerprint must
+        match the one the run recorded."""
         stored_base = self.meta.get("base") or {}
         where = str(self.base) if self.base is not None else stored_base.get("path")
         if not where or not (pathlib.Path(where).expanduser().exists() or is_hub_id(where)):
@@ -243,9 +287,16 @@ class LoraRunSource(WorkdirSource):
         if found != stored_base.get("fingerprint"):
             raise ValueError(f"{self.step_dir}: the adapters were trained on {stored_base.get('path')} "
                              f"({stored_base.get('fingerprint')}), but {where} is {found}: other base weights")
+        return base_source
+
+    def adapted(self, base: nnx.Module) -> nnx.Module:
+        """The model with its adapters unmerged (qwix-intercepted projections, in the stored config): ``base`` (the
+        model :meth:`base_source` loads, as this run's class and layer layout: ``flaxzoo.models.io.sharded``
+        loads it) rebuilt in the stored config, ``apply_lora`` with the stored settings, then the stored adapters
+        and fully trained parameters."""
         config, model_cls = self.describe()
-        loaded = load_source(base_source, cls=model_cls, scan_layers=config.scan_layers)
-        model = assemble_model(config, model_cls, flat_values(loaded))  # the stored config (dtypes, labels ...)
+        values = {p: v.get_value() for p, v in nnx.to_flat_state(nnx.state(base, nnx.Param))}
+        model = assemble_model(config, model_cls, values)  # the stored config (dtypes, labels ...)
         apply_lora(model, LoraConfig.from_dict(self.meta["lora"]), seed=0)
         trained = restore_params(self.step_dir)
         flat = dict(nnx.to_flat_state(nnx.state(model, nnx.Param)))
@@ -257,11 +308,6 @@ class LoraRunSource(WorkdirSource):
                                                for p, v in trained.items()]))
         model.eval()
         return model
-
-    def read(self, progress: bool = False) -> dict[str, Any]:
-        config, _ = self.describe()
-        values = unstack_layer_values(flat_values(merge_lora(self.adapted())), config.num_layers)
-        return {dotted(p): v for p, v in values.items()}
 
     def plan(self, config: TransformerConfig, model_cls: type, names: Collection[str]) -> Plan:
         stored_config, _ = self.describe()
@@ -304,14 +350,3 @@ def open_source(path: PathLike, *, revision: str | None = None, allow_pickle: bo
         return HFSource(local, allow_pickle=allow_pickle)  # reading its weights reports what is missing
     raise ValueError(f"{local} holds no model: no config.json with {SAFETENSORS}, no .gguf file and no flaxzoo "
                      f"checkpoint (checkpoints/<step>/); the directory holds {listing(local)}")
-
-
-def load_adapted(path: PathLike, *, base: PathLike | None = None) -> nnx.Module:
-    """The model of a LoRA run's checkpoint with its adapters unmerged (see :meth:`LoraRunSource.adapted`);
-    ``base``: the base weights when they have moved from the path the run recorded."""
-    source = open_source(path)
-    if not isinstance(source, LoraRunSource):
-        where = getattr(source, "step_dir", source.root)
-        raise ValueError(f"{where} is not a LoRA run's checkpoint (its meta has no 'lora')")
-    source.base = base
-    return source.adapted()
