@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib
 import pathlib
 import re
+from types import ModuleType
 
 from flaxzoo.models import families
 
@@ -23,12 +24,12 @@ def folder_table() -> dict[str, str]:
     return dict(ROW.findall(section))
 
 
-def files_of(folder) -> set[str]:
+def files_of(folder: ModuleType) -> set[str]:
     """The file names in a family folder (not ``__pycache__``)."""
     return {p.name for p in pathlib.Path(folder.__file__).parent.iterdir() if p.name != "__pycache__"}
 
 
-def short_name(folder) -> str:
+def short_name(folder: ModuleType) -> str:
     return folder.__name__.rsplit(".", 1)[1]
 
 
