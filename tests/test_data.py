@@ -644,6 +644,9 @@ def test_bad_jsonl_lines_are_named(tmp_path):
     path.write_text('{"text": "fine"}\n{not json\n', encoding="utf-8")
     with pytest.raises(ValueError, match=r"bad.jsonl:2: not valid JSON"):
         data.read_text_files([str(path)])
+    path.write_text('{"text": "fine"}\n["a list"]\n', encoding="utf-8")
+    with pytest.raises(ValueError, match=r"bad.jsonl:2: expected a JSON object per line, got list"):
+        data.read_text_files([str(path)])
 
 
 def test_undecodable_bytes_are_replaced_and_counted(tmp_path, caplog):

@@ -27,7 +27,7 @@ import pathlib
 import re
 import subprocess
 import sys
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 log = logging.getLogger(__name__)
 
@@ -167,6 +167,21 @@ class _ReplacementCounter:
         return "\ufffd", exc.end
 
 
+def jsonl_objects(text: str, path: str | os.PathLike) -> Iterator[tuple[int, dict[str, Any]]]:
+    """``(line number, object)`` for each non-blank line of a JSON-lines file's ``text``; a line that is not valid
+    JSON, or not an object, raises ValueError naming ``path`` and the line."""
+    for lineno, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
+        if not isinstance(record, dict):
+            raise ValueError(f"{path}:{lineno}: expected a JSON object per line, got {type(record).__name__}")
+        yield lineno, record
+
+
 def decode_bytes(data: bytes) -> tuple[str, int]:
     """``data`` as UTF-8 (a BOM is dropped); undecodable sequences become U+FFFD. Returns (text, replacements)."""
     try:
@@ -244,14 +259,8 @@ def read_text_files(patterns: Sequence[str], *, text_field: str = "text", val_fr
             log.warning("%s: %d undecodable byte sequence(s) replaced with U+FFFD", path, replaced)
             replaced_total += replaced
         if is_jsonl(path):
-            for lineno, line in enumerate(text.splitlines(), 1):
-                if not line.strip():
-                    continue
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise ValueError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
-                if not isinstance(record, dict) or text_field not in record:
+            for lineno, record in jsonl_objects(text, path):
+                if text_field not in record:
                     raise ValueError(f"{path}:{lineno}: no {text_field!r} field; expected a JSON object with a "
                                      f"string under text_field={text_field!r}")
                 doc = record[text_field]

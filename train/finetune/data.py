@@ -24,7 +24,6 @@ from __future__ import annotations
 import csv
 import dataclasses
 import io
-import json
 import logging
 import os
 import pathlib
@@ -37,7 +36,7 @@ import numpy as np
 import tensorflow_datasets as tfds
 
 from flaxzoo.train.data.builders import LocatedBuilder, cache_key, file_lock, prepare_builder, quiet_tfds
-from flaxzoo.train.data.corpus import decode_bytes
+from flaxzoo.train.data.corpus import decode_bytes, jsonl_objects
 
 log = logging.getLogger(__name__)
 
@@ -110,16 +109,7 @@ def read_labelled_file(path: str | os.PathLike, text_field: str, label_field: st
     text, _ = decode_bytes(path.read_bytes())
     rows: list[dict[str, Any]] = []
     if fmt == "jsonl":
-        for lineno, line in enumerate(text.splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
-            if not isinstance(row, dict):
-                raise ValueError(f"{path}:{lineno}: expected a JSON object per line, got {type(row).__name__}")
-            rows.append(row)
+        rows = [row for _, row in jsonl_objects(text, path)]
         columns = sorted({k for row in rows for k in row})
     else:
         reader = csv.DictReader(io.StringIO(text), delimiter="\t" if fmt == "tsv" else ",")

@@ -103,11 +103,27 @@ class BertForMaskedLM(LanguageModel):
         return self.decoder(hidden, self.backbone.embeddings.tokens)
 
 
-class BertForSequenceClassification(StackModel):
+class EncoderWithHead(StackModel):
+    """An encoder and a task head: ``model(input_ids, attention_mask, token_type_ids, position_ids, *,
+    segment_ids)`` (each ``[batch, seq]``) runs the encoder and gives its final states, with ``attention_mask`` for a
+    head that pools over the real tokens, to :meth:`head_outputs`, which each task's class defines."""
+
+    causal = False
+
+    def __call__(self, input_ids: jax.Array, attention_mask: jax.Array | None = None,
+                 token_type_ids: jax.Array | None = None, position_ids: jax.Array | None = None, *,
+                 segment_ids: jax.Array | None = None):
+        hidden = self.hidden_states(input_ids, attention_mask, token_type_ids, position_ids, segment_ids=segment_ids)
+        return self.head_outputs(hidden, attention_mask)
+
+    def head_outputs(self, hidden: jax.Array, attention_mask: jax.Array | None):
+        raise NotImplementedError(f"{type(self).__name__} defines no head_outputs")
+
+
+class BertForSequenceClassification(EncoderWithHead):
     """Encoder + pooler + dropout + a linear classifier over ``num_labels``."""
 
     task = "sequence_classification"
-    causal = False
 
     def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
         super().__init__(config, rngs=rngs)
@@ -115,49 +131,38 @@ class BertForSequenceClassification(StackModel):
         self.dropout = nnx.Dropout(config.dropout, rngs=rngs)
         self.classifier = _dense(config, config.num_labels, ("embed", None), rngs)
 
-    def __call__(self, input_ids: jax.Array, attention_mask: jax.Array | None = None,
-                 token_type_ids: jax.Array | None = None, position_ids: jax.Array | None = None, *,
-                 segment_ids: jax.Array | None = None) -> jax.Array:
-        """``[batch, seq]`` → logits ``[batch, num_labels]`` (float32)."""
-        hidden = self.hidden_states(input_ids, attention_mask, token_type_ids, position_ids, segment_ids=segment_ids)
+    def head_outputs(self, hidden: jax.Array, attention_mask: jax.Array | None) -> jax.Array:
+        """Encoder states ``[batch, seq, hidden]`` → logits ``[batch, num_labels]`` (float32)."""
         pooled = pool(self.pooler, hidden, self.config.pooler_activation)
         return self.classifier(self.dropout(pooled)).astype(jnp.float32)
 
 
-class BertForTokenClassification(StackModel):
+class BertForTokenClassification(EncoderWithHead):
     """Encoder (no pooler) + dropout + a linear classifier over ``num_labels`` applied to every token (tagging, NER)."""
 
     task = "token_classification"
-    causal = False
 
     def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
         super().__init__(config, rngs=rngs)
         self.dropout = nnx.Dropout(config.dropout, rngs=rngs)
         self.classifier = _dense(config, config.num_labels, ("embed", None), rngs)
 
-    def __call__(self, input_ids: jax.Array, attention_mask: jax.Array | None = None,
-                 token_type_ids: jax.Array | None = None, position_ids: jax.Array | None = None, *,
-                 segment_ids: jax.Array | None = None) -> jax.Array:
-        """``[batch, seq]`` → per-token logits ``[batch, seq, num_labels]`` (float32)."""
-        hidden = self.hidden_states(input_ids, attention_mask, token_type_ids, position_ids, segment_ids=segment_ids)
+    def head_outputs(self, hidden: jax.Array, attention_mask: jax.Array | None) -> jax.Array:
+        """Encoder states ``[batch, seq, hidden]`` → per-token logits ``[batch, seq, num_labels]`` (float32)."""
         return self.classifier(self.dropout(hidden)).astype(jnp.float32)
 
 
-class BertForQuestionAnswering(StackModel):
+class BertForQuestionAnswering(EncoderWithHead):
     """Encoder (no pooler) + a linear layer giving each token two scores, the answer span's start and end
     (extractive question answering, SQuAD: Devlin et al., 2019, section 4.2)."""
 
     task = "question_answering"
-    causal = False
 
     def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
         super().__init__(config, rngs=rngs)
         self.qa_outputs = _dense(config, 2, ("embed", None), rngs)
 
-    def __call__(self, input_ids: jax.Array, attention_mask: jax.Array | None = None,
-                 token_type_ids: jax.Array | None = None, position_ids: jax.Array | None = None, *,
-                 segment_ids: jax.Array | None = None) -> SpanLogits:
-        """``[batch, seq]`` → :class:`SpanLogits` (``[batch, seq]`` each, float32)."""
-        hidden = self.hidden_states(input_ids, attention_mask, token_type_ids, position_ids, segment_ids=segment_ids)
+    def head_outputs(self, hidden: jax.Array, attention_mask: jax.Array | None) -> SpanLogits:
+        """Encoder states ``[batch, seq, hidden]`` → :class:`SpanLogits` (``[batch, seq]`` each, float32)."""
         scores = self.qa_outputs(hidden).astype(jnp.float32)
         return SpanLogits(scores[..., 0], scores[..., 1])

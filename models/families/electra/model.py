@@ -7,10 +7,10 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from flaxzoo.models.architectures.encoder.model import EncoderWithHead
 from flaxzoo.models.config import TransformerConfig
 from flaxzoo.models.layers.feedforward import ACTIVATION_FUNCTIONS
 from flaxzoo.models.layers.linear import Dense
-from flaxzoo.models.layers.model import StackModel
 
 
 def _dense(config: TransformerConfig, out_features: int, rngs: nnx.Rngs) -> Dense:
@@ -19,22 +19,18 @@ def _dense(config: TransformerConfig, out_features: int, rngs: nnx.Rngs) -> Dens
                  param_dtype=jnp.dtype(config.param_dtype))
 
 
-class ElectraForPreTraining(StackModel):
+class ElectraForPreTraining(EncoderWithHead):
     """Encoder + ``discriminator`` (dense hidden → hidden, the config's activation) + ``prediction`` (dense
     hidden → 1): the logit that each token was replaced by the generator (replaced token detection)."""
 
     task = "replaced_token_detection"
-    causal = False
 
     def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
         super().__init__(config, rngs=rngs)
         self.discriminator = _dense(config, config.hidden_size, rngs)
         self.prediction = _dense(config, 1, rngs)
 
-    def __call__(self, input_ids: jax.Array, attention_mask: jax.Array | None = None,
-                 token_type_ids: jax.Array | None = None, position_ids: jax.Array | None = None, *,
-                 segment_ids: jax.Array | None = None) -> jax.Array:
-        """``[batch, seq]`` → per-token logits ``[batch, seq]`` (float32; > 0: replaced)."""
-        hidden = self.hidden_states(input_ids, attention_mask, token_type_ids, position_ids, segment_ids=segment_ids)
+    def head_outputs(self, hidden: jax.Array, attention_mask: jax.Array | None) -> jax.Array:
+        """Encoder states ``[batch, seq, hidden]`` → per-token logits ``[batch, seq]`` (float32; > 0: replaced)."""
         hidden = ACTIVATION_FUNCTIONS[self.config.activation](self.discriminator(hidden))
         return self.prediction(hidden)[..., 0].astype(jnp.float32)

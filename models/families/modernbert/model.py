@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from flaxzoo.models.architectures.encoder.model import EncoderOutput, SpanLogits
+from flaxzoo.models.architectures.encoder.model import EncoderOutput, EncoderWithHead, SpanLogits
 from flaxzoo.models.config import TransformerConfig
 from flaxzoo.models.layers.attention import KVCache
 from flaxzoo.models.layers.block import TransformerBlock
@@ -152,7 +152,7 @@ def mean_pool(hidden: jax.Array, attention_mask: jax.Array | None) -> jax.Array:
     return (hidden * weights).sum(axis=1) / jnp.maximum(weights.sum(axis=1), 1)
 
 
-class ModernBertForSequenceClassification(_ModernBert):
+class ModernBertForSequenceClassification(_ModernBert, EncoderWithHead):
     """Encoder → pooling (``config.classifier_pooling``: the first token, or the mean of the real tokens) →
     prediction head → dropout → linear classifier over ``num_labels``."""
 
@@ -164,11 +164,8 @@ class ModernBertForSequenceClassification(_ModernBert):
         self.dropout = nnx.Dropout(config.dropout, rngs=rngs)
         self.classifier = _dense(config, config.num_labels, True, rngs)
 
-    def __call__(self, input_ids: jax.Array, attention_mask: jax.Array | None = None,
-                 token_type_ids: jax.Array | None = None, position_ids: jax.Array | None = None, *,
-                 segment_ids: jax.Array | None = None) -> jax.Array:
-        """``[batch, seq]`` → logits ``[batch, num_labels]`` (float32)."""
-        hidden = self.hidden_states(input_ids, attention_mask, token_type_ids, position_ids, segment_ids=segment_ids)
+    def head_outputs(self, hidden: jax.Array, attention_mask: jax.Array | None) -> jax.Array:
+        """Encoder states ``[batch, seq, hidden]`` → logits ``[batch, num_labels]`` (float32)."""
         if self.config.classifier_pooling == "mean":
             pooled = mean_pool(hidden, None if attention_mask is None else jnp.asarray(attention_mask))
         else:
@@ -176,7 +173,7 @@ class ModernBertForSequenceClassification(_ModernBert):
         return self.classifier(self.dropout(self.head(pooled))).astype(jnp.float32)
 
 
-class ModernBertForTokenClassification(_ModernBert):
+class ModernBertForTokenClassification(_ModernBert, EncoderWithHead):
     """Encoder → prediction head → dropout → a linear classifier over ``num_labels`` on every token."""
 
     task = "token_classification"
@@ -187,15 +184,12 @@ class ModernBertForTokenClassification(_ModernBert):
         self.dropout = nnx.Dropout(config.dropout, rngs=rngs)
         self.classifier = _dense(config, config.num_labels, True, rngs)
 
-    def __call__(self, input_ids: jax.Array, attention_mask: jax.Array | None = None,
-                 token_type_ids: jax.Array | None = None, position_ids: jax.Array | None = None, *,
-                 segment_ids: jax.Array | None = None) -> jax.Array:
-        """``[batch, seq]`` → per-token logits ``[batch, seq, num_labels]`` (float32)."""
-        hidden = self.hidden_states(input_ids, attention_mask, token_type_ids, position_ids, segment_ids=segment_ids)
+    def head_outputs(self, hidden: jax.Array, attention_mask: jax.Array | None) -> jax.Array:
+        """Encoder states ``[batch, seq, hidden]`` → per-token logits ``[batch, seq, num_labels]`` (float32)."""
         return self.classifier(self.dropout(self.head(hidden))).astype(jnp.float32)
 
 
-class ModernBertForQuestionAnswering(_ModernBert):
+class ModernBertForQuestionAnswering(_ModernBert, EncoderWithHead):
     """Encoder → prediction head → dropout → a linear layer giving each token the answer span's start and end
     scores (Hugging Face's ``classifier`` with two outputs)."""
 
@@ -207,10 +201,7 @@ class ModernBertForQuestionAnswering(_ModernBert):
         self.dropout = nnx.Dropout(config.dropout, rngs=rngs)
         self.classifier = _dense(config, 2, True, rngs)
 
-    def __call__(self, input_ids: jax.Array, attention_mask: jax.Array | None = None,
-                 token_type_ids: jax.Array | None = None, position_ids: jax.Array | None = None, *,
-                 segment_ids: jax.Array | None = None) -> SpanLogits:
-        """``[batch, seq]`` → :class:`SpanLogits` (``[batch, seq]`` each, float32)."""
-        hidden = self.hidden_states(input_ids, attention_mask, token_type_ids, position_ids, segment_ids=segment_ids)
+    def head_outputs(self, hidden: jax.Array, attention_mask: jax.Array | None) -> SpanLogits:
+        """Encoder states ``[batch, seq, hidden]`` → :class:`SpanLogits` (``[batch, seq]`` each, float32)."""
         scores = self.classifier(self.dropout(self.head(hidden))).astype(jnp.float32)
         return SpanLogits(scores[..., 0], scores[..., 1])
