@@ -28,7 +28,7 @@ from typing import Sequence
 
 from flaxzoo.models.io.checkpoint import find_step_dir, save_checkpoint
 from flaxzoo.models.io import save_pretrained
-from flaxzoo.models.io.sharded import Overrides, adapted_model, load_model
+from flaxzoo.models.io.sharded import adapted_model, load_model
 from flaxzoo.models.io.peft import save_adapters
 from flaxzoo.models.io.sources import LoraRunSource, open_source
 
@@ -102,7 +102,7 @@ def convert(src: str | pathlib.Path, dst: str | pathlib.Path, *, to: str | None 
                       train_fully=meta["lora"].get("train_fully", ()))
         _copy_tokenizer(kind, source, dst)
         return dst
-    model = load_model(opened, overrides=Overrides(param_dtype=dtype), progress=progress)
+    model = load_model(opened, param_dtype=dtype, progress=progress)
     dst.mkdir(parents=True, exist_ok=True)
     if to == "hf":
         save_pretrained(model, dst)

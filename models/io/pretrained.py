@@ -20,7 +20,7 @@ from flaxzoo.models.families import family_of
 from flaxzoo.models.families.base import Family, ParamPath, check_coverage
 from flaxzoo.models.families.fields import ACTIVATIONS_TO_HF, common_to_hf, labels_to_hf
 from flaxzoo.models.io.files import PathLike, write_hf_directory
-from flaxzoo.models.io.sharded import Overrides, load_model
+from flaxzoo.models.io.sharded import load_model
 from flaxzoo.models.io.sources import open_source
 from flaxzoo.models.layers.stack import unstack_layer_values
 from flaxzoo.models.modeling import resize_vocab_values, vocab_axes
@@ -101,8 +101,8 @@ def from_pretrained(path: PathLike, *, cls: type | str | None = None, allow_pick
     """
     quantize = check_quantize(quantize)  # before anything is read
     source = open_source(path, revision=revision, allow_pickle=allow_pickle)
-    return load_model(source, cls=cls, overrides=Overrides(dtype, param_dtype, scan_layers, num_labels, pad_vocab_to),
-                      seed=seed, quantize=quantize, progress=progress)
+    return load_model(source, cls=cls, dtype=dtype, param_dtype=param_dtype, scan_layers=scan_layers,
+                      num_labels=num_labels, pad_vocab_to=pad_vocab_to, seed=seed, quantize=quantize, progress=progress)
 
 
 # --------------------------------------------------------------------------------------------------------------------

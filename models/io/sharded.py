@@ -67,15 +67,15 @@ from flaxzoo.models.config import TransformerConfig
 from flaxzoo.models.families import family_and_class
 from flaxzoo.models.families.base import ParamPath, dotted
 from flaxzoo.models.io.files import PathLike, weight_files
-from flaxzoo.models.io.sharded_plan import (Overrides, Prepared, check_shardings, initial_state, layer_groups, prepare,
+from flaxzoo.models.io.sharded_plan import (Prepared, check_shardings, initial_state, layer_groups, prepare,
                                             tensor_arrays)
 from flaxzoo.models.io.sharded_workdir import stored_tensors, workdir_arrays
 from flaxzoo.models.io.sources import HFSource, LoraRunSource, Source, WorkdirSource, open_source
 from flaxzoo.models.io.stored import OnRead, Read, SafetensorsFiles
 from flaxzoo.models.layers.stack import unstack_layer_values
-from flaxzoo.models.modeling import abstract_params, assemble_model
+from flaxzoo.models.modeling import abstract_params, assemble_model, override_config
 
-__all__ = ["Overrides", "PretrainedShapes", "Read", "load_adapted", "load_model", "load_sharded", "pretrained_shapes"]
+__all__ = ["PretrainedShapes", "Read", "load_adapted", "load_model", "load_sharded", "pretrained_shapes"]
 
 Make = Callable[[dict[ParamPath, NamedSharding] | None], Iterable[tuple[ParamPath, jax.Array]]]
 
@@ -99,30 +99,33 @@ def _one_device(prepared: Prepared) -> dict[ParamPath, NamedSharding]:
     return {p: NamedSharding(mesh, PartitionSpec()) for p in prepared.abstract.shapes}
 
 
-def _prepare(source: Source, cls: type | str | None, overrides: Overrides, seed: int, on_read: OnRead | None,
+def _prepare(source: Source, cls: type | str | None, overrides: dict[str, Any], seed: int, on_read: OnRead | None,
              announce: bool = True, progress: bool = False) -> tuple[Prepared, Make, Callable[[], None]]:
-    """The plan, the function making the arrays of the parameters the source has (given shardings, or None: the
-    default device), and the clean-up."""
-    files, rename = [], None
-    if isinstance(source, HFSource):
-        rename = family_and_class(source.hf, None)[0].rename  # an unsupported model type is named before the weights
-        files = weight_files(source.root, source.allow_pickle)[0]
+    """Ask the source (config, class, tensors, table), check once; returns the check's result, the function making
+    the arrays of the parameters the source has (given shardings, or None: the default device), and the clean-up."""
+    stored_config, _ = source.describe()
+    model_cls = source.model_class(cls)
+    scan = source.default_scan_layers if overrides.get("scan_layers") is None else overrides["scan_layers"]
+    config = override_config(stored_config, **{**overrides, "scan_layers": scan})
+    workdir = isinstance(source, WorkdirSource) and not isinstance(source, LoraRunSource)
+    files = weight_files(source.root, source.allow_pickle)[0] if isinstance(source, HFSource) else []
+    release = None
     if isinstance(source, LoraRunSource):  # the merge is built whole: its values are read whole
         tensors = merged_tensors(source)
-    elif isinstance(source, WorkdirSource):
-        shapes, where, metadata = stored_tensors(source.step_dir, source.describe()[0].num_layers)
-        prepared = prepare(source, cls, overrides, seed, shapes, announce)
-        return prepared, lambda s: workdir_arrays(source.step_dir, prepared, where, metadata,
-                                                  s or _one_device(prepared)).items(), lambda: None
+    elif workdir:  # restored by orbax straight into the shardings: only the metadata now
+        tensors, where, metadata = stored_tensors(source.step_dir, stored_config.num_layers)
     elif files and all(f.suffix == ".safetensors" for f in files):
-        stored = SafetensorsFiles(files, rename, on_read)
-        prepared = prepare(source, cls, overrides, seed, stored.tensors, announce)
-        stored.release()
-        return prepared, lambda s: tensor_arrays(prepared, s, on_read, after_each=stored.release), stored.release
+        stored = SafetensorsFiles(files, family_and_class(source.hf, None)[0].rename, on_read)
+        tensors, release = stored.tensors, stored.release
     else:  # GGUF (lazy: each tensor dequantised whole when read), pickles (read whole)
         tensors = source.read(progress=progress)
-    prepared = prepare(source, cls, overrides, seed, tensors, announce)
-    return prepared, lambda s: tensor_arrays(prepared, s, on_read), lambda: None
+    prepared = prepare(config, model_cls, source.plan(config, model_cls, tensors.keys()), tensors, seed, announce)
+    if workdir:
+        return (prepared, lambda s: workdir_arrays(source.step_dir, prepared, where, metadata,
+                                                   s or _one_device(prepared)).items(), lambda: None)
+    if release is not None:
+        release()  # the files mapped while checking
+    return prepared, lambda s: tensor_arrays(prepared, s, on_read, after_each=release), release or (lambda: None)
 
 
 def pretrained_shapes(path: PathLike | Source, *, cls: type | str | None = None, dtype: Any = None,
@@ -133,7 +136,8 @@ def pretrained_shapes(path: PathLike | Source, *, cls: type | str | None = None,
     arguments, read from the source's config and tensor names / shapes alone (no value is read; a GGUF file's
     tensors are not dequantised; a LoRA run's merge is built). Raises what ``from_pretrained`` raises for a source
     that does not match."""
-    overrides = Overrides(dtype, param_dtype, scan_layers, num_labels, pad_vocab_to)
+    overrides = dict(dtype=dtype, param_dtype=param_dtype, scan_layers=scan_layers, num_labels=num_labels,
+                     pad_vocab_to=pad_vocab_to)
     prepared, _, done = _prepare(_source(path, revision, allow_pickle), cls, overrides, 0, None, announce=False)
     done()
     return PretrainedShapes(prepared.config, prepared.model_cls, prepared.abstract.params)
@@ -166,7 +170,8 @@ def load_sharded(path: PathLike | Source, *, shardings: Any, cls: type | str | N
       ValueError: what ``from_pretrained`` raises for the source; shardings that miss or add parameters, are not
         ``NamedSharding``s, or do not divide a parameter (each named).
     """
-    overrides = Overrides(dtype, param_dtype, scan_layers, num_labels, pad_vocab_to)
+    overrides = dict(dtype=dtype, param_dtype=param_dtype, scan_layers=scan_layers, num_labels=num_labels,
+                     pad_vocab_to=pad_vocab_to)
     prepared, make, done = _prepare(_source(path, revision, allow_pickle), cls, overrides, seed, on_read)
     try:
         flat = check_shardings(shardings, prepared.abstract)
@@ -179,26 +184,30 @@ def load_sharded(path: PathLike | Source, *, shardings: Any, cls: type | str | N
     return nnx.from_flat_state([(p, var.replace(values[p])) for p, var in nnx.to_flat_state(prepared.abstract.params)])
 
 
-def load_model(source: Source, *, cls: type | str | None = None, overrides: Overrides = Overrides(), seed: int = 0,
-               quantize: str | None = None, progress: bool = False) -> nnx.Module:
-    """The model (eval mode) ``source`` holds, built as ``cls`` in the stored config with ``overrides`` (see
-    ``from_pretrained``), its parameters whole on the default device. The head tensors the source lacks (another
+def load_model(source: Source, *, cls: type | str | None = None, dtype: Any = None, param_dtype: Any = None,
+               scan_layers: bool | None = None, num_labels: int | None = None, pad_vocab_to: int | None = None,
+               seed: int = 0, quantize: str | None = None, progress: bool = False) -> nnx.Module:
+    """The model (eval mode) ``source`` holds, built as ``cls`` in the stored config with the overrides of the same
+    names (see ``from_pretrained``), its parameters whole on the default device (uncommitted, as ``jnp.asarray``
+    leaves them; a flaxzoo work directory's: on the first local device). The head tensors the source lacks (another
     class's checkpoint) are initialised at ``seed`` and listed in one warning. ``quantize`` (``"int8"``): each
     projection is quantised as soon as it is placed, so the float projections of the whole model are never held."""
     quantize = check_quantize(quantize)
+    overrides = dict(dtype=dtype, param_dtype=param_dtype, scan_layers=scan_layers, num_labels=num_labels,
+                     pad_vocab_to=pad_vocab_to)
     prepared, make, done = _prepare(source, cls, overrides, seed, None, progress=progress)
     config, factory, abstract = prepared.config, prepared.plan.factory, prepared.abstract
     quantized = abstract_params(config, factory, quantize) if quantize is not None else None
-    groups = layer_groups(abstract.shapes, config.num_layers)
+    groups = layer_groups(abstract.shapes, config.num_layers) if quantize is not None else {}
     values: dict[ParamPath, Any] = {}
     try:
         for path, array in make(None):
             if quantized is None:
                 values[path] = array
-                continue
-            for i, layer_path in enumerate(groups[path] or [path]):  # per layer: the layout quantize_value takes
-                value = array if groups[path] is None else array[i]
-                values.update(quantize_value(quantized.model, layer_path, value, stacked=config.scan_layers))
+            else:  # per layer, the layout quantize_value takes
+                for i, layer_path in enumerate(groups[path] or [path]):
+                    value = array if groups[path] is None else array[i]
+                    values.update(quantize_value(quantized.model, layer_path, value, stacked=config.scan_layers))
     finally:
         done()
     lacking = [p for p in abstract.shapes if p in prepared.lacking]
@@ -217,7 +226,7 @@ def adapted_model(source: LoraRunSource) -> nnx.Module:
     """A LoRA run's model with its adapters unmerged: its base loaded as the run's class and layer layout, then
     ``LoraRunSource.adapted``."""
     config, model_cls = source.describe()
-    base = load_model(source.base_source(), cls=model_cls, overrides=Overrides(scan_layers=config.scan_layers))
+    base = load_model(source.base_source(), cls=model_cls, scan_layers=config.scan_layers)
     return source.adapted(base)
 
 

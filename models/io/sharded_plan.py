@@ -1,7 +1,7 @@
-"""The one loading path's decisions and its tensor reads (``flaxzoo.models.io.sharded`` drives them): the config and
-class built, the weight table checked once against the source's names and shapes (``prepare``), the parameters the
-source lacks, the caller's shardings checked against the parameters, the lacking ones initialised (born sharded),
-and each parameter made from a source's tensors (``tensor_arrays``).
+"""The one loading path's check and its tensor reads (``flaxzoo.models.io.sharded`` drives them): the weight table
+checked once against the source's names and shapes (``prepare``), the parameters the source lacks, the caller's
+shardings checked against the parameters, the lacking ones initialised (born sharded), and each parameter made from
+a source's tensors (``tensor_arrays``).
 
 ``tensor_arrays`` makes each parameter with ``jax.make_array_from_callback``, whose callback, given the index of one
 addressable shard, returns that shard's values (no shardings: the whole parameter, on the default device):
@@ -32,28 +32,16 @@ from flaxzoo.models.config import TransformerConfig
 from flaxzoo.models.families.base import (Entry, ParamPath, WeightMap, check_coverage, dotted, expected_hf_shapes,
                                           format_names, match_tensors)
 from flaxzoo.models.io.slicing import Layout, Unmappable, read_index, trace_layouts
-from flaxzoo.models.io.sources import Plan, Source
+from flaxzoo.models.io.sources import Plan
 from flaxzoo.models.io.stored import OnRead, Read, StoredTensor
 from flaxzoo.models.layers.stack import is_stacked_path, unstack_layer_values
-from flaxzoo.models.modeling import (AbstractParams, abstract_params, override_config, per_layer_shapes, vocab_axes,
-                                     vocab_shapes, warn_initialised)
+from flaxzoo.models.modeling import (AbstractParams, abstract_params, per_layer_shapes, vocab_axes, vocab_shapes,
+                                     warn_initialised)
 
-__all__ = ["Overrides", "Prepared", "check_shardings", "flat_tree", "initial_state", "layer_groups", "prepare",
+__all__ = ["Prepared", "check_shardings", "flat_tree", "initial_state", "layer_groups", "prepare",
            "tensor_arrays"]
 
 Index = tuple[slice, ...]
-
-
-@dataclasses.dataclass(frozen=True)
-class Overrides:
-    """What the caller asks for instead of what the checkpoint says (``from_pretrained``'s arguments of the same
-    names; None keeps the checkpoint's)."""
-
-    dtype: Any = None
-    param_dtype: Any = None
-    scan_layers: bool | None = None
-    num_labels: int | None = None
-    pad_vocab_to: int | None = None
 
 
 @dataclasses.dataclass
@@ -78,19 +66,12 @@ class Prepared:
     lacking: set[ParamPath]
 
 
-def prepare(source: Source, cls: type | str | None, overrides: Overrides, seed: int, tensors: Mapping[str, Any],
+def prepare(config: TransformerConfig, model_cls: type, plan: Plan, tensors: Mapping[str, Any], seed: int,
             announce: bool = True) -> Prepared:
-    """The config, class, checked table and lacking parameters for loading ``source`` as ``cls`` with
-    ``overrides``: the one check of names and shapes, and the one warning for initialised heads. ``tensors``: the
-    source's ``{name: object with .shape}`` (read lazily or not, as the source allows). ``announce``: give the
-    warning (False: only the shapes are wanted)."""
-    stored_config, _ = source.describe()
-    model_cls = source.model_class(cls)
-    scan = source.default_scan_layers if overrides.scan_layers is None else overrides.scan_layers
-    config = override_config(stored_config, dtype=overrides.dtype, param_dtype=overrides.param_dtype,
-                             scan_layers=scan, num_labels=overrides.num_labels, pad_vocab_to=overrides.pad_vocab_to)
+    """The checked table and lacking parameters for building ``model_cls`` in ``config`` through ``plan`` from a
+    source's ``tensors`` (``{name: object with .shape}``, read lazily or not, as the source allows): the one check of
+    names and shapes, and the one warning for initialised heads (``announce``; False: only the shapes are wanted)."""
     found = dict(tensors)
-    plan = source.plan(config, model_cls, found.keys())
     abstract = abstract_params(config, plan.factory)
     shapes = per_layer_shapes(abstract.shapes, config.num_layers)
     vocab = vocab_axes(abstract.params)

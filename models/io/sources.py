@@ -9,8 +9,9 @@
 
 ``HFSource`` (a Hugging Face directory; a Hub id is fetched into the Hugging Face cache first), ``GGUFSource`` (a
 llama.cpp file), ``WorkdirSource`` (a flaxzoo training checkpoint: work directory, ``checkpoints/`` or one step) and
-``LoraRunSource`` (a LoRA run's work directory: base weights + adapters; the loader loads the base and merges). :func:`open_source` is the one
-place that decides which a path is.
+``LoraRunSource`` (a LoRA run's work directory: base weights + adapters; the loader loads the base and merges).
+:func:`open_source` is the one place that decides which a path is. Sources only describe; the one loader
+(``flaxzoo.models.io.sharded``) reads them.
 
 What a path names, in order: an existing local path (relative, ``./``, ``~/`` and absolute paths alike: made absolute
 first); else a packaged model's name (``flaxzoo.models.io.packaged.PACKAGED``: ``"smollm2-135m-instruct"``,
@@ -81,7 +82,8 @@ class Source:
 
     def read(self, progress: bool = False) -> dict[str, Any]:
         """Every tensor, ``{name: array}`` in the source's naming (anything ``np.asarray`` takes: a GGUF tensor is
-        dequantised only then)."""
+        dequantised only then). Hugging Face and GGUF sources; the loader restores a flaxzoo work directory with
+        orbax and builds a LoRA run's merge itself."""
         raise NotImplementedError
 
     def plan(self, config: TransformerConfig, model_cls: type, names: Collection[str]) -> Plan:
