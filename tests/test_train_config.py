@@ -533,7 +533,7 @@ def test_precision_rules_are_one_set_for_every_task():
     reason; bfloat16 compute keeps float32 master weights and float32 Adam moments, and its step is finite."""
     from flaxzoo.train.finetune.config import FinetuneConfig
     from flaxzoo.train.precision import training_precision_error
-    from flaxzoo.train.program import StepProgram
+    from flaxzoo.train.program import pretraining_program
     from flaxzoo.train import sharding
 
     for change, key in (({"compute_dtype": "float16"}, "precision.compute_dtype"),
@@ -561,7 +561,7 @@ def test_precision_rules_are_one_set_for_every_task():
         node[leaf] = value
     config.precision.compute_dtype = "bfloat16"
     cfg = resolve(config, 1)
-    program = StepProgram(cfg, sharding.make_mesh((1, 1, 1), jax.devices()[:1]))
+    program = pretraining_program(cfg, sharding.make_mesh((1, 1, 1), jax.devices()[:1]))
     state, rest = program.init()
     floats = [x for x in jax.tree.leaves({"params": state["params"], "opt_state": state["opt_state"]})
               if jnp.issubdtype(x.dtype, jnp.floating)]

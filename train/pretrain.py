@@ -42,7 +42,7 @@ from flaxzoo.train.checkpoint import resolve_workdir
 from flaxzoo.train.config import ConfigError, TrainConfig
 from flaxzoo.train.engine import LoopResult, LoopSettings, Task, run_task
 from flaxzoo.train.hooks import (MetricsWriter, is_main, say, setup_compilation_cache)
-from flaxzoo.train.program import StepProgram, choose_remat, device_memory_bytes
+from flaxzoo.train.program import choose_remat, device_memory_bytes, pretraining_program
 
 log = logging.getLogger(__name__)
 
@@ -152,9 +152,9 @@ class Trainer(Task):
 
     # --------------------------------------------------------------------------------------------------- state
     def _build_state(self) -> None:
-        """The step program (``flaxzoo.train.program.StepProgram``): shardings, abstract state, jitted steps. On an
-        accelerator ``precision.remat="auto"`` compiles the step with each policy and keeps the cheapest that fits
-        the device memory (``flaxzoo.train.program.choose_remat``)."""
+        """The step program (``flaxzoo.train.program.pretraining_program``): shardings, abstract state, jitted
+        steps. On an accelerator ``precision.remat="auto"`` compiles the step with each policy and keeps the cheapest
+        that fits the device memory (``flaxzoo.train.program.choose_remat``)."""
         cfg = self.cfg
         self.base = None
         if cfg.init_from:
@@ -181,7 +181,7 @@ class Trainer(Task):
             say(f"{choice.describe(capacity)}; {self.remat_search_s:.1f} s")
             program = choice.program
         else:
-            program = StepProgram(cfg, self.mesh)
+            program = pretraining_program(cfg, self.mesh)
         for line in dict.fromkeys(program.unsplit):  # replicated where the mesh meant to split: said once each
             say(f"sharding: {line} (replicated on that axis)")
         self.program = program

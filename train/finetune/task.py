@@ -12,11 +12,13 @@ import time
 from typing import Any, Callable, Sequence
 
 import jax
+import jax.numpy as jnp
 from flax import nnx
 
 from flaxzoo.models import load_tokenizer
 from flaxzoo.models.io.checkpoint import find_step_dir, save_checkpoint
 from flaxzoo.models.adapters.lora import merge_lora
+from flaxzoo.models.config import TransformerConfig
 from flaxzoo.train import multihost
 from flaxzoo.train import sharding as shardlib
 from flaxzoo.train import storage
@@ -29,11 +31,53 @@ from flaxzoo.train.engine import LoopSettings, Task, run_task
 from flaxzoo.train.finetune.batching import EpochIterator
 from flaxzoo.train.hooks import is_main, say, setup_compilation_cache
 from flaxzoo.train.optim import make_finetune_optimizer
-from flaxzoo.train.step import make_train_step, new_train_state
+from flaxzoo.train.program import StepProgram
 
 def is_head(keys: Sequence[Any]) -> bool:
     """The classifier head: every parameter outside the backbone (the pooler and the classifier)."""
     return "backbone" not in keys
+
+
+def finetune_program(cfg: FinetuneConfig, config: TransformerConfig, model_class: type, mesh: jax.sharding.Mesh,
+                     steps: int, *, objective: str, make_predict: Callable | None = None,
+                     prepare_plain: Callable[[Any], Any] | None = None) -> StepProgram:
+    """The step program of a fine-tune of ``steps`` steps: ``model_class`` in ``config`` (LoRA-adapted when
+    ``lora.*`` asks), the fine-tuning optimizer (layer-wise LR decay, the head's own LR, the encoder frozen for the
+    first ``freeze_steps``: a ``"head"`` step variant then moves the head alone), ``objective``'s loss and
+    ``make_predict``; batches ``[batch_size, data.max_len]`` (:func:`batch_shapes`). ``prepare_plain``: applied
+    to the pretrained weights before they are split (a grown vocabulary)."""
+    if cfg.freeze_steps >= steps:
+        raise ValueError(f"freeze_steps={cfg.freeze_steps} is not less than the run's {steps} steps ({cfg.epochs} "
+                         "epochs): the encoder would never train; expected fewer steps (or more epochs)")
+    warmup = round(cfg.warmup_ratio * steps) if cfg.warmup_ratio else cfg.optim.warmup_steps
+    optim = dataclasses.replace(cfg.optim, warmup_steps=warmup)
+    lora = cfg.lora.spec()
+    token_types = cfg.task == "qa" and config.type_vocab_size > 1
+
+    def optimizer(params):
+        return make_finetune_optimizer(optim, steps, params, config.num_layers, freeze_steps=cfg.freeze_steps,
+                                       is_head=is_head, head_lr=cfg.head_lr or None)
+
+    return StepProgram(
+        cfg, mesh, model=lambda seed: model_class(config, rngs=nnx.Rngs(seed)),
+        adapt=(lambda model: adapt(lora, cfg, model)) if lora is not None else None, lora=lora,
+        trainable=trainable_filter(lora, cfg), optimizer=optimizer, objective=objective,
+        variants={"head": is_head} if cfg.freeze_steps else None, batch_size=cfg.batch_size, seed=cfg.seed,
+        batch_shapes=lambda rows: batch_shapes(cfg.task, rows, cfg.data.max_len, token_types),
+        make_predict=make_predict, prepare_plain=prepare_plain)
+
+
+def batch_shapes(task: str, rows: int, seq: int, token_types: bool = False) -> dict[str, tuple[tuple[int, ...], Any]]:
+    """``{key: (shape, dtype)}`` of one training batch of ``task`` as its fine-tuner builds it (``token_types``:
+    ``qa``'s batches for a model with segment embeddings carry ``token_type_ids``)."""
+    tokens = {"input_ids": ((rows, seq), jnp.int32), "attention_mask": ((rows, seq), jnp.int32)}
+    if task == "qa":  # flaxzoo.train.finetune.spans.span_batch
+        types = {"token_type_ids": ((rows, seq), jnp.int32)} if token_types else {}
+        return {**tokens, **types, "start_positions": ((rows,), jnp.int32), "end_positions": ((rows,), jnp.int32),
+                "example_weights": ((rows,), jnp.float32)}
+    if task == "tag":  # a tag per position (IGNORE_INDEX where none is scored): flaxzoo.train.finetune.tokens
+        return {**tokens, "labels": ((rows, seq), jnp.int32)}
+    return {**tokens, "labels": ((rows,), jnp.int32), "example_weights": ((rows,), jnp.float32)}
 
 
 @dataclasses.dataclass
@@ -138,71 +182,30 @@ class FinetuneTask(Task):
         """The parameters of a plain (not adapted) classifier in ``config``, as shapes."""
         return nnx.state(nnx.eval_shape(lambda: self.MODEL(config, rngs=nnx.Rngs(0))), nnx.Param)
 
-    def _classifier(self) -> nnx.Module:
-        """A fresh classifier (with LoRA: adapted); traced inside ``jax.jit`` / ``nnx.eval_shape``."""
-        model = self.MODEL(self.config, rngs=nnx.Rngs(self.cfg.seed))
-        return adapt(self.lora, self.cfg, model) if self.lora is not None else model
-
     def _build(self, steps: int) -> None:
-        """Shardings, the sharded train state and the jitted steps. The loaded weights become global arrays from
-        host memory (each process fills the shards its devices hold), then the trained part and ``rest`` are split
-        off under ``jax.jit`` with their shardings: no device holds more than its shards."""
-        cfg, config, mesh = self.cfg, self.config, self.mesh
-        plain_graphdef = nnx.graphdef(nnx.eval_shape(lambda: self.MODEL(config, rngs=nnx.Rngs(0))))
-        abstract = nnx.eval_shape(self._classifier)
-        self.graphdef, abstract_trained, abstract_rest = nnx.split(abstract, trainable_filter(self.lora, self.cfg), ...)
-        trained_logical = nnx.to_pure_dict(nnx.get_partition_spec(abstract_trained))
-        abstract_trained = nnx.to_pure_dict(abstract_trained)
-        param_shardings = shardlib.param_shardings(trained_logical, abstract_trained, mesh, self.unsplit)
-        self.replicated = shardlib.replicated(mesh)
-        self.rest_shardings = (shardlib.variable_shardings(abstract_rest, mesh, self.unsplit)
-                               if self.lora is not None else jax.tree.map(lambda _: self.replicated, abstract_rest))
-        self.trained_count = sum(x.size for x in jax.tree.leaves(abstract_trained))
-        warmup = round(cfg.warmup_ratio * steps) if cfg.warmup_ratio else cfg.optim.warmup_steps
-        optim = dataclasses.replace(cfg.optim, warmup_steps=warmup)
-        if cfg.freeze_steps >= steps:
-            raise ValueError(f"freeze_steps={cfg.freeze_steps} is not less than the run's {steps} steps ({cfg.epochs} "
-                             "epochs): the encoder would never train; expected fewer steps (or more epochs)")
-        self.freeze_steps = cfg.freeze_steps
-        self.tx, self.schedule = make_finetune_optimizer(optim, steps, abstract_trained, config.num_layers,
-                                                         freeze_steps=self.freeze_steps, is_head=is_head,
-                                                         head_lr=cfg.head_lr or None)
-        abstract_state = jax.eval_shape(lambda p: new_train_state(p, self.tx, cfg.seed), abstract_trained)
-        self.state_shardings = {"params": param_shardings, "step": self.replicated, "rng": self.replicated,
-                                "opt_state": shardlib.tree_shardings_like(abstract_state["opt_state"],
-                                                                          abstract_trained, param_shardings, mesh)}
-        self.target = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract_state,
-                                   self.state_shardings)
-        self.batch_sharding = shardlib.batch_sharding(mesh)
-        self.placement = shardlib.BatchPlacement(self.batch_sharding, cfg.batch_size)
-        self.eval_placement = shardlib.BatchPlacement(self.batch_sharding, cfg.eval_batch_size)
+        """The step program (:func:`finetune_program`). The loaded weights become global arrays from host memory
+        (each process fills the shards its devices hold), then the trained part and ``rest`` are split off under
+        ``jax.jit`` with their shardings (``init_from_plain``): no device holds more than its shards."""
+        grow = None
+        if self.extension is not None:  # the new words' rows, grown where the sharded table lies
+            extension = self.extension
 
-        def split(params):
-            if self.extension is not None:  # the new words' rows, grown where the sharded table lies
-                params = vocablib.grow_table(jax.tree.map(lambda x: x, params), self.extension)
-            model = nnx.merge(plain_graphdef, params, nnx.split(
-                self.MODEL(config, rngs=nnx.Rngs(cfg.seed)), nnx.Param, ...)[2])
-            if self.lora is not None:
-                model = adapt(self.lora, self.cfg, model)
-            _, trained, rest = nnx.split(model, trainable_filter(self.lora, self.cfg), ...)
-            return new_train_state(nnx.to_pure_dict(trained), self.tx, cfg.seed), rest
+            def grow(params):
+                return vocablib.grow_table(jax.tree.map(lambda x: x, params), extension)
 
-        self.initial_state = jax.jit(split, out_shardings=(self.state_shardings, self.rest_shardings))
-        activations = shardlib.activation_placement(mesh)
-        shardings = (self.state_shardings, self.rest_shardings, self.batch_sharding, self.replicated)
-
-        def jit_step(trainable):
-            return jax.jit(make_train_step(self.graphdef, self.tx, self.schedule, objective=self.OBJECTIVE,
-                                           trainable=trainable, grad_shardings=param_shardings,
-                                           placement=activations),
-                           in_shardings=shardings, out_shardings=(self.state_shardings, self.replicated),
-                           donate_argnums=(0,))
-
-        self.full_step = jit_step(None)
-        self.head_step = jit_step(is_head) if self.freeze_steps else None
-        self.predict = jax.jit(self.make_predict(self.graphdef, activations),
-                               in_shardings=(param_shardings, self.rest_shardings, self.batch_sharding),
-                               out_shardings=self.replicated)
+        self.program = program = finetune_program(self.cfg, self.config, self.MODEL, self.mesh, steps,
+                                                  objective=self.OBJECTIVE, make_predict=self.make_predict,
+                                                  prepare_plain=grow)
+        self.unsplit += program.unsplit
+        self.graphdef, self.tx, self.schedule = program.graphdef, program.tx, program.schedule
+        self.replicated, self.state_shardings, self.rest_shardings = (program.replicated, program.state_shardings,
+                                                                      program.rest_shardings)
+        self.trained_count, self.target = program.trainable_count, program.target
+        self.batch_sharding, self.placement = program.batch_sharding, program.placement
+        self.eval_placement = shardlib.BatchPlacement(self.batch_sharding, self.cfg.eval_batch_size)
+        self.freeze_steps = self.cfg.freeze_steps
+        self.full_step, self.head_step = program.train_step, program.steps.get("head")
+        self.predict = program.predict
 
     def data_position_settings(self) -> dict[str, Any]:
         """The settings that decide which examples batch ``g`` holds (a resume with others is refused)."""
@@ -217,10 +220,10 @@ class FinetuneTask(Task):
                 "data": self.data_position_settings(), "base": self.base}
 
     def initial(self):
-        return self.initial_state(self.params)
+        return self.program.init_from_plain(self.params)
 
     def resumed(self, restored):
-        return restored.state, self.initial_state(self.params)[1]
+        return restored.state, self.program.init_from_plain(self.params)[1]
 
     def prepare(self, start: int) -> None:
         cfg = self.cfg
@@ -304,4 +307,4 @@ class FinetuneTask(Task):
         multihost.barrier("flaxzoo_finetune_saved")
 
 
-__all__ = ["FinetuneSummary", "FinetuneTask", "is_head"]
+__all__ = ["FinetuneSummary", "FinetuneTask", "batch_shapes", "finetune_program", "is_head"]

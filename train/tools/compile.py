@@ -57,7 +57,7 @@ from flaxzoo.train.__main__ import DEFAULT_CONFIG, resolve_config_argument  # no
 from flaxzoo.train.config import ConfigError, TrainConfig  # noqa: E402
 from flaxzoo.train.tools.compile_finetune import compile_finetune  # noqa: E402
 from flaxzoo.train.finetune.config import TASKS as FINETUNE_TASKS  # noqa: E402
-from flaxzoo.train.program import MemoryFigures, StepProgram, choose_remat  # noqa: E402
+from flaxzoo.train.program import MemoryFigures, StepProgram, choose_remat, pretraining_program  # noqa: E402
 from flaxzoo.train.tools.roofline import decode_bytes_per_token  # noqa: E402
 from flaxzoo.train.tools.targets import Target, compile_devices, parse_target, persistent_cache_off  # noqa: E402
 
@@ -181,7 +181,7 @@ def compile_pretraining(cfg: TrainConfig, target: Target, devices: list[jax.Devi
         if compiled is None:  # even full remat failed to compile within HBM: report its figures as the error said
             raise RuntimeError("; ".join(v for _, _, v in choice.tried))
     else:
-        program = StepProgram(cfg, mesh)
+        program = pretraining_program(cfg, mesh)
         lowered = program.lower_train_step() if step == "train" else program.lower_eval_step()
         compiled = lowered.compile()
     compile_s = time.perf_counter() - start
@@ -210,7 +210,7 @@ def compile_generate(cfg: TrainConfig, target: Target, devices: list[jax.Device]
                      dump_hlo: str | None = None) -> list[Report]:
     """One cached decode step (one new token per row against a ``seq_len`` cache) at batch 1 and at the config's
     batch, the parameters sharded as in training."""
-    program = StepProgram(cfg, mesh)
+    program = pretraining_program(cfg, mesh)
     params_sharding = program.state_shardings["params"]
     graphdef, rest = program.graphdef, program.abstract_rest
     per_token = flopslib.forward_flops_per_token(cfg.model, cfg.seq_len, cfg.model_cls)
