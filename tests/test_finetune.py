@@ -22,6 +22,7 @@ from PIL import Image
 from flaxzoo import models
 from flaxzoo.models.architectures.encoder import BertForSequenceClassification
 from flaxzoo.models.families import get_preset
+from flaxzoo.models.inference.text import pad_batch
 from flaxzoo.train.config import ConfigError, OptimConfig
 from flaxzoo.train.finetune import vocab as vocablib
 from flaxzoo.train.finetune.config import FinetuneConfig, base_config
@@ -553,7 +554,7 @@ def test_a_lora_finetune_trains_only_the_adapters_and_the_head(tmp_path, data_di
         np.testing.assert_allclose(kernel.reshape(base.shape), base + (a @ b) * scale, rtol=1e-6, atol=1e-6)
     np.testing.assert_array_equal(merged.classifier.kernel.get_value(), trained["classifier.kernel"])
     # The merged checkpoint predicts what the adapted model predicts.
-    ids, mask = models.text.pad_batch(finetuner.encoded["test"], 0, limit=32)
+    ids, mask = pad_batch(finetuner.encoded["test"], 0, limit=32)
     np.testing.assert_allclose(np.asarray(jax.nn.softmax(merged(jnp.asarray(ids), jnp.asarray(mask)), axis=-1)),
                                finetuner.probabilities("test"), atol=2e-5)
 

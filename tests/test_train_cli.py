@@ -223,7 +223,7 @@ def test_bert_pretraining_reports_masked_token_accuracy(data_dir, tmp_path):
 def test_an_error_after_the_first_step_exits_1_and_before_it_2(data_dir, tmp_path):
     """Exit code 2 means nothing was computed (a bad config or input); a ValueError once training runs is a run
     failure (1). The failure is simulated by a metrics writer that raises, in a real ``python -m flaxzoo.train`` process."""
-    failing = ("import sys, flaxzoo.train.pretrain as loop\n"
+    failing = ("import sys, flaxzoo.train.pretrain as pretrain\n"
                "def write(self, row):\n    raise ValueError('disk full (simulated)')\n"
                "pretrain.MetricsWriter.write = write\n"
                "from flaxzoo.train.__main__ import main\nsys.exit(main(sys.argv))\n")
