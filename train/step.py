@@ -197,41 +197,36 @@ def make_eval_step(graphdef: nnx.GraphDef, *, objective: str, loss_chunk: int = 
     return eval_step
 
 
-def make_predict_masked(graphdef: nnx.GraphDef, placement: ActivationPlacement | None = None) -> Callable:
-    """``predict(params, rest, batch) -> [batch, seq]`` argmax token ids of a masked LM (for the eval sample).
-    ``placement``: as in :func:`make_train_step`."""
+def _make_predict(graphdef: nnx.GraphDef, placement: ActivationPlacement | None, read: Callable[[Any], jax.Array],
+                  *, segments: bool = False) -> Callable:
+    """``predict(params, rest, batch)``: the model in eval mode (dropout off) on the batch's ids, mask and token
+    types (and segment ids with ``segments``), its output turned into an array by ``read``. Not yet jitted."""
     def predict(params: Any, rest: Any, batch: Batch) -> jax.Array:
         model = nnx.merge(graphdef, params, rest, copy=True)
         model.eval()
+        extra = {"segment_ids": batch.get("segment_ids")} if segments else {}
         with placed(placement):
-            logits = model(batch["input_ids"], batch.get("attention_mask"), token_types(model, batch),
-                           segment_ids=batch.get("segment_ids"))
-        return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+            output = model(batch["input_ids"], batch.get("attention_mask"), token_types(model, batch), **extra)
+        return read(output)
 
     return predict
+
+
+def make_predict_masked(graphdef: nnx.GraphDef, placement: ActivationPlacement | None = None) -> Callable:
+    """``predict(params, rest, batch) -> [batch, seq]`` argmax token ids of a masked LM (for the eval sample).
+    ``placement``: as in :func:`make_train_step`."""
+    return _make_predict(graphdef, placement, lambda logits: jnp.argmax(logits, axis=-1).astype(jnp.int32),
+                         segments=True)
 
 
 def make_predict_probabilities(graphdef: nnx.GraphDef, placement: ActivationPlacement | None = None) -> Callable:
     """``predict(params, rest, batch) -> [batch, num_labels]`` class probabilities (float32) of a sequence
-    classifier, dropout off. Not yet jitted. ``placement``: as in :func:`make_train_step`."""
-    def predict(params: Any, rest: Any, batch: Batch) -> jax.Array:
-        model = nnx.merge(graphdef, params, rest, copy=True)
-        model.eval()
-        with placed(placement):
-            logits = model(batch["input_ids"], batch.get("attention_mask"), token_types(model, batch))
-        return jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
-
-    return predict
+    classifier. ``placement``: as in :func:`make_train_step`."""
+    return _make_predict(graphdef, placement, lambda logits: jax.nn.softmax(logits.astype(jnp.float32), axis=-1))
 
 
 def make_predict_spans(graphdef: nnx.GraphDef, placement: ActivationPlacement | None = None) -> Callable:
     """``predict(params, rest, batch) -> [batch, 2, seq]`` start and end logits (float32) of a question-answering
-    model, dropout off. Not yet jitted. ``placement``: as in :func:`make_train_step`."""
-    def predict(params: Any, rest: Any, batch: Batch) -> jax.Array:
-        model = nnx.merge(graphdef, params, rest, copy=True)
-        model.eval()
-        with placed(placement):
-            spans = model(batch["input_ids"], batch.get("attention_mask"), token_types(model, batch))
-        return jnp.stack([spans.start_logits, spans.end_logits], axis=1).astype(jnp.float32)
-
-    return predict
+    model. ``placement``: as in :func:`make_train_step`."""
+    return _make_predict(graphdef, placement, lambda spans: jnp.stack([spans.start_logits, spans.end_logits],
+                                                                      axis=1).astype(jnp.float32))

@@ -78,6 +78,37 @@ def qa_head(cls: type, ignored: list[str]) -> list[Entry]:
     return []
 
 
+def pooler_head(cls: type, ignored: list[str], name: str, classes: tuple[type, ...]) -> list[Entry]:
+    """The pooler: Hugging Face's linear ``name`` ↔ flaxzoo ``pooler`` when ``cls`` is one of ``classes``; for other
+    classes its tensors are added to ``ignored``."""
+    if cls in classes:
+        return linear(name, "pooler", True)
+    ignored.append(rf"{re.escape(name)}\.(weight|bias)")
+    return []
+
+
+def classifier_head(cls: type, ignored: list[str], *, two_layer: bool = False) -> list[Entry]:
+    """The classifiers' ``classifier`` ↔ ``classifier`` (sequence and token classification). ``two_layer``
+    (RoBERTa, ELECTRA): the sequence head is Hugging Face's ``classifier.dense`` ↔ ``pooler`` then
+    ``classifier.out_proj`` ↔ ``classifier``. For other classes ``classifier.*`` is added to ``ignored``."""
+    if cls is BertForSequenceClassification and two_layer:
+        return [*linear("classifier.dense", "pooler", True), *linear("classifier.out_proj", "classifier", True)]
+    if cls in (BertForSequenceClassification, BertForTokenClassification):
+        return linear("classifier", "classifier", True)
+    ignored.append(r"classifier\..*")
+    return []
+
+
+def masked_lm_head(config: TransformerConfig, cls: type, base: str, ignored: list[str], skip: str, *, dense: str,
+                   layer_norm: str, decoder: str, bias: str) -> tuple[list[Entry], dict[str, str], dict[str, str]]:
+    """:func:`mlm_head`'s (entries, tied, unused) for ``BertForMaskedLM``; for other classes ``skip`` (a pattern
+    over the head's tensors) is added to ``ignored`` and the head is empty."""
+    if cls is BertForMaskedLM:
+        return mlm_head(config, base, dense=dense, layer_norm=layer_norm, decoder=decoder, bias=bias)
+    ignored.append(skip)
+    return [], {}, {}
+
+
 def weight_map(entries: list[Entry], ignored: list[str], tied: dict[str, str] | None = None,
                unused: dict[str, str] | None = None) -> WeightMap:
     """A ``WeightMap`` whose optional tensors are those outside the backbone (the pooler and the heads)."""

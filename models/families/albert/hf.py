@@ -17,11 +17,11 @@ from __future__ import annotations
 import re
 from typing import Any, Mapping
 
-from flaxzoo.models.architectures.encoder.hf import (encoder_architectures, ENCODER_LAYOUT, encoder_config_from_hf,
-                                                     encoder_config_to_hf, encoder_save_problems, mlm_head, qa_head,
+from flaxzoo.models.architectures.encoder.hf import (ENCODER_LAYOUT, classifier_head, encoder_architectures,
+                                                     encoder_config_from_hf, encoder_config_to_hf,
+                                                     encoder_save_problems, masked_lm_head, pooler_head, qa_head,
                                                      weight_map)
-from flaxzoo.models.architectures.encoder.model import (BertForMaskedLM, BertForSequenceClassification,
-                                                        BertForTokenClassification, BertModel, encoder_factory)
+from flaxzoo.models.architectures.encoder.model import BertForSequenceClassification, BertModel, encoder_factory
 from flaxzoo.models.config import TransformerConfig
 from flaxzoo.models.families.albert.presets import PRESETS
 from flaxzoo.models.families.base import BACKBONE, Entry, Family, WeightMap, entry, layout, linear, norm
@@ -58,26 +58,14 @@ def albert_entries(config: TransformerConfig, base: str) -> list[Entry]:
 def albert_weights(config: TransformerConfig, cls: type, base: str) -> WeightMap:
     """The table for ``cls`` (``base``: ``"albert."``, or ``""`` for a bare ``AlbertModel`` checkpoint); the other
     ALBERT heads' tensors (and pre-training's sentence-order head) are skipped on load."""
-    entries = albert_entries(config, base)
     ignored = [rf"{re.escape(base)}embeddings\.(position_ids|token_type_ids)", r"sop_classifier\..*"]
-    tied: dict[str, str] = {}
-    unused: dict[str, str] = {}
-    if cls in (BertModel, BertForSequenceClassification):
-        entries += linear(f"{base}pooler", "pooler", True)
-    else:
-        ignored.append(rf"{re.escape(base)}pooler\.(weight|bias)")
-    if cls in (BertForSequenceClassification, BertForTokenClassification):
-        entries += linear("classifier", "classifier", True)
-    else:
-        ignored.append(r"classifier\.(weight|bias)")
-    entries += qa_head(cls, ignored)
-    if cls is BertForMaskedLM:
-        head, tied, unused = mlm_head(config, base, dense="predictions.dense", layer_norm="predictions.LayerNorm",
-                                      decoder="predictions.decoder", bias="predictions.bias")
-        entries += head
-    else:
-        ignored.append(r"predictions\..*")
-    return weight_map(entries, ignored, tied, unused)
+    entries = [*albert_entries(config, base),
+               *pooler_head(cls, ignored, f"{base}pooler", (BertModel, BertForSequenceClassification)),
+               *classifier_head(cls, ignored), *qa_head(cls, ignored)]
+    head, tied, unused = masked_lm_head(config, cls, base, ignored, r"predictions\..*", dense="predictions.dense",
+                                        layer_norm="predictions.LayerNorm", decoder="predictions.decoder",
+                                        bias="predictions.bias")
+    return weight_map(entries + head, ignored, tied, unused)
 
 
 def albert_config_from_hf(hf: Mapping[str, Any]) -> TransformerConfig:

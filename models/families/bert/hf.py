@@ -7,43 +7,29 @@ from __future__ import annotations
 
 import re
 
-from flaxzoo.models.architectures.encoder.hf import (ENCODER_LAYOUT, encoder_architectures, encoder_config_from_hf,
-                                                     encoder_config_to_hf, encoder_entries, encoder_save_problems,
-                                                     mlm_head, qa_head, tf_layernorm_names, weight_map)
-from flaxzoo.models.architectures.encoder.model import (BertForMaskedLM, BertForSequenceClassification,
-                                                        BertForTokenClassification, BertModel, encoder_factory)
+from flaxzoo.models.architectures.encoder.hf import (ENCODER_LAYOUT, classifier_head, encoder_architectures,
+                                                     encoder_config_from_hf, encoder_config_to_hf, encoder_entries,
+                                                     encoder_save_problems, masked_lm_head, pooler_head, qa_head,
+                                                     tf_layernorm_names, weight_map)
+from flaxzoo.models.architectures.encoder.model import BertForSequenceClassification, BertModel, encoder_factory
 from flaxzoo.models.config import TransformerConfig
-from flaxzoo.models.families.base import Family, WeightMap, linear
+from flaxzoo.models.families.base import Family, WeightMap
 from flaxzoo.models.families.bert.presets import PRESETS
-
-CLASSIFIERS = (BertForSequenceClassification, BertForTokenClassification)
 
 
 def bert_weights(config: TransformerConfig, cls: type, base: str) -> WeightMap:
     """The table for ``cls``. ``base`` is the Hugging Face prefix of the encoder (``"bert."``, or ``""`` for a bare
     ``BertModel`` checkpoint). Tensors of the other BERT heads (and of pre-training's next-sentence head) are
     skipped on load, as transformers skips them."""
-    entries = encoder_entries(config, base)
     ignored = [rf"{re.escape(base)}embeddings\.position_ids", r"cls\.seq_relationship\.(weight|bias)"]
-    tied: dict[str, str] = {}
-    unused: dict[str, str] = {}
-    if cls in (BertModel, BertForSequenceClassification):
-        entries += linear(f"{base}pooler.dense", "pooler", True)
-    else:
-        ignored.append(rf"{re.escape(base)}pooler\.dense\.(weight|bias)")
-    if cls in CLASSIFIERS:
-        entries += linear("classifier", "classifier", True)
-    else:
-        ignored.append(r"classifier\.(weight|bias)")
-    entries += qa_head(cls, ignored)
-    if cls is BertForMaskedLM:
-        head, tied, unused = mlm_head(config, base, dense="cls.predictions.transform.dense",
-                                      layer_norm="cls.predictions.transform.LayerNorm",
-                                      decoder="cls.predictions.decoder", bias="cls.predictions.bias")
-        entries += head
-    else:
-        ignored.append(r"cls\.predictions\..*")
-    return weight_map(entries, ignored, tied, unused)
+    entries = [*encoder_entries(config, base),
+               *pooler_head(cls, ignored, f"{base}pooler.dense", (BertModel, BertForSequenceClassification)),
+               *classifier_head(cls, ignored), *qa_head(cls, ignored)]
+    head, tied, unused = masked_lm_head(config, cls, base, ignored, r"cls\.predictions\..*",
+                                        dense="cls.predictions.transform.dense",
+                                        layer_norm="cls.predictions.transform.LayerNorm",
+                                        decoder="cls.predictions.decoder", bias="cls.predictions.bias")
+    return weight_map(entries + head, ignored, tied, unused)
 
 
 FAMILY = Family(

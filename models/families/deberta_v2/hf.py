@@ -28,9 +28,9 @@ from __future__ import annotations
 import re
 from typing import Any, Mapping
 
-from flaxzoo.models.architectures.encoder.hf import encoder_architectures, mlm_head, qa_head, weight_map
-from flaxzoo.models.architectures.encoder.model import (BertForMaskedLM, BertForSequenceClassification,
-                                                        BertForTokenClassification, encoder_factory)
+from flaxzoo.models.architectures.encoder.hf import (classifier_head, encoder_architectures, masked_lm_head,
+                                                     pooler_head, qa_head, weight_map)
+from flaxzoo.models.architectures.encoder.model import BertForSequenceClassification, encoder_factory
 from flaxzoo.models.config import TransformerConfig
 from flaxzoo.models.families.base import BACKBONE, Entry, Family, WeightMap, entry, layout, linear, norm
 from flaxzoo.models.families.fields import ACTIVATIONS_TO_HF, activation, common_from_hf, full_width_heads, refuse
@@ -83,25 +83,13 @@ def deberta_weights(config: TransformerConfig, cls: type, base: str) -> WeightMa
     ignored = [rf"{re.escape(base)}embeddings\.position_ids", r"mask_predictions\..*"]
     if config.position != "learned":
         ignored.append(rf"{re.escape(base)}embeddings\.position_embeddings\.weight")
-    tied: dict[str, str] = {}
-    unused: dict[str, str] = {}
-    if cls is BertForSequenceClassification:
-        entries += [*linear("pooler.dense", "pooler", True), *linear("classifier", "classifier", True)]
-    elif cls is BertForTokenClassification:
-        entries += linear("classifier", "classifier", True)
-    if cls is not BertForSequenceClassification:
-        ignored.append(r"pooler\.dense\.(weight|bias)")
-    if cls not in (BertForSequenceClassification, BertForTokenClassification):
-        ignored.append(r"classifier\.(weight|bias)")
-    entries += qa_head(cls, ignored)
-    if cls is BertForMaskedLM:
-        head, tied, unused = mlm_head(config, base, dense="cls.predictions.transform.dense",
-                                      layer_norm="cls.predictions.transform.LayerNorm",
-                                      decoder="cls.predictions.decoder", bias="cls.predictions.bias")
-        entries += head
-    else:
-        ignored.append(r"(cls\.predictions|lm_predictions)\..*")
-    return weight_map(entries, ignored, tied, unused)
+    entries += [*pooler_head(cls, ignored, "pooler.dense", (BertForSequenceClassification,)),
+                *classifier_head(cls, ignored), *qa_head(cls, ignored)]
+    head, tied, unused = masked_lm_head(config, cls, base, ignored, r"(cls\.predictions|lm_predictions)\..*",
+                                        dense="cls.predictions.transform.dense",
+                                        layer_norm="cls.predictions.transform.LayerNorm",
+                                        decoder="cls.predictions.decoder", bias="cls.predictions.bias")
+    return weight_map(entries + head, ignored, tied, unused)
 
 
 LM_PREDICTIONS = (("lm_predictions.lm_head.dense.", "cls.predictions.transform.dense."),

@@ -28,9 +28,9 @@ from __future__ import annotations
 import re
 from typing import Any, Mapping
 
-from flaxzoo.models.architectures.encoder.hf import encoder_architectures, ENCODER_LAYOUT, qa_head, weight_map
-from flaxzoo.models.architectures.encoder.model import (BertForMaskedLM, BertForSequenceClassification,
-                                                        BertForTokenClassification, encoder_factory)
+from flaxzoo.models.architectures.encoder.hf import (ENCODER_LAYOUT, classifier_head, encoder_architectures,
+                                                     pooler_head, qa_head, weight_map)
+from flaxzoo.models.architectures.encoder.model import BertForMaskedLM, BertForSequenceClassification, encoder_factory
 from flaxzoo.models.config import TransformerConfig
 from flaxzoo.models.families.base import BACKBONE, Entry, Family, WeightMap, entry, layout, linear, norm
 from flaxzoo.models.families.fields import ACTIVATIONS_TO_HF, activation, common_from_hf, full_width_heads, refuse
@@ -71,15 +71,8 @@ def distilbert_weights(config: TransformerConfig, cls: type, base: str) -> Weigh
     entries = distilbert_entries(config, base)
     ignored = [rf"{re.escape(base)}embeddings\.position_ids"]
     tied: dict[str, str] = {}
-    if cls is BertForSequenceClassification:
-        entries += linear("pre_classifier", "pooler", True)
-    else:
-        ignored.append(r"pre_classifier\.(weight|bias)")
-    if cls in (BertForSequenceClassification, BertForTokenClassification):
-        entries += linear("classifier", "classifier", True)
-    else:
-        ignored.append(r"classifier\.(weight|bias)")
-    entries += qa_head(cls, ignored)
+    entries += [*pooler_head(cls, ignored, "pre_classifier", (BertForSequenceClassification,)),
+                *classifier_head(cls, ignored), *qa_head(cls, ignored)]
     if cls is BertForMaskedLM:
         entries += [*linear("vocab_transform", "transform", True), *norm("vocab_layer_norm", "transform_norm")]
         if config.tie_word_embeddings:

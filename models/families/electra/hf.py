@@ -24,11 +24,10 @@ from typing import Any, Callable, Collection, Mapping
 
 from flax import nnx
 
-from flaxzoo.models.architectures.encoder.hf import (encoder_architectures, ENCODER_LAYOUT, encoder_config_from_hf,
-                                                     encoder_config_to_hf, encoder_entries, encoder_save_problems,
-                                                     qa_head, weight_map)
-from flaxzoo.models.architectures.encoder.model import (BertForMaskedLM, BertForSequenceClassification,
-                                                        BertForTokenClassification, BertModel)
+from flaxzoo.models.architectures.encoder.hf import (ENCODER_LAYOUT, classifier_head, encoder_architectures,
+                                                     encoder_config_from_hf, encoder_config_to_hf, encoder_entries,
+                                                     encoder_save_problems, qa_head, weight_map)
+from flaxzoo.models.architectures.encoder.model import BertForMaskedLM, BertModel
 from flaxzoo.models.config import TransformerConfig
 from flaxzoo.models.families.base import BACKBONE, Entry, Family, LINEAR, ParamPath, WeightMap, entry, linear, norm
 from flaxzoo.models.families.electra.model import ElectraForPreTraining
@@ -66,13 +65,7 @@ def electra_weights(config: TransformerConfig, cls: type, base: str) -> WeightMa
                     *linear("discriminator_predictions.dense_prediction", "prediction", True)]
     else:
         ignored.append(r"discriminator_predictions\..*")
-    if cls is BertForSequenceClassification:
-        entries += [*linear("classifier.dense", "pooler", True), *linear("classifier.out_proj", "classifier", True)]
-    elif cls is BertForTokenClassification:
-        entries += linear("classifier", "classifier", True)
-    if cls not in (BertForSequenceClassification, BertForTokenClassification):
-        ignored.append(r"classifier\..*")
-    entries += qa_head(cls, ignored)
+    entries += [*classifier_head(cls, ignored, two_layer=True), *qa_head(cls, ignored)]
     if cls is BertForMaskedLM:
         head, tied = generator_head(config, base)
         entries += head

@@ -152,17 +152,26 @@ def mean_pool(hidden: jax.Array, attention_mask: jax.Array | None) -> jax.Array:
     return (hidden * weights).sum(axis=1) / jnp.maximum(weights.sum(axis=1), 1)
 
 
-class ModernBertForSequenceClassification(_ModernBert, EncoderWithHead):
-    """Encoder → pooling (``config.classifier_pooling``: the first token, or the mean of the real tokens) →
-    prediction head → dropout → linear classifier over ``num_labels``."""
-
-    task = "sequence_classification"
+class _ModernBertWithHead(_ModernBert, EncoderWithHead):
+    """A task head on the encoder: ModernBERT's prediction head → dropout → a linear ``classifier`` (with bias) of
+    :meth:`classifier_width` outputs."""
 
     def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
         super().__init__(config, rngs=rngs)
         self.head = PredictionHead(config, rngs=rngs)
         self.dropout = nnx.Dropout(config.dropout, rngs=rngs)
-        self.classifier = _dense(config, config.num_labels, True, rngs)
+        self.classifier = _dense(config, self.classifier_width(config), True, rngs)
+
+    def classifier_width(self, config: TransformerConfig) -> int:
+        """The classifier's outputs: ``num_labels`` (a span head: 2)."""
+        return config.num_labels
+
+
+class ModernBertForSequenceClassification(_ModernBertWithHead):
+    """Encoder → pooling (``config.classifier_pooling``: the first token, or the mean of the real tokens) →
+    prediction head → dropout → linear classifier over ``num_labels``."""
+
+    task = "sequence_classification"
 
     def head_outputs(self, hidden: jax.Array, attention_mask: jax.Array | None) -> jax.Array:
         """Encoder states ``[batch, seq, hidden]`` → logits ``[batch, num_labels]`` (float32)."""
@@ -173,33 +182,24 @@ class ModernBertForSequenceClassification(_ModernBert, EncoderWithHead):
         return self.classifier(self.dropout(self.head(pooled))).astype(jnp.float32)
 
 
-class ModernBertForTokenClassification(_ModernBert, EncoderWithHead):
+class ModernBertForTokenClassification(_ModernBertWithHead):
     """Encoder → prediction head → dropout → a linear classifier over ``num_labels`` on every token."""
 
     task = "token_classification"
-
-    def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
-        super().__init__(config, rngs=rngs)
-        self.head = PredictionHead(config, rngs=rngs)
-        self.dropout = nnx.Dropout(config.dropout, rngs=rngs)
-        self.classifier = _dense(config, config.num_labels, True, rngs)
 
     def head_outputs(self, hidden: jax.Array, attention_mask: jax.Array | None) -> jax.Array:
         """Encoder states ``[batch, seq, hidden]`` → per-token logits ``[batch, seq, num_labels]`` (float32)."""
         return self.classifier(self.dropout(self.head(hidden))).astype(jnp.float32)
 
 
-class ModernBertForQuestionAnswering(_ModernBert, EncoderWithHead):
+class ModernBertForQuestionAnswering(_ModernBertWithHead):
     """Encoder → prediction head → dropout → a linear layer giving each token the answer span's start and end
     scores (Hugging Face's ``classifier`` with two outputs)."""
 
     task = "question_answering"
 
-    def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
-        super().__init__(config, rngs=rngs)
-        self.head = PredictionHead(config, rngs=rngs)
-        self.dropout = nnx.Dropout(config.dropout, rngs=rngs)
-        self.classifier = _dense(config, 2, True, rngs)
+    def classifier_width(self, config: TransformerConfig) -> int:
+        return 2
 
     def head_outputs(self, hidden: jax.Array, attention_mask: jax.Array | None) -> SpanLogits:
         """Encoder states ``[batch, seq, hidden]`` → :class:`SpanLogits` (``[batch, seq]`` each, float32)."""

@@ -16,13 +16,13 @@ from __future__ import annotations
 import re
 from typing import Any, Mapping
 
-from flaxzoo.models.architectures.encoder.hf import (encoder_architectures, ENCODER_LAYOUT, encoder_config_from_hf,
-                                                     encoder_config_to_hf, encoder_entries, encoder_save_problems,
-                                                     mlm_head, qa_head, tf_layernorm_names, weight_map)
-from flaxzoo.models.architectures.encoder.model import (BertForMaskedLM, BertForSequenceClassification,
-                                                        BertForTokenClassification, BertModel, encoder_factory)
+from flaxzoo.models.architectures.encoder.hf import (ENCODER_LAYOUT, classifier_head, encoder_architectures,
+                                                     encoder_config_from_hf, encoder_config_to_hf, encoder_entries,
+                                                     encoder_save_problems, masked_lm_head, pooler_head, qa_head,
+                                                     tf_layernorm_names, weight_map)
+from flaxzoo.models.architectures.encoder.model import BertForMaskedLM, BertModel, encoder_factory
 from flaxzoo.models.config import TransformerConfig
-from flaxzoo.models.families.base import Family, WeightMap, linear
+from flaxzoo.models.families.base import Family, WeightMap
 
 
 def roberta_weights(config: TransformerConfig, cls: type, base: str) -> WeightMap:
@@ -30,30 +30,16 @@ def roberta_weights(config: TransformerConfig, cls: type, base: str) -> WeightMa
     RoBERTa heads' tensors are skipped on load."""
     entries = encoder_entries(config, base)
     ignored = [rf"{re.escape(base)}embeddings\.position_ids"]
-    tied: dict[str, str] = {}
-    unused: dict[str, str] = {}
-    if cls is BertModel:
-        entries += linear(f"{base}pooler.dense", "pooler", True)
-    else:  # pre-training checkpoints (roberta-base) hold a pooler no head class reads
-        ignored.append(rf"{re.escape(base)}pooler\.dense\.(weight|bias)")
-    if cls is BertForSequenceClassification:
-        entries += [*linear("classifier.dense", "pooler", True),
-                    *linear("classifier.out_proj", "classifier", True)]
-    elif cls is BertForTokenClassification:
-        entries += linear("classifier", "classifier", True)
-    if cls not in (BertForSequenceClassification, BertForTokenClassification):
-        ignored.append(r"classifier\..*")
-    entries += qa_head(cls, ignored)
-    if cls is BertForMaskedLM:
-        if config.activation != "gelu":
-            raise ValueError(f"activation={config.activation!r}: Hugging Face's RobertaForMaskedLM head always "
-                             "applies exact GELU, flaxzoo's the config's activation; expected 'gelu'")
-        head, tied, unused = mlm_head(config, base, dense="lm_head.dense", layer_norm="lm_head.layer_norm",
-                                      decoder="lm_head.decoder", bias="lm_head.bias")
-        entries += head
-    else:
-        ignored.append(r"lm_head\..*")
-    return weight_map(entries, ignored, tied, unused)
+    # pre-training checkpoints (roberta-base) hold a pooler no head class reads
+    entries += [*pooler_head(cls, ignored, f"{base}pooler.dense", (BertModel,)),
+                *classifier_head(cls, ignored, two_layer=True), *qa_head(cls, ignored)]
+    if cls is BertForMaskedLM and config.activation != "gelu":
+        raise ValueError(f"activation={config.activation!r}: Hugging Face's RobertaForMaskedLM head always "
+                         "applies exact GELU, flaxzoo's the config's activation; expected 'gelu'")
+    head, tied, unused = masked_lm_head(config, cls, base, ignored, r"lm_head\..*", dense="lm_head.dense",
+                                        layer_norm="lm_head.layer_norm", decoder="lm_head.decoder",
+                                        bias="lm_head.bias")
+    return weight_map(entries + head, ignored, tied, unused)
 
 
 def roberta_config_from_hf(hf: Mapping[str, Any]) -> TransformerConfig:
