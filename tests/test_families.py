@@ -1,4 +1,5 @@
-"""The family registry: every lookup derives from the family records, and a new family is one ``register`` line.
+"""The family registry: every lookup derives from the family records, and a registered record is all a new family needs
+(a new folder's ``RECORDS`` are registered when ``flaxzoo.models.families`` is imported; here ``register`` does it).
 
 The new family here is Hugging Face's Ministral (Llama's layout with sliding-window layers, under its own ``model_type``): its
 record is written in a few lines from Llama's pieces, registered with one call, and a random-weight transformers
