@@ -3,9 +3,10 @@
 The encoder counterpart of ``tests/test_every_family.py`` (whose sharding helpers it reuses). The families are read
 from ``flaxzoo.models.families.FAMILIES`` (``causal=False``) when the tests are collected, so a family registered
 later is tested without a change here. Each gets a tiny config from transformers' own config class for its
-``model_type`` (``AutoConfig.for_model`` with small sizes, through the family's ``config_from_hf``; a family whose
-config names its sizes otherwise, as DistilBERT's ``dim`` / ``n_layers``, has them renamed in ``SIZE_NAMES``, and a
-family whose config does not come out tiny fails, naming what to add), and every class (base, masked LM, sequence /
+``model_type`` (``AutoConfig.for_model`` with small sizes, through the family's ``config_from_hf``; the family's
+folder says in ``parity_cases.SMALL_CONFIGS`` what its config calls the sizes (DistilBERT's ``dim`` / ``n_layers``)
+and which settings switch its mechanisms on; a family whose config does not come out tiny fails, naming what to
+add), and every class (base, masked LM, sequence /
 token classification, question answering, ELECTRA's replaced-token detection) is checked, per layer (and the base
 class stacked, ``scan_layers=True``, too), for:
 
@@ -36,6 +37,7 @@ from flaxzoo.models.config import TransformerConfig
 from flaxzoo.models.families import FAMILIES
 from flaxzoo.models.adapters.lora import LoraConfig, apply_lora, dense_modules
 from flaxzoo.models.adapters.quantize import is_quantized, module_at, projection_paths, quantize_model
+from tests.encoder_cases import SMALL_CONFIGS, hf_config_kwargs
 from tests.test_every_family import LORA, abstract, check_specs
 
 ENCODERS = sorted(name for name, family in FAMILIES.items() if not family.causal)
@@ -44,28 +46,6 @@ CASES = [(name, cls, False) for name in ENCODERS for cls in FAMILIES[name].class
     (name, FAMILIES[name].base_class, True) for name in ENCODERS]
 SMALL = dict(vocab_size=256, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=96,
              max_position_embeddings=64, pad_token_id=0, num_labels=3, initializer_range=0.1)
-# What a family's transformers config calls the sizes of SMALL, where it calls them otherwise.
-SIZE_NAMES: dict[str, dict[str, str]] = {
-    "distilbert": dict(hidden_size="dim", num_hidden_layers="n_layers", num_attention_heads="n_heads",
-                       intermediate_size="hidden_dim"),
-}
-# The mechanisms a family's tiny config switches on (transformers' defaults leave them off or large).
-EXTRA: dict[str, dict[str, Any]] = {
-    "albert": dict(embedding_size=32),
-    "electra": dict(embedding_size=32),
-    "deberta-v2": dict(relative_attention=True, pos_att_type=["p2c", "c2p"], position_buckets=16,
-                       max_relative_positions=-1, share_att_key=False, norm_rel_ebd="layer_norm",
-                       position_biased_input=False, type_vocab_size=0),
-    "modernbert": dict(local_attention=4, global_attn_every_n_layers=2, bos_token_id=1, eos_token_id=2,
-                       cls_token_id=1, sep_token_id=2),
-}
-# Parameters (dotted-path suffixes) that must be in every class of the family, and so get a sharding spec.
-MECHANISMS: dict[str, tuple[str, ...]] = {
-    "albert": ("backbone.shared_layer.attention.query.kernel", "backbone.embeddings.project.kernel"),
-    "electra": ("backbone.embeddings.project.kernel",),
-    "deberta-v2": ("attention.pos_key.kernel", "attention.pos_query.kernel", "backbone.relative.embedding",
-                   "backbone.relative.norm.scale"),
-}
 # Heads whose output is scores: their probabilities (softmax over the last axis; sigmoid for per-token binary
 # scores) are compared too.
 SIGMOID_TASKS = ("replaced_token_detection",)
@@ -74,10 +54,9 @@ MASK = jnp.asarray([[1] * 8, [1] * 5 + [0] * 3], jnp.int32)  # the second row ri
 
 
 def tiny_config(model_type: str) -> TransformerConfig:
-    """The family's config from a tiny transformers config of ``model_type`` (SMALL, renamed by SIZE_NAMES, plus
-    EXTRA); fails naming the family when the config does not come out with SMALL's sizes."""
-    names = SIZE_NAMES.get(model_type, {})
-    kwargs = {names.get(key, key): value for key, value in SMALL.items()} | EXTRA.get(model_type, {})
+    """The family's config from a tiny transformers config of ``model_type`` (SMALL under the family's names, plus
+    its settings: ``tests/encoder_cases.py``); fails naming the family when the config does not come out with SMALL's sizes."""
+    kwargs = hf_config_kwargs(model_type, SMALL)
     try:
         hf = transformers.AutoConfig.for_model(model_type, **kwargs).to_dict()
     except ValueError as exc:
@@ -88,7 +67,7 @@ def tiny_config(model_type: str) -> TransformerConfig:
     wrong = {key: value for key, value in got.items() if value != SMALL[key]}
     if wrong:
         pytest.fail(f"{model_type}: the tiny config came out with {wrong}, not {SMALL}: add the names its "
-                    "transformers config gives these sizes to SIZE_NAMES")
+                    "transformers config gives these sizes to the folder's parity_cases.SMALL_CONFIGS 'sizes'")
     return config
 
 
@@ -224,7 +203,7 @@ def test_every_parameter_has_a_sharding_spec(model_type):
         for cls in family.classes:
             plain = abstract(cls, config.replace(scan_layers=scan))
             specs = check_specs(plain)
-            for name in MECHANISMS.get(model_type, ()):
+            for name in SMALL_CONFIGS[model_type]["mechanisms"]:
                 assert any(path.endswith(name) for path in specs), (model_type, cls.__name__, scan, name)
             heads = any(not path.startswith("backbone.") for path in dense_modules(plain))
             targets = ("attention", "mlp", "head") if heads else ("attention", "mlp")

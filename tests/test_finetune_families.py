@@ -3,7 +3,7 @@ directory, is ``init_from`` for a sequence-classification, a token-classificatio
 question-answering fine-tune of a few steps on tiny data; the fine-tuner builds the family's own class for the task,
 the loss is finite and falls, and the work directory loads as that class.
 
-The families are listed here by name (``ENCODERS``: every registered encoder, checked). One tokenizer
+The families are every encoder folder's ``parity_cases.SMALL_CONFIGS`` (``tests/encoder_cases.py``). One tokenizer
 (``finetune_data.write_vocab``) serves every family."""
 
 import json
@@ -18,6 +18,7 @@ from flaxzoo import models
 from flaxzoo.models.families import FAMILIES, family_of
 from flaxzoo.train.finetune.config import FinetuneConfig, base_config
 from test_tagging import sentences, write_conll
+from tests.encoder_cases import SMALL_CONFIGS, hf_config_kwargs
 
 VOCAB = 128  # at least the shared vocabulary's words (about 100)
 MAX_LEN = 32
@@ -26,28 +27,16 @@ MAX_LEN = 32
 SIZES = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, initializer_range=0.1)
 
 
-def masked_lm(config_class, **extra):
-    """A maker of a tiny random ``...ForMaskedLM`` of ``config_class`` (pad id 0: the shared tokenizer's [PAD])."""
-    return lambda: transformers.AutoModelForMaskedLM.from_config(config_class(
-        vocab_size=VOCAB, max_position_embeddings=MAX_LEN + 8, pad_token_id=0, **SIZES, **extra))
+def masked_lm(model_type: str) -> transformers.PreTrainedModel:
+    """A tiny random ``...ForMaskedLM`` of ``model_type`` (its folder's small config at SIZES; pad id 0: the shared
+    tokenizer's [PAD])."""
+    config = transformers.AutoConfig.for_model(model_type, vocab_size=VOCAB, max_position_embeddings=MAX_LEN + 8,
+                                               pad_token_id=0, **hf_config_kwargs(model_type, SIZES))
+    return transformers.AutoModelForMaskedLM.from_config(config)
 
 
-# model_type -> a tiny masked LM of the family (its config.json and weights are what init_from reads)
-ENCODERS = {
-    "bert": masked_lm(transformers.BertConfig),
-    "roberta": masked_lm(transformers.RobertaConfig, type_vocab_size=1),
-    "distilbert": lambda: transformers.DistilBertForMaskedLM(transformers.DistilBertConfig(
-        vocab_size=VOCAB, dim=32, n_layers=2, n_heads=2, hidden_dim=64, max_position_embeddings=MAX_LEN + 8,
-        pad_token_id=0, initializer_range=0.1)),
-    "xlm-roberta": masked_lm(transformers.XLMRobertaConfig, type_vocab_size=1),
-    "albert": masked_lm(transformers.AlbertConfig, embedding_size=16),  # factorised embeddings, shared layers
-    "electra": masked_lm(transformers.ElectraConfig, embedding_size=16),  # the generator's shapes
-    "deberta-v2": masked_lm(transformers.DebertaV2Config, relative_attention=True, position_buckets=8,
-                            max_relative_positions=-1, share_att_key=True, norm_rel_ebd="layer_norm",
-                            pos_att_type=["p2c", "c2p"], position_biased_input=False, type_vocab_size=0),
-    "modernbert": masked_lm(transformers.ModernBertConfig, local_attention=4, global_attn_every_n_layers=2,
-                            bos_token_id=2, eos_token_id=3, cls_token_id=2, sep_token_id=3),
-}
+# every encoder model_type (its config.json and weights are what init_from reads)
+ENCODERS = sorted(SMALL_CONFIGS)
 QA_FAMILIES = ["bert", "deberta-v2", "modernbert"]  # BERT's class on relative attention; ModernBERT's own class
 
 
@@ -69,7 +58,7 @@ def checkpoint(root, model_type: str):
     path = root / model_type
     if not (path / "config.json").is_file():
         torch.manual_seed(0)
-        ENCODERS[model_type]().save_pretrained(path)
+        masked_lm(model_type).save_pretrained(path)
     return path
 
 
@@ -105,7 +94,7 @@ def finetune(data, model_type: str, task: str, tmp_path):
 
 
 def test_every_registered_encoder_is_listed():
-    """A family registered later fails here until it has its tiny checkpoint above (no family is left out)."""
+    """Every registered encoder has its folder's small config (no family is left out)."""
     assert set(ENCODERS) == {k for k, family in FAMILIES.items() if not family.causal}
     assert set(QA_FAMILIES) <= set(ENCODERS)
 
