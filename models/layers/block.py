@@ -3,6 +3,8 @@ post-branch norms), or both branches on the same input (parallel residual)."""
 
 from __future__ import annotations
 
+from typing import Callable
+
 import jax
 from flax import nnx
 
@@ -10,7 +12,20 @@ from flaxzoo.models.config import TransformerConfig
 from flaxzoo.models.layers.attention import Attention, KVCache
 from flaxzoo.models.layers.feedforward import FeedForward
 from flaxzoo.models.layers.masking import AttentionLayout
-from flaxzoo.models.layers.norms import make_norm, residual
+from flaxzoo.models.layers.norms import make_norm
+
+
+def residual(x: jax.Array, sublayer: Callable[[jax.Array], jax.Array], norm: nnx.Module, placement: str,
+             post_norm: nnx.Module | None = None) -> jax.Array:
+    """One residual branch: pre-LN ``x + f(norm(x))`` (GPT-2, Llama), post-LN ``norm(x + f(x))`` (BERT), sandwich
+    ``x + post_norm(f(norm(x)))`` (Gemma 2/3) or post-branch ``x + norm(f(x))`` (OLMo 2)."""
+    if placement == "pre":
+        return x + sublayer(norm(x))
+    if placement == "sandwich":
+        return x + post_norm(sublayer(norm(x)))
+    if placement == "post_branch":
+        return x + norm(sublayer(x))
+    return norm(x + sublayer(x))
 
 
 class TransformerBlock(nnx.Module):

@@ -1,8 +1,6 @@
-"""LayerNorm and RMSNorm (statistics in fp32), and the pre-LN / post-LN residual wiring."""
+"""LayerNorm and RMSNorm (statistics in fp32)."""
 
 from __future__ import annotations
-
-from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -58,16 +56,3 @@ def make_norm(config: TransformerConfig, rngs: nnx.Rngs, features: int | None = 
     if config.norm == "rmsnorm":
         return RMSNorm(features, unit_offset=config.norm_unit_offset, **common)
     return LayerNorm(features, use_bias=config.norm_bias, **common)
-
-
-def residual(x: jax.Array, sublayer: Callable[[jax.Array], jax.Array], norm: nnx.Module, placement: str,
-             post_norm: nnx.Module | None = None) -> jax.Array:
-    """One residual branch: pre-LN ``x + f(norm(x))`` (GPT-2, Llama), post-LN ``norm(x + f(x))`` (BERT), sandwich
-    ``x + post_norm(f(norm(x)))`` (Gemma 2/3) or post-branch ``x + norm(f(x))`` (OLMo 2)."""
-    if placement == "pre":
-        return x + sublayer(norm(x))
-    if placement == "sandwich":
-        return x + post_norm(sublayer(norm(x)))
-    if placement == "post_branch":
-        return x + norm(sublayer(x))
-    return norm(x + sublayer(x))
