@@ -43,14 +43,14 @@ to ``model.FIELD`` / ``data.FIELD`` by the field they name (an exception's ``fie
 the message. The defaults of :func:`base_config` are the dataclasses' defaults.
 
 Where the pieces live (all importable from here): the checking machinery (``ConfigError``, ``Spec``, ``Section`` ...)
-in ``flaxzoo.train.config_checks``; the ``optim`` / ``mesh`` / ``precision`` / ``sample`` / ``lora`` sections in
-``flaxzoo.train.config_sections``; the ``model`` and ``data`` sections in ``flaxzoo.train.config_model_data``.
+in ``flaxzoo.train.config_checks``; the ``optim`` / ``mesh`` / ``precision`` / ``sample`` / ``lora`` sections and
+``RunConfig`` (the keys every task's config shares: the base of :class:`TrainConfig` and of fine-tuning's
+``FinetuneConfig``) in ``flaxzoo.train.config_sections``; the ``model`` and ``data`` sections in ``flaxzoo.train.config_model_data``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
 from typing import Any, ClassVar, Mapping
 
 import jax
@@ -63,13 +63,13 @@ from flaxzoo.train.config_model_data import (DATA_FIELDS_EXCLUDED, DATA_FIELDS_F
                                              build_model_config, data_fields, data_from_values, model_fields,
                                              model_from_values, pretrained_model)
 from flaxzoo.train.config_sections import (SCHEDULES, LoraSettings, MeshConfig, OptimConfig, PrecisionConfig,
-                                           SampleConfig, execution_defaults)
+                                           RunConfig, SampleConfig, compilation_cache_path, execution_defaults)
 from flaxzoo.train.data import DataConfig
 
 __all__ = [  # the names other modules import from here, wherever they are defined
     "BOOL", "DATA_FIELDS_EXCLUDED", "DATA_FIELDS_FROM_TOP", "EXECUTION_FIELDS", "PRETRAINING_CLASSES", "SCHEDULES",
     "TEXT", "ConfigError", "LoraSettings", "MeshConfig", "OptimConfig", "PrecisionConfig", "SampleConfig", "Section",
-    "Spec", "TrainConfig", "base_config", "checked", "choice", "compilation_cache_path", "data_fields",
+    "RunConfig", "Spec", "TrainConfig", "base_config", "checked", "choice", "compilation_cache_path", "data_fields",
     "data_from_values", "execution_defaults", "integer", "model_fields", "model_from_values", "names_list",
     "number", "pretrained_model", "reject_unknown_keys", "section_dict"]
 
@@ -78,8 +78,8 @@ PRETRAINING_CLASSES = {"GPTForCausalLM": "causal", "BertForMaskedLM": "mlm"}
 PRETRAINING_TASKS = {"causal_lm": "causal", "masked_lm": "mlm"}
 
 
-@dataclasses.dataclass(frozen=True)
-class TrainConfig(Section):
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TrainConfig(RunConfig):
     """The whole, checked training config: what the loop reads (``cfg.steps``, ``cfg.optim.accum_steps``, ...).
 
     ``model`` is the resolved ``TransformerConfig`` (preset, set fields, and the execution fields of ``precision``),
@@ -87,33 +87,17 @@ class TrainConfig(Section):
     the top level, ``objective`` from the model), ``mesh`` the resolved mesh shape, ``objective`` "causal" or "mlm".
     """
 
-    optim: OptimConfig
-    mesh: MeshConfig
-    precision: PrecisionConfig
     data: DataConfig
     model: TransformerConfig
     model_cls: type
     sample: SampleConfig
-    lora: LoraSettings = dataclasses.field(default_factory=LoraSettings)
     steps: int = checked(1000, integer(1))
-    seed: int = checked(0, integer(0))
-    log_every: int = checked(10, integer(1))
-    eval_every: int = checked(200, integer(0, note="(0 = only at the end)"))
     eval_batches: int = checked(0, integer(0, note="(validation batches per evaluation; 0 = the whole split)"))
-    checkpoint_every: int = checked(200, integer(0, note="(0 = only at the end)"))
-    keep_checkpoints: int = checked(3, integer(1))
-    batch_size: int = checked(16, integer(1))
     seq_len: int = checked(128, integer(1))
-    compilation_cache: bool = checked(True, BOOL)
-    compilation_cache_dir: str = checked("", TEXT)
-    profile_steps: tuple[int, int] | None = checked("", Spec("window"))
-    init_from: str = checked("", TEXT)
     eval_at_start: bool = checked(False, BOOL)
     objective: str = dataclasses.field(init=False, default="causal")  # from the model: "causal" | "mlm"
 
-    SECTIONS: ClassVar[dict[str, type]] = {"optim": OptimConfig, "mesh": MeshConfig, "precision": PrecisionConfig,
-                                           "data": DataConfig, "model": TransformerConfig, "sample": SampleConfig,
-                                           "lora": LoraSettings}
+    SECTIONS: ClassVar[tuple[str, ...]] = (*RunConfig.SECTIONS, "data", "model", "sample")
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "objective", "causal" if self.model.causal else "mlm")
@@ -144,9 +128,7 @@ class TrainConfig(Section):
         if not self.mesh.resolved:
             raise ConfigError("mesh", f"{self.mesh.shape}: expected resolved axis sizes (MeshConfig.resolve)")
         batch, accum, axes = self.batch_size, self.optim.accum_steps, self.mesh.batch_axes
-        if batch % axes:
-            raise ConfigError("batch_size", f"{batch} is not divisible by mesh.data x mesh.fsdp = {self.mesh.data} x "
-                                            f"{self.mesh.fsdp} = {axes} (the batch is sharded over both)")
+        self.check_rows("batch_size", batch)
         if batch % accum:
             raise ConfigError("optim.accum_steps", f"{accum} does not divide batch_size={batch}")
         if (batch // accum) % axes:
@@ -193,14 +175,11 @@ class TrainConfig(Section):
         values = config.to_dict() if isinstance(config, ConfigDict) else plain_values(dict(config))
         device_count = jax.device_count() if device_count is None else device_count
         backend = jax.default_backend() if backend is None else backend
-        reject_unknown_keys("", values, [*cls.keys(), *cls.SECTIONS])
+        top = cls.top_level(values)  # the scalars first: their specs, as __post_init__ checks them again
         for section in cls.SECTIONS:
             if not isinstance(values.get(section), Mapping):
                 raise ConfigError(section, f"{values.get(section)!r}: expected a section of keys "
                                            "(flaxzoo.train.config.base_config() has them all)")
-        top = {name: values[name] for name in cls.keys() if name in values}
-        for name, value in top.items():  # the scalars first: their specs, as __post_init__ checks them again
-            cls.__dataclass_fields__[name].metadata["spec"].check(name, value)
 
         optim = OptimConfig.from_values(values["optim"])
         mesh = MeshConfig.resolve(values["mesh"], device_count)
@@ -226,10 +205,6 @@ class TrainConfig(Section):
     def tokens_per_step(self) -> int:
         return self.batch_size * self.seq_len
 
-    def cache_dir(self) -> str | None:
-        """Where the persistent compilation cache lives, or None when ``compilation_cache`` is off."""
-        return compilation_cache_path(self.compilation_cache, self.compilation_cache_dir)
-
     def to_json_dict(self) -> dict[str, Any]:
         """The config as plain JSON-able values (what a checkpoint's meta keeps): sections as dicts, the model
         class by name, tuples as lists."""
@@ -242,15 +217,6 @@ class TrainConfig(Section):
                 value = dataclasses.asdict(value)
             out[f.name] = plain_values(value)
         return out
-
-
-def compilation_cache_path(enabled: bool, directory: str) -> str | None:
-    """The persistent compilation cache's directory: ``directory``, else ``$FLAXZOO_JAX_CACHE``, else
-    ``~/.cache/flaxzoo/jax``; None when ``enabled`` is false."""
-    if not enabled:
-        return None
-    return (directory or os.environ.get("FLAXZOO_JAX_CACHE")
-            or os.path.join(os.path.expanduser("~"), ".cache", "flaxzoo", "jax"))
 
 
 def base_config() -> ConfigDict:

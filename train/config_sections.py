@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from typing import Any, ClassVar, Mapping
 
 from flaxzoo.models.config import DTYPES, REMAT_POLICIES
 from flaxzoo.models.adapters.lora import BASE_DTYPES as LORA_BASE_DTYPES, LoraConfig, LoraError
 from flaxzoo.train.config_checks import (BOOL, TEXT, ConfigError, Section, Spec, checked, choice, integer,
-                                         names_list, number)
+                                         names_list, number, reject_unknown_keys)
 from flaxzoo.train.precision import training_precision_error
 
 SCHEDULES = ("cosine", "linear", "constant")
@@ -227,3 +228,61 @@ class LoraSettings(Section):
     @property
     def fully_trained(self) -> tuple[str, ...]:
         return names_list(self.train_fully)
+
+
+def compilation_cache_path(enabled: bool, directory: str) -> str | None:
+    """The persistent compilation cache's directory: ``directory``, else ``$FLAXZOO_JAX_CACHE``, else
+    ``~/.cache/flaxzoo/jax``; None when ``enabled`` is false."""
+    if not enabled:
+        return None
+    return (directory or os.environ.get("FLAXZOO_JAX_CACHE")
+            or os.path.join(os.path.expanduser("~"), ".cache", "flaxzoo", "jax"))
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RunConfig(Section):
+    """The keys every task's config has, declared once: the ``optim``, ``mesh``, ``precision`` and ``lora`` sections,
+    the seed, the logging / evaluation / checkpoint cadence (steps), the global batch, the compilation cache,
+    profiling and ``init_from``. Pre-training (``flaxzoo.train.config.TrainConfig``) and fine-tuning
+    (``flaxzoo.train.finetune.config.FinetuneConfig``) add their own keys and sections; a task may give
+    ``eval_every``, ``checkpoint_every``, ``keep_checkpoints`` and ``batch_size`` its own default. ``SECTIONS``
+    names a task's sections."""
+
+    optim: OptimConfig
+    mesh: MeshConfig
+    precision: PrecisionConfig
+    lora: LoraSettings = dataclasses.field(default_factory=LoraSettings)
+    seed: int = checked(0, integer(0))
+    log_every: int = checked(10, integer(1))
+    eval_every: int = checked(200, integer(0, note="(0 = only at the end)"))
+    checkpoint_every: int = checked(200, integer(0, note="(0 = only at the end)"))
+    keep_checkpoints: int = checked(3, integer(1))
+    batch_size: int = checked(16, integer(1))
+    compilation_cache: bool = checked(True, BOOL)
+    compilation_cache_dir: str = checked("", TEXT)
+    profile_steps: tuple[int, int] | None = checked("", Spec("window"))
+    init_from: str = checked("", TEXT)
+
+    SECTIONS: ClassVar[tuple[str, ...]] = ("optim", "mesh", "precision", "lora")
+
+    @classmethod
+    def top_level(cls, values: Mapping[str, Any]) -> dict[str, Any]:
+        """The top-level keys of ``values`` (a whole config as plain dicts), each checked by its spec; an unknown key
+        (neither a top-level key nor a section) is an error naming it."""
+        reject_unknown_keys("", values, [*cls.keys(), *cls.SECTIONS])
+        top = {name: values[name] for name in cls.keys() if name in values}
+        for name, value in top.items():
+            cls.__dataclass_fields__[name].metadata["spec"].check(name, value)
+        return top
+
+    def check_rows(self, key: str, rows: int) -> None:
+        """``rows`` (the global batch of ``key``) split evenly over the mesh's batch axes, or :class:`ConfigError`."""
+        axes = self.mesh.batch_axes
+        if rows % axes:
+            raise ConfigError(key, f"{rows} is not divisible by mesh.data x mesh.fsdp = {self.mesh.data} x "
+                                   f"{self.mesh.fsdp} = {axes} devices; expected a multiple of {axes} (the batch is "
+                                   "sharded over both, each device takes the same number of rows)")
+
+    def cache_dir(self) -> str | None:
+        """Where the persistent compilation cache lives, or None when ``compilation_cache`` is off."""
+        return compilation_cache_path(self.compilation_cache, self.compilation_cache_dir)

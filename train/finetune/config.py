@@ -59,8 +59,8 @@ from ml_collections import ConfigDict, FieldReference
 from flaxzoo.models import TransformerConfig
 from flaxzoo.models.inference.text import TRUNCATION_STRATEGIES
 from flaxzoo.train.config import (BOOL, TEXT, ConfigError, LoraSettings, MeshConfig, OptimConfig, PrecisionConfig,
-                                  Section, Spec, checked, choice, compilation_cache_path, execution_defaults, integer,
-                                  model_fields, model_from_values, names_list, number, section_dict)
+                                  RunConfig, Section, checked, choice, execution_defaults, integer, model_fields,
+                                  model_from_values, names_list, number, section_dict)
 from flaxzoo.train.data.config import default_data_dir
 from flaxzoo.train.finetune.data import SOURCES
 
@@ -154,23 +154,21 @@ class VocabConfig(Section):
         return self.frequent or bool(self.given)
 
 
-@dataclasses.dataclass(frozen=True)
-class FinetuneConfig(Section):
-    """The whole, checked fine-tuning config."""
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class FinetuneConfig(RunConfig):
+    """The whole, checked fine-tuning config: the keys every task has (:class:`~flaxzoo.train.config.RunConfig`)
+    and fine-tuning's own."""
 
-    optim: OptimConfig
     data: ClassifyDataConfig
     vocab: VocabConfig
     model: TransformerConfig | None  # "scratch" only
-    lora: LoraSettings = dataclasses.field(default_factory=LoraSettings)
+    mesh: MeshConfig = dataclasses.field(default_factory=lambda: MeshConfig(data=1))
+    precision: PrecisionConfig = dataclasses.field(default_factory=PrecisionConfig)
     task: str = checked(TASK, choice(*TASKS))
-    init_from: str = checked("", TEXT)
     tokenizer: str = checked("", TEXT)
     epochs: int = checked(8, integer(1))
     batch_size: int = checked(32, integer(1))
     eval_batch_size: int = checked(128, integer(1))
-    seed: int = checked(0, integer(0))
-    log_every: int = checked(10, integer(1))
     num_labels: int = checked(0, integer(0, note="(0 = the number of classes in the data)"))
     dropout: float = checked(-1.0, number(0.0, 1.0, high_open=True, also=(-1.0, -1),
                                           note="(-1 = the checkpoint's)"))
@@ -180,14 +178,9 @@ class FinetuneConfig(Section):
     warmup_ratio: float = checked(0.1, number(0.0, 1.0))
     eval_every: int = checked(0, integer(0, note="(steps between validation scores; 0 = only at the end)"))
     checkpoint_every: int = checked(50, integer(0, note="(steps between checkpoints; 0 = only at the end or a stop)"))
-    profile_steps: tuple[int, int] | None = checked("", Spec("window"))
     keep_checkpoints: int = checked(2, integer(1))
-    compilation_cache: bool = checked(True, BOOL)
-    compilation_cache_dir: str = checked("", TEXT)
-    mesh: MeshConfig = dataclasses.field(default_factory=lambda: MeshConfig(data=1))
-    precision: PrecisionConfig = dataclasses.field(default_factory=PrecisionConfig)
 
-    SECTIONS: ClassVar[tuple[str, ...]] = ("optim", "data", "vocab", "model", "lora", "mesh", "precision")
+    SECTIONS: ClassVar[tuple[str, ...]] = (*RunConfig.SECTIONS, "data", "vocab", "model")
 
     def _validate(self) -> None:
         if self.precision.loss_chunk not in (0, "auto"):
@@ -200,11 +193,7 @@ class FinetuneConfig(Section):
         if self.init_from == SCRATCH and self.model is None:
             raise ConfigError("model", "init_from='scratch' needs model.* (a preset or every field)")
         for key in ("batch_size", "eval_batch_size"):
-            rows = getattr(self, key)
-            if rows % self.mesh.batch_axes:
-                raise ConfigError(key, f"{rows} is not divisible by mesh.data x mesh.fsdp = {self.mesh.data} x "
-                                       f"{self.mesh.fsdp} = {self.mesh.batch_axes} devices; expected a multiple of "
-                                       f"{self.mesh.batch_axes} (each device takes the same number of rows)")
+            self.check_rows(key, getattr(self, key))
         if self.optim.accum_steps != 1:
             raise ConfigError("optim.accum_steps", f"{self.optim.accum_steps}: fine-tuning takes one batch per step; "
                                                    "expected 1 (lower batch_size instead)")
@@ -285,9 +274,6 @@ class FinetuneConfig(Section):
         return (remat if precision.remat == "auto" else precision.remat,
                 scan if precision.scan_layers == "auto" else precision.scan_layers)
 
-    def cache_dir(self) -> str | None:
-        return compilation_cache_path(self.compilation_cache, self.compilation_cache_dir)
-
     def to_json_dict(self) -> dict[str, Any]:
         out = {}
         for f in dataclasses.fields(self):
@@ -311,11 +297,7 @@ class FinetuneConfig(Section):
                                        f"--config.precision.{key}={values[key]} (config files: "
                                        f"c.precision.{key} = {values[key]!r})")
             values.pop(key, None)
-        unknown = sorted(set(values) - set(cls.keys()) - set(cls.SECTIONS))
-        if unknown:
-            raise ConfigError(unknown[0], f"unknown key (value {values[unknown[0]]!r}); expected one of "
-                                          f"{sorted([*cls.keys(), *cls.SECTIONS])}")
-        top = {name: values[name] for name in cls.keys() if name in values}
+        top = cls.top_level(values)
         optim = OptimConfig.from_values(values.get("optim", {}))
         data = ClassifyDataConfig.from_values(values.get("data", {}))
         vocab = VocabConfig.from_values(values.get("vocab", {}))
