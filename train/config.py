@@ -45,7 +45,8 @@ the message. The defaults of :func:`base_config` are the dataclasses' defaults.
 Where the pieces live (all importable from here): the checking machinery (``ConfigError``, ``Spec``, ``Section`` ...)
 in ``flaxzoo.train.config_checks``; the ``optim`` / ``mesh`` / ``precision`` / ``sample`` / ``lora`` sections and
 ``RunConfig`` (the keys every task's config shares: the base of :class:`TrainConfig` and of fine-tuning's
-``FinetuneConfig``) in ``flaxzoo.train.config_sections``; the ``model`` and ``data`` sections in ``flaxzoo.train.config_model_data``.
+``FinetuneConfig``) in ``flaxzoo.train.config_sections``; the ``model`` and ``data`` sections in
+``flaxzoo.train.config_model_data``.
 """
 
 from __future__ import annotations

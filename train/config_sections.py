@@ -204,7 +204,8 @@ class LoraSettings(Section):
 
     def _validate(self) -> None:
         if self.rank == 0:
-            changed = [f.name for f in dataclasses.fields(self) if f.name != "rank" and getattr(self, f.name) != f.default]
+            changed = [f.name for f in dataclasses.fields(self)
+                       if f.name != "rank" and getattr(self, f.name) != f.default]
             if changed:
                 raise ConfigError("lora.rank", f"0 turns LoRA off, but lora.{changed[0]} is set "
                                                f"({getattr(self, changed[0])!r}); set lora.rank >= 1 to use LoRA")
