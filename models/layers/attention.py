@@ -1,5 +1,5 @@
 """Multi-head attention with grouped-query heads, the call's attention layout, RoPE (scaled, partial, per-layer θ),
-QK-norm, sliding windows, soft-capping, ALiBi biases and a KV cache."""
+QK-norm, sliding windows, soft-capping, ALiBi biases and a KV cache; cross-attention over an encoder's output."""
 
 from __future__ import annotations
 
@@ -55,7 +55,7 @@ def _cached(cache: KVCache, key: jax.Array, value: jax.Array, offset: jax.Array
 
 
 class Attention(nnx.Module):
-    """Multi-head / grouped-query / multi-query self-attention.
+    """Multi-head / grouped-query / multi-query self-attention, or cross-attention (``memory_kv``).
 
     ``num_kv_heads`` key/value heads are shared by groups of ``num_heads // num_kv_heads`` query heads. RoPE, when the
     config uses it, rotates queries and keys here. Which query sees which key comes from the call's
@@ -100,6 +100,13 @@ class Attention(nnx.Module):
             return norm(x)
         return norm(x.reshape(*x.shape[:2], -1)).reshape(x.shape)
 
+    def _scaled(self, query: jax.Array) -> jax.Array:
+        """``query`` times ``config.query_scale · √head_dim`` when the config sets ``query_scale``: the cores scale by
+        ``1 / √head_dim``, so the product is ``query_scale`` (T5's unscaled attention: 1.0)."""
+        if self.config.query_scale is None:
+            return query
+        return query * jnp.asarray(self.config.query_scale * math.sqrt(self.config.head_dim), query.dtype)
+
     def _rotary(self, positions: jax.Array, sliding: bool | jax.Array) -> tuple[jax.Array, jax.Array]:
         """``cos``, ``sin`` ``[batch, seq, rotary_dim // 2]`` of ``positions: [batch, seq]``, times the RoPE scaling's
         attention factor. Sliding-window layers of a config with ``rope_local_theta`` use that θ, unscaled."""
@@ -133,15 +140,16 @@ class Attention(nnx.Module):
 
     def _core(self, query: jax.Array, key: jax.Array, value: jax.Array, layout: AttentionLayout,
               bias: jax.Array | None, dropout: jax.Array | None, windowed: bool, return_weights: bool,
-              cache: KVCache | None = None) -> tuple[jax.Array, jax.Array | None]:
+              cache: KVCache | None = None, *, causal: bool) -> tuple[jax.Array, jax.Array | None]:
         """The softmax core over projected ``query: [batch, q, heads, head_dim]`` and ``key`` / ``value: [batch, k,
         kv_heads, head_dim]``: ``(context [batch, q, heads, head_dim], weights [batch, heads, q, k] or None)``,
         through ``config.sliding_window`` when ``windowed``. Given the written ``cache`` (a decode step), the
-        matmuls read its buffers (``attention_core.cached_attention``)."""
+        matmuls read its buffers (``attention_core.cached_attention``). ``causal``: the config's, False for
+        cross-attention."""
         config = self.config
         window = config.sliding_window if windowed else None
-        mask = layout.mask(config.causal, window=window)
-        is_causal = config.causal and mask is None
+        mask = layout.mask(causal, window=window)
+        is_causal = causal and mask is None
         softcap = config.attention_softcap
         # The closed-form cores apply the window themselves only where no explicit mask already carries it.
         own_window = window if is_causal or mask is None else None
@@ -153,13 +161,21 @@ class Attention(nnx.Module):
                                           softcap=softcap)
         segments = None if layout.query_segments is None else (layout.query_segments, layout.key_segments)
         return attend(query, key, value, mask=mask, bias=bias, is_causal=is_causal, impl=config.attention_impl,
-                      dropout=dropout, segments=segments, causal_segments=config.causal and mask is not None,
+                      dropout=dropout, segments=segments, causal_segments=causal and mask is not None,
                       window=window, softcap=softcap), None
 
+    def project_memory(self, memory: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """Cross-attention's keys and values ``[batch, src, kv_heads, head_dim]`` from an encoder's output ``memory:
+        [batch, src, hidden]``: computed once per source, then passed to every call as ``memory_kv`` (a decode loop
+        keeps them beside the self-attention cache)."""
+        key, value = constrain(self.key(memory), KV_HEADS), constrain(self.value(memory), KV_HEADS)
+        return self._norm_heads(self.key_norm, key), value
+
     def __call__(self, x: jax.Array, layout: AttentionLayout, *, cache: KVCache | None = None,
-                 return_weights: bool = False, sliding: bool | jax.Array = False
+                 return_weights: bool = False, sliding: bool | jax.Array = False,
+                 memory_kv: tuple[jax.Array, jax.Array] | None = None
                  ) -> tuple[jax.Array, KVCache | None, jax.Array | None]:
-        """Attend ``x: [batch, seq, hidden]``.
+        """Attend ``x: [batch, seq, hidden]``: to itself, or (``memory_kv``) to an encoder's output.
 
         Args:
           layout: segments, positions and causal alignment of the queries and keys (``masking.AttentionLayout``).
@@ -169,18 +185,25 @@ class Attention(nnx.Module):
           sliding: this layer attends through ``config.sliding_window`` (a Python bool; a traced one when stacked
             layers of both kinds share a scan: ``lax.cond`` then runs the windowed or the full core, each with its
             kernel).
+          memory_kv: cross-attention: the keys and values of :meth:`project_memory`. The queries are ``x``'s, never
+            causal, unrotated and unbiased by positions (the layout's segments say which source tokens each query
+            reads: its own pair's, real ones only); no ``cache``, window or relative attention applies.
 
         Returns ``(output [batch, seq, hidden], updated cache or None, weights or None)``.
         """
         config = self.config
-        query = constrain(self.query(x), QUERY_HEADS)  # [batch, seq, heads, head_dim]
+        query = self._norm_heads(self.query_norm, constrain(self.query(x), QUERY_HEADS))  # [batch, seq, heads, hd]
+        if memory_kv is not None:
+            if cache is not None:
+                raise ValueError("cross-attention (memory_kv) takes no KV cache: its keys and values are the "
+                                 "encoder's, computed once by project_memory; expected cache=None")
+            return self._cross(query, memory_kv, layout, return_weights)
         key, value = constrain(self.key(x), KV_HEADS), constrain(self.value(x), KV_HEADS)
-        query, key = self._norm_heads(self.query_norm, query), self._norm_heads(self.key_norm, key)
+        key = self._norm_heads(self.key_norm, key)
         if config.position == "rope":
             cos, sin = self._rotary(layout.query_positions, sliding)
             query, key = rotate(query, cos, sin, config.rope_layout), rotate(key, cos, sin, config.rope_layout)
-        if config.query_scale is not None:  # the cores scale by 1/√head_dim: make the product query_scale
-            query = query * jnp.asarray(config.query_scale * math.sqrt(config.head_dim), query.dtype)
+        query = self._scaled(query)
         if cache is not None:
             cache, key, value = _cached(cache, key, value, layout.query_offset)
         bias = (alibi_bias(config.num_heads, layout.query_positions, layout.key_positions, causal=config.causal)
@@ -191,7 +214,8 @@ class Attention(nnx.Module):
         dropout = self._dropout_multiplier(x.shape[0], x.shape[1], key.shape[1])
 
         def core(windowed: bool, query: jax.Array, key: jax.Array, value: jax.Array):
-            return self._core(query, key, value, layout, bias, dropout, windowed, return_weights, cache)
+            return self._core(query, key, value, layout, bias, dropout, windowed, return_weights, cache,
+                              causal=config.causal)
 
         if config.sliding_window is None or isinstance(sliding, bool):
             context, weights = core(config.sliding_window is not None and sliding, query, key, value)
@@ -199,3 +223,12 @@ class Attention(nnx.Module):
             context, weights = jax.lax.cond(sliding, functools.partial(core, True), functools.partial(core, False),
                                             query, key, value)
         return self.out(constrain(context, QUERY_HEADS)), cache, weights
+
+    def _cross(self, query: jax.Array, memory_kv: tuple[jax.Array, jax.Array], layout: AttentionLayout,
+               return_weights: bool) -> tuple[jax.Array, None, jax.Array | None]:
+        """Cross-attention of projected ``query`` over ``memory_kv`` (see :meth:`__call__`)."""
+        key, value = memory_kv
+        query = self._scaled(query)
+        dropout = self._dropout_multiplier(query.shape[0], query.shape[1], key.shape[1])
+        context, weights = self._core(query, key, value, layout, None, dropout, False, return_weights, causal=False)
+        return self.out(constrain(context, QUERY_HEADS)), None, weights
