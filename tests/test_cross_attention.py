@@ -54,7 +54,7 @@ def test_cross_attention_equals_t5(target_len, source_len, seed):
                              key_positions=jnp.zeros((2, source_len), jnp.int32),
                              query_segments=jnp.ones((2, target_len), jnp.int32),
                              key_segments=jnp.asarray(source_mask))
-    memory_kv = layer.project_memory(jnp.asarray(encoder))
+    memory_kv = layer.keys_values(jnp.asarray(encoder))
     out, cache, weights = layer(jnp.asarray(decoder), layout, memory_kv=memory_kv, return_weights=True)
     assert cache is None
     np.testing.assert_allclose(np.asarray(out), expected.numpy(), atol=1e-5, rtol=1e-5)
@@ -77,17 +77,17 @@ def test_packed_pairs_read_only_their_own_source():
     source_segments, target_segments = jnp.asarray([[1, 1, 1, 2, 2, 0]]), jnp.asarray([[1, 1, 2, 2, 2]])
     packed = AttentionLayout(query_positions=jnp.zeros((1, 5), jnp.int32), key_positions=jnp.zeros((1, 6), jnp.int32),
                              query_segments=target_segments, key_segments=source_segments)
-    out, _, _ = layer(target, packed, memory_kv=layer.project_memory(source))
+    out, _, _ = layer(target, packed, memory_kv=layer.keys_values(source))
     for pair, (sources, targets) in {1: (slice(0, 3), slice(0, 2)), 2: (slice(3, 5), slice(2, 5))}.items():
         alone = AttentionLayout(query_positions=jnp.zeros((1, targets.stop - targets.start), jnp.int32),
                                 key_positions=jnp.zeros((1, sources.stop - sources.start), jnp.int32))
-        single, _, _ = layer(target[:, targets], alone, memory_kv=layer.project_memory(source[:, sources]))
+        single, _, _ = layer(target[:, targets], alone, memory_kv=layer.keys_values(source[:, sources]))
         np.testing.assert_allclose(np.asarray(out[:, targets]), np.asarray(single), atol=1e-5, rtol=1e-5)
 
 
 def test_a_cache_with_memory_is_refused():
     _, layer = t5_pair(4)
-    memory_kv = layer.project_memory(jnp.zeros((1, 3, D_MODEL)))
+    memory_kv = layer.keys_values(jnp.zeros((1, 3, D_MODEL)))
     layout = AttentionLayout(query_positions=jnp.zeros((1, 1), jnp.int32), key_positions=jnp.zeros((1, 3), jnp.int32))
     cache = KVCache(jnp.zeros((HEADS, 4, D_KV)), jnp.zeros((HEADS, 4, D_KV)))
     with pytest.raises(ValueError, match="cross-attention \\(memory_kv\\) takes no KV cache"):

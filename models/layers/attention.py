@@ -164,11 +164,12 @@ class Attention(nnx.Module):
                       dropout=dropout, segments=segments, causal_segments=causal and mask is not None,
                       window=window, softcap=softcap), None
 
-    def project_memory(self, memory: jax.Array) -> tuple[jax.Array, jax.Array]:
-        """Cross-attention's keys and values ``[batch, src, kv_heads, head_dim]`` from an encoder's output ``memory:
-        [batch, src, hidden]``: computed once per source, then passed to every call as ``memory_kv`` (a decode loop
-        keeps them beside the self-attention cache)."""
-        key, value = constrain(self.key(memory), KV_HEADS), constrain(self.value(memory), KV_HEADS)
+    def keys_values(self, source: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """The keys (QK-normed where the config says) and values ``[batch, src, kv_heads, head_dim]`` of ``source:
+        [batch, src, hidden]``: the layer's own input, or for cross-attention an encoder's output, computed once per
+        source and passed to every call as ``memory_kv`` (a decode loop keeps them beside the self-attention
+        cache)."""
+        key, value = constrain(self.key(source), KV_HEADS), constrain(self.value(source), KV_HEADS)
         return self._norm_heads(self.key_norm, key), value
 
     def __call__(self, x: jax.Array, layout: AttentionLayout, *, cache: KVCache | None = None,
@@ -185,7 +186,7 @@ class Attention(nnx.Module):
           sliding: this layer attends through ``config.sliding_window`` (a Python bool; a traced one when stacked
             layers of both kinds share a scan: ``lax.cond`` then runs the windowed or the full core, each with its
             kernel).
-          memory_kv: cross-attention: the keys and values of :meth:`project_memory`. The queries are ``x``'s, never
+          memory_kv: cross-attention: the keys and values of :meth:`keys_values` over an encoder's output. The queries are ``x``'s, never
             causal, unrotated and unbiased by positions (the layout's segments say which source tokens each query
             reads: its own pair's, real ones only); no ``cache``, window or relative attention applies.
 
@@ -196,10 +197,9 @@ class Attention(nnx.Module):
         if memory_kv is not None:
             if cache is not None:
                 raise ValueError("cross-attention (memory_kv) takes no KV cache: its keys and values are the "
-                                 "encoder's, computed once by project_memory; expected cache=None")
+                                 "encoder's, computed once by keys_values; expected cache=None")
             return self._cross(query, memory_kv, layout, return_weights)
-        key, value = constrain(self.key(x), KV_HEADS), constrain(self.value(x), KV_HEADS)
-        key = self._norm_heads(self.key_norm, key)
+        key, value = self.keys_values(x)
         if config.position == "rope":
             cos, sin = self._rotary(layout.query_positions, sliding)
             query, key = rotate(query, cos, sin, config.rope_layout), rotate(key, cos, sin, config.rope_layout)
