@@ -100,6 +100,18 @@ class TransformerConfig:
     are scaled by ``1 / √(head_dim · (1 + len(relative_attention_types)))``. The terms are an additive attention bias:
     ``attention_impl`` ``"splash"`` / ``"gpu_flash"``, which take none, are refused.
 
+    T5's relative position bias (``models/layers/relative_bias.py``): ``position_bias_buckets`` buckets of key −
+    query distance (None: off), logarithmic up to ``position_bias_max_distance``, bidirectional in an encoder and
+    causal in a decoder; one table per stack that every layer reads (T5, mT5), or one per layer
+    (``position_bias_per_layer``: umT5). An additive bias: the Pallas kernels, which take none, are refused.
+
+    Encoder-decoder models (``num_decoder_layers`` set: T5, BART; ``models/architectures/encoder_decoder/``): one
+    config describes both stacks. ``num_layers`` is the encoder's depth and ``num_decoder_layers`` the decoder's;
+    every other field holds for both (:meth:`encoder_config`, :meth:`decoder_config` give each stack's own view,
+    bidirectional and causal). ``decoder_start_token_id`` is the first decoder input (T5: the pad id).
+    ``scale_decoder_output`` multiplies the decoder's output by ``hidden_size ** -0.5`` before the LM head (T5
+    v1.0, whose head is the token table; transformers' ``scale_decoder_outputs``).
+
     ``label_names`` are the class names of a classifier head, one per label id (``num_labels`` distinct, non-empty
     strings; Hugging Face's ``id2label``), or None: the labels are their ids.
     """
@@ -169,6 +181,12 @@ class TransformerConfig:
     classifier_pooling: str = "cls"
     embedding_size: int | None = None
     shared_layers: bool = False
+    position_bias_buckets: int | None = None
+    position_bias_max_distance: int = 128
+    position_bias_per_layer: bool = False
+    num_decoder_layers: int | None = None
+    decoder_start_token_id: int | None = None
+    scale_decoder_output: bool = False
 
     def __post_init__(self) -> None:
         if self.num_kv_heads is None:
@@ -184,6 +202,29 @@ class TransformerConfig:
             object.__setattr__(self, "embedding_multiplier", default_embedding_multiplier(self))
         validate(self)
 
+
+    @property
+    def is_encoder_decoder(self) -> bool:
+        """Whether the config describes an encoder-decoder model (``num_decoder_layers`` set)."""
+        return self.num_decoder_layers is not None
+
+    @property
+    def layer_counts(self) -> int | dict[str, int]:
+        """The depth of each stack, as the stacked-layer conversions take it (``layers.stack.layer_count``):
+        ``num_layers``, or ``{"encoder": num_layers, "decoder": num_decoder_layers}``."""
+        if self.num_decoder_layers is None:
+            return self.num_layers
+        return {"encoder": self.num_layers, "decoder": self.num_decoder_layers}
+
+    def encoder_config(self) -> "TransformerConfig":
+        """The encoder stack's view of an encoder-decoder config: bidirectional, ``num_layers`` deep."""
+        return self.replace(causal=False, num_decoder_layers=None)
+
+    def decoder_config(self) -> "TransformerConfig":
+        """The decoder stack's view of an encoder-decoder config: causal, ``num_decoder_layers`` deep."""
+        if self.num_decoder_layers is None:
+            raise ValueError("decoder_config: this config has no decoder stack (num_decoder_layers=None)")
+        return self.replace(causal=True, num_layers=self.num_decoder_layers, num_decoder_layers=None)
 
     @property
     def embedding_width(self) -> int:

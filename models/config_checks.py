@@ -95,7 +95,8 @@ def validate(config: Any) -> None:
     validate_label_names(config)
     validate_mechanisms(config)
     validate_relative_attention(config)
-    for name in ("pad_token_id", "bos_token_id", "eos_token_id"):
+    validate_encoder_decoder(config)
+    for name in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id"):
         value = getattr(config, name)
         for token in (value if isinstance(value, tuple) else (value,)):
             if token is None:
@@ -184,6 +185,38 @@ def validate_relative_attention(config: Any) -> None:
     if config.attention_impl in ("splash", "gpu_flash"):
         raise FieldError("attention_impl", f"attention_impl={config.attention_impl!r} takes no additive bias, "
                          "which relative_attention's scores are: expected 'auto', 'fused' or 'softmax'")
+
+
+def validate_encoder_decoder(config: Any) -> None:
+    """T5's position bias and the encoder-decoder fields."""
+    for name in ("position_bias_per_layer", "scale_decoder_output"):
+        if not isinstance(getattr(config, name), bool):
+            raise FieldError(name, f"{name}={getattr(config, name)!r}: expected True or False")
+    layers = config.num_decoder_layers
+    if layers is not None and (not isinstance(layers, int) or isinstance(layers, bool) or layers < 1):
+        raise FieldError("num_decoder_layers", f"num_decoder_layers={layers!r}: expected a positive integer (the "
+                         "decoder's depth of an encoder-decoder model) or None (one stack)")
+    buckets, distance = config.position_bias_buckets, config.position_bias_max_distance
+    if not isinstance(distance, int) or isinstance(distance, bool) or distance < 1:
+        raise FieldError("position_bias_max_distance", f"position_bias_max_distance={distance!r}: expected a "
+                         "positive integer")
+    if buckets is None:
+        if config.position_bias_per_layer:
+            raise FieldError("position_bias_per_layer", "position_bias_per_layer=True needs position_bias_buckets")
+        return
+    # distances that keep a bucket each: half the buckets causally (a decoder), a quarter bidirectionally (an
+    # encoder's buckets are split by direction); the logarithmic range must reach beyond them
+    exact = buckets // 2 if config.causal or layers is not None else buckets // 4
+    if not isinstance(buckets, int) or isinstance(buckets, bool) or buckets < 4 or distance <= exact:
+        raise FieldError("position_bias_buckets", f"position_bias_buckets={buckets!r} with "
+                         f"position_bias_max_distance={distance!r}: expected at least 4 buckets and a max distance "
+                         f"above the {exact} distances that keep a bucket each")
+    if config.relative_attention:
+        raise FieldError("position_bias_buckets", "position_bias_buckets with relative_attention=True: expected "
+                         "one kind of relative position (T5's bias or DeBERTa's disentangled attention)")
+    if config.attention_impl in ("splash", "gpu_flash"):
+        raise FieldError("attention_impl", f"attention_impl={config.attention_impl!r} takes no additive bias, "
+                         "which T5's position bias is: expected 'auto', 'fused' or 'softmax'")
 
 
 def validate_label_names(config: Any) -> None:

@@ -16,7 +16,7 @@ from flax import nnx
 from flaxzoo.models.config import TransformerConfig
 from flaxzoo.models.families import default_model_class
 from flaxzoo.models.families.base import ParamPath, dotted, format_names
-from flaxzoo.models.layers.stack import is_stacked_path, stack_layer_values, unstack_layer_values
+from flaxzoo.models.layers.stack import LayerCounts, is_stacked_path, stack_layer_values, unstack_layer_values
 from flaxzoo.models.adapters.quantize import check_quantize, quantize_model, quantize_value
 
 
@@ -129,14 +129,14 @@ def abstract_params(config: TransformerConfig, factory: Callable[..., nnx.Module
     return AbstractParams(graphdef, params, shapes, abstract)
 
 
-def per_layer_shapes(shapes: Mapping[ParamPath, Any], num_layers: int) -> dict[ParamPath, tuple[int, ...]]:
+def per_layer_shapes(shapes: Mapping[ParamPath, Any], num_layers: LayerCounts) -> dict[ParamPath, tuple[int, ...]]:
     """Parameter shapes (anything with ``.shape``) in the per-layer layout: a stacked ``(..., "layers", *rest)``
     of shape ``[num_layers, ...]`` becomes ``num_layers`` entries ``(..., "layers", i, *rest)``. Allocates nothing."""
     views = {p: np.broadcast_to(np.zeros((), np.int8), tuple(s.shape)) for p, s in shapes.items()}
     return {p: tuple(v.shape) for p, v in unstack_layer_values(views, num_layers).items()}
 
 
-def to_layer_layout(values: Mapping[ParamPath, Any], paths: Collection[ParamPath], num_layers: int
+def to_layer_layout(values: Mapping[ParamPath, Any], paths: Collection[ParamPath], num_layers: LayerCounts
                     ) -> dict[ParamPath, Any]:
     """``values`` (per-layer or stacked) in the layout of the parameter ``paths`` of a model: stacked when some path
     is ``(..., "layers", <name>, ...)``, per layer otherwise."""
@@ -192,11 +192,11 @@ def assemble_model(config: TransformerConfig, factory: Callable[..., nnx.Module]
     """
     quantize = check_quantize(quantize)
     graphdef, params, shapes, model = abstract or abstract_params(config, factory, quantize)
-    values = unstack_layer_values(dict(values), config.num_layers)
+    values = unstack_layer_values(dict(values), config.layer_counts)
     if quantize is not None:
         values = {k: v for path, value in values.items()
                   for k, v in quantize_value(model, path, value, stacked=config.scan_layers).items()}
-    values = to_layer_layout(values, shapes, config.num_layers)
+    values = to_layer_layout(values, shapes, config.layer_counts)
     fresh = set(fresh)
     check_values(values, shapes, fresh)
 

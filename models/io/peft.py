@@ -59,7 +59,7 @@ def save_adapters(model: nnx.Module, path: PathLike, *, base_model: str = "",
         # B reshaped like the kernel's output part, so the per-layer split and the RoPE permutation apply to it.
         values[(*keys, "kernel", "a")] = np.asarray(a, np.float32)
         values[(*keys, "kernel")] = np.asarray(b, np.float32).reshape(*b.shape[:-1], *dense.out_shape)
-    values = unstack_layer_values(values, config.num_layers)
+    values = unstack_layer_values(values, config.layer_counts)
     if config.position == "rope" and config.rope_layout == "interleaved":
         interleaved_to_half(values, config)
         config = config.replace(rope_layout="half")
@@ -76,7 +76,7 @@ def save_adapters(model: nnx.Module, path: PathLike, *, base_model: str = "",
     if train_fully:
         full = {p: np.asarray(v.get_value(), np.float32)
                 for p, v in nnx.to_flat_state(nnx.state(model, nnx.All(nnx.Param, nnx.Not(nnx.LoRAParam))))}
-        full = unstack_layer_values(full, config.num_layers)
+        full = unstack_layer_values(full, config.layer_counts)
         if model.config.position == "rope" and model.config.rope_layout == "interleaved":
             interleaved_to_half(full, model.config)
         wanted = {p for p in full if in_train_fully(p, train_fully)}

@@ -162,7 +162,7 @@ def save_pretrained(model: nnx.Module, path: PathLike) -> pathlib.Path:
     params = nnx.state(model, nnx.Param)
     values = {p: np.asarray(var.get_value(), dtype=np.float32) for p, var in nnx.to_flat_state(params)}
     values = resize_vocab_values(values, vocab_axes(params), config.vocab_size)  # padding rows are not written
-    values = unstack_layer_values(values, config.num_layers)
+    values = unstack_layer_values(values, config.layer_counts)
     if config.position == "rope" and config.rope_layout == "interleaved":
         interleaved_to_half(values, config)
         config = config.replace(rope_layout="half")

@@ -113,7 +113,7 @@ def _prepare(source: Source, cls: type | str | None, overrides: dict[str, Any], 
     if isinstance(source, LoraRunSource):  # the merge is built whole: its values are read whole
         tensors = merged_tensors(source)
     elif workdir:  # restored by orbax straight into the shardings: only the metadata now
-        tensors, where, metadata = stored_tensors(source.step_dir, stored_config.num_layers)
+        tensors, where, metadata = stored_tensors(source.step_dir, stored_config.layer_counts)
     elif files and all(f.suffix == ".safetensors" for f in files):
         stored = SafetensorsFiles(files, family_and_class(source.hf, None)[0].rename, on_read)
         tensors, release = stored.tensors, stored.release
@@ -234,7 +234,7 @@ def merged_tensors(source: LoraRunSource) -> dict[str, Any]:
     """``{dotted per-layer path: value}`` of a LoRA run's model with its adapters merged."""
     merged = merge_lora(adapted_model(source))
     values = {p: v.get_value() for p, v in nnx.to_flat_state(nnx.state(merged, nnx.Param))}
-    return {dotted(p): v for p, v in unstack_layer_values(values, source.describe()[0].num_layers).items()}
+    return {dotted(p): v for p, v in unstack_layer_values(values, source.describe()[0].layer_counts).items()}
 
 
 def load_adapted(path: PathLike, *, base: PathLike | None = None) -> nnx.Module:

@@ -34,7 +34,7 @@ from flaxzoo.models.families.base import (Entry, ParamPath, WeightMap, check_cov
 from flaxzoo.models.io.slicing import Layout, Unmappable, read_index, trace_layouts
 from flaxzoo.models.io.sources import Plan
 from flaxzoo.models.io.stored import OnRead, Read, StoredTensor
-from flaxzoo.models.layers.stack import is_stacked_path, unstack_layer_values
+from flaxzoo.models.layers.stack import LayerCounts, is_stacked_path, layer_count, unstack_layer_values
 from flaxzoo.models.modeling import (AbstractParams, abstract_params, per_layer_shapes, vocab_axes, vocab_shapes,
                                      warn_initialised)
 
@@ -73,7 +73,7 @@ def prepare(config: TransformerConfig, model_cls: type, plan: Plan, tensors: Map
     names and shapes, and the one warning for initialised heads (``announce``; False: only the shapes are wanted)."""
     found = dict(tensors)
     abstract = abstract_params(config, plan.factory)
-    shapes = per_layer_shapes(abstract.shapes, config.num_layers)
+    shapes = per_layer_shapes(abstract.shapes, config.layer_counts)
     vocab = vocab_axes(abstract.params)
     weights = plan.weights.for_params(shapes)
     check_coverage(weights, shapes, plan.where)
@@ -87,7 +87,7 @@ def prepare(config: TransformerConfig, model_cls: type, plan: Plan, tensors: Map
     return Prepared(config, model_cls, plan, abstract, weights, found, entries, stored_shapes, vocab, lacking)
 
 
-def layer_groups(paths: Mapping[ParamPath, Any], num_layers: int) -> dict[ParamPath, list[ParamPath] | None]:
+def layer_groups(paths: Mapping[ParamPath, Any], num_layers: LayerCounts) -> dict[ParamPath, list[ParamPath] | None]:
     """``{model path: its per-layer paths, layer by layer}`` for stacked parameters, ``{model path: None}`` for the
     others (their per-layer path is the model path)."""
     groups: dict[ParamPath, list[ParamPath] | None] = {}
@@ -95,7 +95,8 @@ def layer_groups(paths: Mapping[ParamPath, Any], num_layers: int) -> dict[ParamP
         if not is_stacked_path(path):
             groups[path] = None
             continue
-        layers = unstack_layer_values({path: np.arange(num_layers)}, num_layers)  # {per-layer path: its layer}
+        depth = layer_count(num_layers, path)
+        layers = unstack_layer_values({path: np.arange(depth)}, num_layers)  # {per-layer path: its layer}
         groups[path] = sorted(layers, key=lambda p: int(layers[p]))
     return groups
 
@@ -229,7 +230,7 @@ def tensor_arrays(prepared: Prepared, shardings: Mapping[ParamPath, NamedShardin
     """``(model path, global array)`` for every parameter the source has (not ``prepared.lacking``), one at a time,
     laid out by ``shardings`` (None: whole, on the default device); ``after_each()`` runs once each parameter is made
     (closing the files it mapped)."""
-    groups = layer_groups(prepared.abstract.shapes, prepared.config.num_layers)
+    groups = layer_groups(prepared.abstract.shapes, prepared.config.layer_counts)
     layouts: dict[str, tuple[Layout, ...] | None] = {}
     for path, struct in prepared.abstract.shapes.items():
         if path in prepared.lacking:

@@ -23,7 +23,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from flaxzoo.models.io.checkpoint import STATE, param_metadata, quiet_orbax
 from flaxzoo.models.families.base import ParamPath, dotted
 from flaxzoo.models.io.sharded_plan import Prepared, flat_tree, layer_groups
-from flaxzoo.models.layers.stack import is_stacked_path, unstack_layer_values
+from flaxzoo.models.layers.stack import LayerCounts, is_stacked_path, layer_count, unstack_layer_values
 from flaxzoo.models.modeling import resize_vocab
 
 __all__ = ["stored_tensors", "workdir_arrays"]
@@ -31,8 +31,8 @@ __all__ = ["stored_tensors", "workdir_arrays"]
 Where = tuple[ParamPath, int | None]  # (stored path, layer of a stacked one)
 
 
-def stored_tensors(step_dir: Any, num_layers: int) -> tuple[dict[str, jax.ShapeDtypeStruct], dict[str, Where],
-                                                            dict[ParamPath, Any]]:
+def stored_tensors(step_dir: Any, num_layers: LayerCounts
+                   ) -> tuple[dict[str, jax.ShapeDtypeStruct], dict[str, Where], dict[ParamPath, Any]]:
     """From a step's metadata alone: ``({per-layer dotted name: ShapeDtypeStruct}, {per-layer dotted name: where it
     is stored}, {stored path: metadata})``."""
     metadata = param_metadata(step_dir)
@@ -41,7 +41,8 @@ def stored_tensors(step_dir: Any, num_layers: int) -> tuple[dict[str, jax.ShapeD
         if not is_stacked_path(path):
             layers = {path: None}
         else:
-            layers = {p: int(i) for p, i in unstack_layer_values({path: np.arange(num_layers)}, num_layers).items()}
+            depth = layer_count(num_layers, path)
+            layers = {p: int(i) for p, i in unstack_layer_values({path: np.arange(depth)}, num_layers).items()}
         for per_layer, layer in layers.items():
             shape = tuple(meta.shape) if layer is None else tuple(meta.shape)[1:]
             shapes[dotted(per_layer)] = jax.ShapeDtypeStruct(shape, np.dtype(meta.dtype))
@@ -92,7 +93,7 @@ def _combine(arrays: list[jax.Array], layers: list[jax.Array], *, takes: tuple[b
 def workdir_arrays(step_dir: Any, prepared: Prepared, where: Mapping[str, Where], metadata: Mapping[ParamPath, Any],
                    shardings: Mapping[ParamPath, NamedSharding]) -> dict[ParamPath, jax.Array]:
     """``{model path: global array}`` for every parameter the checkpoint has (not ``prepared.lacking``)."""
-    groups = layer_groups(prepared.abstract.shapes, prepared.config.num_layers)
+    groups = layer_groups(prepared.abstract.shapes, prepared.config.layer_counts)
     targets: dict[ParamPath, jax.ShapeDtypeStruct] = {}
     direct: dict[ParamPath, ParamPath] = {}  # model path -> stored path, restored as it is wanted
     combined: dict[ParamPath, tuple[list[Where], dict[str, Any]]] = {}

@@ -238,7 +238,7 @@ class WorkdirSource(Source):
         moved = {base + p[len(stored_base):] if p[:len(stored_base)] == stored_base else p: p for p in stored}
         factory = factory_for(model_cls, moved)
         params = abstract_params(config, factory).shapes if factory is not model_cls else target
-        expected = per_layer_shapes(params, config.num_layers)
+        expected = per_layer_shapes(params, config.layer_counts)
         stack = stack_prefix(expected)
         inside = lambda p: p[:len(stack)] == stack  # noqa: E731
         entries = [Entry(dotted(moved.get(p, stored_base + p[len(base):] if p[:len(base)] == base else p)), (p,))

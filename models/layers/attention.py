@@ -20,6 +20,7 @@ from flaxzoo.models.layers.partitioning import (ACTIVATION_BATCH, ACTIVATION_HEA
 from flaxzoo.models.layers.norms import make_norm
 from flaxzoo.models.layers.positions import alibi_bias, rotate
 from flaxzoo.models.layers.relative_attention import disentangled_bias, positional_projections, relative_indices
+from flaxzoo.models.layers.relative_bias import position_bias_table
 from flaxzoo.models.layers.rope_scaling import rope_angles_scaled
 
 
@@ -64,7 +65,9 @@ class Attention(nnx.Module):
     probabilities in training mode.
     """
 
-    def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
+    def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs, cross: bool = False):
+        """``cross``: a cross-attention layer (an encoder-decoder's decoder), which has no position terms of its
+        own."""
         self.config = config
         d, h, kv, hd = config.hidden_size, config.num_heads, config.num_kv_heads, config.head_dim
         common = dict(use_bias=config.attention_bias, rngs=rngs, dtype=jnp.dtype(config.dtype),
@@ -84,6 +87,9 @@ class Attention(nnx.Module):
         # DeBERTa's disentangled relative attention: this layer's projections of the shared relative table
         self.pos_key, self.pos_query = positional_projections(config, rngs)
         self.relative_dropout = nnx.Dropout(config.dropout, rngs=rngs) if config.relative_attention else None
+        # umT5: each layer's own T5 bias table (T5 and mT5 share one per stack: TransformerStack's, in the layout)
+        self.position_bias = (position_bias_table(config, rngs) if config.position_bias_per_layer and not cross
+                              else None)
 
     def _dropout_multiplier(self, batch: int, q_len: int, k_len: int) -> jax.Array | None:
         """``[batch, heads, q, k]``: 0 for a dropped probability, ``1 / (1 - rate)`` for a kept one; None in eval mode
@@ -208,6 +214,10 @@ class Attention(nnx.Module):
             cache, key, value = _cached(cache, key, value, layout.query_offset)
         bias = (alibi_bias(config.num_heads, layout.query_positions, layout.key_positions, causal=config.causal)
                 if config.position == "alibi" else None)
+        position_bias = (self.position_bias(layout.query_positions, layout.key_positions)
+                         if self.position_bias is not None else layout.position_bias)
+        if position_bias is not None:
+            bias = position_bias if bias is None else bias + position_bias
         if config.relative_attention:
             bias, query = self._relative_bias(query, key, layout), query * jnp.asarray(
                 1.0 / math.sqrt(config.relative_scale_factor), query.dtype)

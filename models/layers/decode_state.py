@@ -9,7 +9,7 @@ from flax import struct
 
 from flaxzoo.models.config import TransformerConfig
 from flaxzoo.models.layers.embeddings import is_concrete
-from flaxzoo.models.layers.masking import AttentionLayout, document_positions
+from flaxzoo.models.layers.masking import AttentionLayout, cross_layout, document_positions
 
 
 @struct.dataclass
@@ -23,6 +23,10 @@ class DecodeState:
     where a slot holds a real token (left padding and slots not yet written are 0); ``lengths: [batch]`` the real
     tokens of each row so far (the next token's position); ``index``: the slot the next token is written to (the
     same for every row: prompts are left-aligned so that their last tokens share a slot).
+
+    An encoder-decoder's decoder (:meth:`with_memory`) also keeps, per layer, the cross-attention keys and values of
+    the encoder's output (``memory_keys`` / ``memory_values``, ``[batch, src, kv_heads, head_dim]``, computed once
+    and only read by each step) and which source tokens are real (``memory_valid: [batch, src]``).
     """
 
     keys: tuple[jax.Array, ...]
@@ -30,6 +34,9 @@ class DecodeState:
     valid: jax.Array
     lengths: jax.Array
     index: jax.Array
+    memory_keys: tuple[jax.Array, ...] = ()
+    memory_values: tuple[jax.Array, ...] = ()
+    memory_valid: jax.Array | None = None
 
     @classmethod
     def create(cls, config: TransformerConfig, batch: int, max_len: int) -> "DecodeState":
@@ -42,6 +49,18 @@ class DecodeState:
         return cls(keys=zeros, values=tuple(jnp.zeros(shape, config.dtype) for _ in range(config.num_layers)),
                    valid=jnp.zeros((batch, max_len), jnp.int32), lengths=jnp.zeros((batch,), jnp.int32),
                    index=jnp.zeros((), jnp.int32))
+
+    def with_memory(self, keys: tuple[jax.Array, ...], values: tuple[jax.Array, ...], valid: jax.Array
+                    ) -> "DecodeState":
+        """The state with each layer's cross-attention ``keys`` / ``values`` (``[batch, src, kv_heads, head_dim]``)
+        of an encoder output whose real tokens ``valid: [batch, src]`` marks."""
+        if len(keys) != len(self.keys) or len(values) != len(self.keys):
+            raise ValueError(f"memory keys / values for {len(keys)} / {len(values)} layers: expected one per layer "
+                             f"({len(self.keys)})")
+        if valid.shape[0] != self.batch:
+            raise ValueError(f"memory_valid has shape {tuple(valid.shape)}: expected [{self.batch}, src]")
+        return self.replace(memory_keys=tuple(keys), memory_values=tuple(values),
+                            memory_valid=jnp.asarray(valid).astype(jnp.int32))
 
     @property
     def batch(self) -> int:
@@ -71,6 +90,9 @@ class DecodeState:
         layout = AttentionLayout(query_positions=query_positions + position_offset,
                                  key_positions=document_positions(valid) + position_offset,
                                  query_offset=self.index, query_segments=new_valid, key_segments=valid)
+        if self.memory_valid is not None:
+            layout = layout.replace(cross=cross_layout(layout.query_positions, self.memory_valid,
+                                                       self.memory_valid.shape[1]))
         return layout, self.replace(valid=valid, lengths=self.lengths + new_valid.sum(axis=1),
                                     index=self.index + q_len)
 

@@ -139,19 +139,26 @@ class TokenEmbedding(nnx.Module):
                           preferred_element_type=jnp.float32)
 
 
+def token_table(config: TransformerConfig, rngs: nnx.Rngs) -> TokenEmbedding:
+    """The config's token table: ``[padded_vocab_size, embedding_width]``."""
+    return TokenEmbedding(config.vocab_size, config.embedding_width, rngs=rngs, init_std=config.initializer_range,
+                          dtype=jnp.dtype(config.dtype), param_dtype=jnp.dtype(config.param_dtype),
+                          rows=config.padded_vocab_size)
+
+
 class InputEmbeddings(nnx.Module):
     """Token embedding + absolute positions (learned or sinusoidal) + token types, then an optional norm (BERT).
 
     Factorised (``config.embedding_size`` E set: ALBERT, ELECTRA): the tables and the norm are E wide and
-    ``project`` (E → hidden, with bias) follows the dropout."""
+    ``project`` (E → hidden, with bias) follows the dropout. ``own_tokens=False``: the token table is another
+    module's (an encoder-decoder's one table for both stacks), passed to each call."""
 
-    def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
+    def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs, own_tokens: bool = True):
         self.config = config
         dtype, param_dtype = jnp.dtype(config.dtype), jnp.dtype(config.param_dtype)
         std = config.initializer_range
         width = config.embedding_width
-        self.tokens = TokenEmbedding(config.vocab_size, width, rngs=rngs, init_std=std, dtype=dtype,
-                                     param_dtype=param_dtype, rows=config.padded_vocab_size)
+        self.tokens = (token_table(config, rngs) if own_tokens else None)
         self.positions = (LearnedPositions(config.max_position_embeddings, width, rngs=rngs,
                                            init_std=std, param_dtype=param_dtype)
                           if config.position == "learned" else None)
@@ -167,11 +174,14 @@ class InputEmbeddings(nnx.Module):
                         if config.embedding_size is not None else None)
 
     def __call__(self, input_ids: jax.Array | None, positions: jax.Array, token_type_ids: jax.Array | None = None,
-                 *, inputs_embeds: jax.Array | None = None) -> jax.Array:
+                 *, inputs_embeds: jax.Array | None = None, tokens: TokenEmbedding | None = None) -> jax.Array:
         """``[batch, seq]`` ids and positions → ``[batch, seq, hidden]``. ``inputs_embeds: [batch, seq, E]`` (E:
         ``config.embedding_width``), when given, is used in place of the token lookup (``input_ids`` is then
-        ignored)."""
-        x = self.tokens(input_ids) if inputs_embeds is None else inputs_embeds.astype(self.tokens.dtype)
+        ignored). ``tokens``: the shared token table, for embeddings built without their own."""
+        tokens = self.tokens if tokens is None else tokens
+        if tokens is None:
+            raise ValueError("these embeddings have no token table of their own: pass the shared one (tokens=)")
+        x = tokens(input_ids) if inputs_embeds is None else inputs_embeds.astype(tokens.dtype)
         if self.config.embedding_multiplier != 1.0:  # Gemma: √hidden, rounded to the activations' dtype first
             x = x * jnp.asarray(self.config.embedding_multiplier, x.dtype)
         if self.positions is not None:

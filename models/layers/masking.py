@@ -38,6 +38,11 @@ class AttentionLayout:
     query_segments: jax.Array | None = None
     key_segments: jax.Array | None = None
     relative_embeddings: jax.Array | None = None  # [2 · span, hidden]: the stack's shared relative table (DeBERTa)
+    position_bias: jax.Array | None = None  # [batch, heads, q, k]: the stack's shared T5 bias (per-layer: none here)
+    # An encoder-decoder's decoder: the encoder's output [batch, src, hidden] and the layout of its cross-attention
+    # (the decoder's queries against the source tokens: segments say which a query reads)
+    memory: jax.Array | None = None
+    cross: "AttentionLayout | None" = None
 
     def mask(self, causal: bool, *, window: int | None = None, dense: bool = False) -> jax.Array | None:
         """Boolean ``[batch, 1, q, k]`` (True = may attend), or None when only plain causality (or nothing)
@@ -61,6 +66,34 @@ class AttentionLayout:
         elif window is not None:
             allowed = allowed & symmetric_band(q_len, k_len, self.query_offset, window)[None]
         return allowed[:, None]
+
+
+def cross_layout(query_positions: jax.Array, source_mask: jax.Array | None, source_len: int, *,
+                 query_segments: jax.Array | None = None, source_segments: jax.Array | None = None
+                 ) -> AttentionLayout:
+    """The layout of cross-attention from ``[batch, q]`` decoder queries to ``source_len`` encoder outputs.
+
+    One pair per row: every query (padding too, as transformers does) reads the source's real tokens
+    (``source_mask: [batch, src]``, None: all real). Packed pairs (``query_segments`` and ``source_segments``, numbered
+    from 1 along each row, 0 = padding): a query reads only its own pair's source; a padding query reads the source's
+    padding, or where the row has none its first pair, so that no query is left without a key."""
+    batch, q_len = query_positions.shape
+    source_positions = jnp.broadcast_to(jnp.arange(source_len, dtype=jnp.int32), (batch, source_len))
+    if query_segments is None:
+        keys = (jnp.ones((batch, source_len), jnp.int32) if source_mask is None
+                else jnp.asarray(source_mask).astype(jnp.int32))
+        return AttentionLayout(query_positions=query_positions, key_positions=source_positions,
+                               query_segments=jnp.ones((batch, q_len), jnp.int32), key_segments=keys)
+    if source_segments is None:
+        raise ValueError("packed decoder rows (decoder segment_ids) need the source's segment_ids: expected both")
+    keys = jnp.asarray(source_segments).astype(jnp.int32)
+    if source_mask is not None:
+        keys = keys * jnp.asarray(source_mask).astype(jnp.int32)
+    queries = jnp.asarray(query_segments).astype(jnp.int32)
+    has_padding = jnp.any(keys == 0, axis=-1, keepdims=True)
+    queries = jnp.where((queries == 0) & ~has_padding, 1, queries)
+    return AttentionLayout(query_positions=query_positions, key_positions=source_positions,
+                           query_segments=queries, key_segments=keys)
 
 
 def causal_mask(q_len: int, k_len: int, query_offset: jax.Array | int) -> jax.Array:

@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from flaxzoo.models.config import TransformerConfig
 from flaxzoo.models.layers.linear import logical_param
 
 
@@ -69,3 +70,11 @@ class RelativePositionBias(nnx.Module):
                                   max_distance=self.max_distance)
         bias = jnp.take(self.embedding[...], buckets, axis=0)  # [batch, q, k, heads]
         return jnp.transpose(bias, (0, 3, 1, 2)).astype(self.dtype)
+
+
+def position_bias_table(config: TransformerConfig, rngs: nnx.Rngs) -> RelativePositionBias:
+    """The T5 bias table of a config with ``position_bias_buckets``: bidirectional for an encoder, causal for a
+    decoder."""
+    return RelativePositionBias(config.position_bias_buckets, config.position_bias_max_distance, config.num_heads,
+                                bidirectional=not config.causal, rngs=rngs, init_std=config.initializer_range,
+                                dtype=jnp.dtype(config.dtype), param_dtype=jnp.dtype(config.param_dtype))

@@ -9,7 +9,7 @@ compiled layer body and no per-step stacking copy. Checkpoint formats are conver
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Sequence
+from typing import Any, Mapping, NamedTuple, Sequence, Union
 
 import jax
 import jax.numpy as jnp
@@ -20,11 +20,12 @@ from flaxzoo.models.config import TransformerConfig
 from flaxzoo.models.layers.attention import KVCache
 from flaxzoo.models.layers.block import TransformerBlock
 from flaxzoo.models.layers.decode_state import DecodeState
-from flaxzoo.models.layers.embeddings import InputEmbeddings, as_index_array, check_index_range, check_token_ids, is_concrete
+from flaxzoo.models.layers.embeddings import InputEmbeddings, TokenEmbedding, as_index_array, check_index_range, check_token_ids, is_concrete
 from flaxzoo.models.layers.masking import AttentionLayout, full_sequence_layout, input_positions
 from flaxzoo.models.layers.norms import make_norm
 from flaxzoo.models.layers.partitioning import HIDDEN, constrain
 from flaxzoo.models.layers.relative_attention import RelativeEmbeddings
+from flaxzoo.models.layers.relative_bias import position_bias_table
 
 # The remat policies a config can name: what each layer keeps for the backward pass.
 REMAT_POLICIES = {
@@ -99,11 +100,13 @@ def stack_modules(modules: list[nnx.Module]) -> nnx.Module:
 class TransformerStack(nnx.Module):
     """Embeddings → ``num_layers`` blocks → final norm (pre-LN models). Causal or bidirectional per the config."""
 
-    def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs, block: type = TransformerBlock):
+    def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs, block: type = TransformerBlock,
+                 shared_tokens: bool = False):
         """``block``: the layer class (``block(config, rngs=...)``, called as ``TransformerBlock`` is); a family with
-        other layers passes its own."""
+        other layers passes its own. ``shared_tokens``: the stack has no token table of its own; each call passes
+        the model's (``token_table``), as an encoder-decoder's two stacks share one."""
         self.config = config
-        self.embeddings = InputEmbeddings(config, rngs=rngs)
+        self.embeddings = InputEmbeddings(config, rngs=rngs, own_tokens=not shared_tokens)
         if config.shared_layers:  # ALBERT: one block's parameters for every layer, in both layouts
             self.shared_layer = block(config, rngs=rngs)
             self.layers = None
@@ -113,7 +116,9 @@ class TransformerStack(nnx.Module):
         self.final_norm = make_norm(config, rngs) if config.final_norm else None
         # DeBERTa: one relative-distance table for all layers, handed to them in the call's layout
         self.relative = RelativeEmbeddings(config, rngs=rngs) if config.relative_attention else None
-
+        # T5, mT5: one position-bias table for all layers of the stack (umT5's are per layer, in the attention)
+        self.position_bias = (position_bias_table(config, rngs)
+                              if config.position_bias_buckets and not config.position_bias_per_layer else None)
     def check_inputs(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None, *,
                      segment_ids=None, inputs_embeds=None) -> None:
         """Raise ``ValueError`` for inputs the compiled model would silently mishandle (values are checked when
@@ -156,7 +161,8 @@ class TransformerStack(nnx.Module):
     def __call__(self, input_ids: jax.Array | None, attention_mask: jax.Array | None = None,
                  token_type_ids: jax.Array | None = None, position_ids: jax.Array | None = None, *,
                  segment_ids: jax.Array | None = None, inputs_embeds: jax.Array | None = None,
-                 return_attention_weights: bool = False) -> StackOutput:
+                 return_attention_weights: bool = False, token_table: TokenEmbedding | None = None,
+                 memory: jax.Array | None = None, cross: AttentionLayout | None = None) -> StackOutput:
         """Run the stack over whole sequences: ``input_ids: [batch, seq]`` int (arrays or lists of ints).
 
         ``attention_mask: [batch, seq]`` (1 = token, 0 = padding). ``segment_ids: [batch, seq]`` int: packed
@@ -164,6 +170,10 @@ class TransformerStack(nnx.Module):
         positions restart at each document. ``position_ids`` override the positions (``masking.py`` gives the
         defaults). ``inputs_embeds: [batch, seq, hidden]``, given instead of ``input_ids`` (which must then be None),
         replaces the token-embedding lookup; positions, token types and the embedding norm are still added.
+
+        ``token_table``: the model's shared token table (a stack built with ``shared_tokens``). ``memory: [batch,
+        src, hidden]`` and ``cross``: an encoder-decoder's decoder stack reads the encoder's output through the
+        layout ``cross`` (``masking.cross_layout``).
 
         Inside ``jit`` the values are not checked: an id outside the vocabulary gives NaNs in its row's outputs.
         """
@@ -182,18 +192,28 @@ class TransformerStack(nnx.Module):
         layout = full_sequence_layout(config, position_ids, attention_mask=attention_mask, segment_ids=segment_ids)
         if self.relative is not None:
             layout = layout.replace(relative_embeddings=self.relative())
-        x = self.embeddings(input_ids, position_ids, token_type_ids, inputs_embeds=inputs_embeds)
+        layout = self._with_position_bias(layout).replace(memory=memory, cross=cross)
+        x = self.embeddings(input_ids, position_ids, token_type_ids, inputs_embeds=inputs_embeds, tokens=token_table)
         x, weights = self._run_layers(x, layout, return_attention_weights)
         if self.final_norm is not None:
             x = self.final_norm(x)
         return StackOutput(x, weights)
 
+    def _with_position_bias(self, layout: AttentionLayout) -> AttentionLayout:
+        """``layout`` with the stack's shared T5 bias ``[batch, heads, q, k]`` of its positions, if it has one."""
+        if self.position_bias is None:
+            return layout
+        return layout.replace(position_bias=self.position_bias(layout.query_positions, layout.key_positions))
+
     def decode(self, input_ids: jax.Array, state: DecodeState, new_valid: jax.Array | None = None, *,
-               layers: list[nnx.Module] | None = None) -> tuple[jax.Array, DecodeState]:
+               layers: list[nnx.Module] | None = None, token_table: TokenEmbedding | None = None
+               ) -> tuple[jax.Array, DecodeState]:
         """Run ``q`` new tokens ``input_ids: [batch, q]`` against the cache: returns ``(hidden [batch, q, hidden],
         the state with their keys and values written)``. ``new_valid: [batch, q]`` marks real tokens (default all;
         a left-padded prompt passes its mask). Positions continue each row's count of real tokens. ``layers``:
-        :meth:`decoding_layers`, taken once before a decode loop (default: taken here)."""
+        :meth:`decoding_layers`, taken once before a decode loop (default: taken here). ``token_table``: as in
+        :meth:`__call__`. A state made for an encoder's output (``DecodeState.with_memory``) gives each layer its
+        cross-attention keys and values."""
         config = self.config
         input_ids = as_index_array(input_ids, "input_ids", expected="[batch, q]")
         if tuple(input_ids.shape[:1]) != (state.batch,):
@@ -206,8 +226,8 @@ class TransformerStack(nnx.Module):
         if config.position in ("learned", "sinusoidal") and is_concrete(layout.query_positions):
             check_index_range(layout.query_positions, config.max_position_embeddings, "decode positions",
                               f"positions of this model's {config.position} table")
-        x = self.embeddings(input_ids, layout.query_positions)
-        x, keys, values = self._decode_layers(x, layout, state.keys, state.values,
+        x = self.embeddings(input_ids, layout.query_positions, tokens=token_table)
+        x, keys, values = self._decode_layers(self._with_position_bias(layout), x, state,
                                               self.decoding_layers() if layers is None else layers)
         if self.final_norm is not None:
             x = self.final_norm(x)
@@ -229,16 +249,17 @@ class TransformerStack(nnx.Module):
                     for i in range(config.num_layers)]
         return list(self.layers)
 
-    def _decode_layers(self, x: jax.Array, layout: AttentionLayout, keys: tuple[jax.Array, ...],
-                       values: tuple[jax.Array, ...], layers: list[nnx.Module]
+    def _decode_layers(self, layout: AttentionLayout, x: jax.Array, state: DecodeState, layers: list[nnx.Module]
                        ) -> tuple[jax.Array, tuple[jax.Array, ...], tuple[jax.Array, ...]]:
         """A cached decode step through ``layers`` (:meth:`decoding_layers`), one after another: ``x: [batch, q,
-        hidden]``, ``keys`` / ``values`` one ``[batch · kv_heads, max_len, head_dim]`` buffer per layer, each written
-        in place. Returns ``(x, keys, values)``."""
+        hidden]``; the state's ``keys`` / ``values`` are one ``[batch · kv_heads, max_len, head_dim]`` buffer per
+        layer, each written in place. Returns ``(x, keys, values)``."""
         kinds = self.config.sliding_layers
         new_keys, new_values = [], []
         for i, layer in enumerate(layers):
-            x, cache, _ = layer(constrain(x, HIDDEN), layout, cache=KVCache(keys[i], values[i]), sliding=kinds[i])
+            cross = {} if not state.memory_keys else {"memory_kv": (state.memory_keys[i], state.memory_values[i])}
+            x, cache, _ = layer(constrain(x, HIDDEN), layout, cache=KVCache(state.keys[i], state.values[i]),
+                                sliding=kinds[i], **cross)
             x = constrain(x, HIDDEN)
             new_keys.append(cache.key)
             new_values.append(cache.value)
@@ -326,6 +347,22 @@ def _layers_position(path: tuple) -> int | None:
     return path.index(LAYERS) if LAYERS in path else None
 
 
+LayerCounts = Union[int, Mapping[str, int]]
+
+
+def layer_count(num_layers: LayerCounts, path: Sequence[Any]) -> int:
+    """The depth of the stack a parameter ``path`` lies in: ``num_layers`` itself, or for a model of several stacks
+    (``TransformerConfig.layer_counts``: ``{"encoder": 6, "decoder": 4}``) the entry of the module above ``layers``."""
+    if isinstance(num_layers, int):
+        return num_layers
+    at = _layers_position(tuple(path))
+    stack = str(path[at - 1]) if at else ""
+    if stack not in num_layers:
+        raise ValueError(f"{'.'.join(map(str, path))}: no layer count for the stack {stack!r}; expected one of "
+                         f"{sorted(num_layers)}")
+    return num_layers[stack]
+
+
 def is_stacked_path(path: Sequence[Any]) -> bool:
     """Whether a parameter path (its keys) names a stacked block parameter, ``(..., "layers", <name>, ...)``, rather
     than one block's, ``(..., "layers", i, ...)`` (``i`` an int or a string of digits)."""
@@ -334,10 +371,11 @@ def is_stacked_path(path: Sequence[Any]) -> bool:
     return at is not None and at + 1 < len(keys) and not str(keys[at + 1]).isdigit()
 
 
-def stack_layer_values(values: dict[tuple, Any], num_layers: int) -> dict[tuple, Any]:
+def stack_layer_values(values: dict[tuple, Any], num_layers: LayerCounts) -> dict[tuple, Any]:
     """Per-layer ``{(..., "layers", i, *rest): [...]}`` → stacked ``{(..., "layers", *rest): [num_layers, ...]}``.
 
-    Other entries pass through. Raises ``ValueError`` naming the first parameter some layer lacks."""
+    Other entries pass through. ``num_layers``: the depth, or each stack's (:func:`layer_count`). Raises
+    ``ValueError`` naming the first parameter some layer lacks."""
     out: dict[tuple, Any] = {}
     groups: dict[tuple, dict[int, Any]] = {}
     for path, value in values.items():
@@ -347,16 +385,17 @@ def stack_layer_values(values: dict[tuple, Any], num_layers: int) -> dict[tuple,
             continue
         groups.setdefault(path[:at + 1] + path[at + 2:], {})[path[at + 1]] = value
     for path, per_layer in groups.items():
-        if sorted(per_layer) != list(range(num_layers)):
-            missing = sorted(set(range(num_layers)) - set(per_layer))
-            raise ValueError(f"{'.'.join(map(str, path))}: no value for layer(s) {missing} of {num_layers}")
-        out[path] = np.stack([np.asarray(per_layer[i]) for i in range(num_layers)]) if all(
-            isinstance(per_layer[i], np.ndarray) for i in range(num_layers)) else jnp.stack(
-            [per_layer[i] for i in range(num_layers)])
+        depth = layer_count(num_layers, path)
+        if sorted(per_layer) != list(range(depth)):
+            missing = sorted(set(range(depth)) - set(per_layer))
+            raise ValueError(f"{'.'.join(map(str, path))}: no value for layer(s) {missing} of {depth}")
+        out[path] = np.stack([np.asarray(per_layer[i]) for i in range(depth)]) if all(
+            isinstance(per_layer[i], np.ndarray) for i in range(depth)) else jnp.stack(
+            [per_layer[i] for i in range(depth)])
     return out
 
 
-def unstack_layer_values(values: dict[tuple, Any], num_layers: int) -> dict[tuple, Any]:
+def unstack_layer_values(values: dict[tuple, Any], num_layers: LayerCounts) -> dict[tuple, Any]:
     """Inverse of ``stack_layer_values``: entries below ``layers`` that are not per-layer already are split along
     their first axis (which must be ``num_layers`` long)."""
     out: dict[tuple, Any] = {}
@@ -365,9 +404,10 @@ def unstack_layer_values(values: dict[tuple, Any], num_layers: int) -> dict[tupl
         if at is None or (at + 1 < len(path) and isinstance(path[at + 1], int)):
             out[path] = value
             continue
-        if value.shape[:1] != (num_layers,):
+        depth = layer_count(num_layers, path)
+        if value.shape[:1] != (depth,):
             raise ValueError(f"{'.'.join(map(str, path))} has shape {tuple(value.shape)}: expected a leading "
-                             f"axis of num_layers={num_layers} (stacked layers)")
-        for i in range(num_layers):
+                             f"axis of num_layers={depth} (stacked layers)")
+        for i in range(depth):
             out[path[:at + 1] + (i,) + path[at + 1:]] = value[i]
     return out

@@ -1,0 +1,115 @@
+"""T5-layout encoder-decoders (T5 v1.0, v1.1 / Flan-T5, mT5, umT5) against transformers, both ways, on batches whose
+sources and targets are both padded, unrolled and scanned, on configs of several depths (encoder and decoder apart),
+head sizes, bucket counts, tied and untied heads."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import transformers
+
+from flaxzoo.models.architectures.encoder_decoder.model import (Seq2SeqEncoderModel, Seq2SeqForConditionalGeneration,
+                                                                Seq2SeqModel)
+from flaxzoo.models.io import from_pretrained, save_pretrained
+
+# Each case: transformers config class, its fields. Depths differ between encoder and decoder; d_kv is not
+# d_model / heads; bucket counts and distances differ; v1.0 ties and scales, v1.1 / mT5 / umT5 do not.
+CASES = {
+    "t5-v1.0": (transformers.T5Config, dict(vocab_size=97, d_model=24, d_kv=10, d_ff=40, num_layers=3,
+                                             num_decoder_layers=2, num_heads=3, relative_attention_num_buckets=8,
+                                             relative_attention_max_distance=20, feed_forward_proj="relu")),
+    "t5-v1.1": (transformers.T5Config, dict(vocab_size=89, d_model=32, d_kv=8, d_ff=48, num_layers=2,
+                                             num_decoder_layers=3, num_heads=4, relative_attention_num_buckets=16,
+                                             relative_attention_max_distance=12, feed_forward_proj="gated-gelu",
+                                             tie_word_embeddings=False)),
+    "mt5": (transformers.MT5Config, dict(vocab_size=101, d_model=16, d_kv=6, d_ff=36, num_layers=2,
+                                         num_decoder_layers=2, num_heads=2, relative_attention_num_buckets=12,
+                                         relative_attention_max_distance=16, feed_forward_proj="gated-gelu",
+                                         tie_word_embeddings=False)),
+    "umt5": (transformers.UMT5Config, dict(vocab_size=83, d_model=20, d_kv=5, d_ff=30, num_layers=2,
+                                           num_decoder_layers=3, num_heads=4, relative_attention_num_buckets=10,
+                                           relative_attention_max_distance=14, feed_forward_proj="gated-gelu",
+                                           tie_word_embeddings=False)),
+}
+PREFIX = {"t5-v1.0": "T5", "t5-v1.1": "T5", "mt5": "MT5", "umt5": "UMT5"}
+ATOL = 1e-4
+
+
+def build(case: str, head: str, seed: int = 0) -> torch.nn.Module:
+    config_cls, fields = CASES[case]
+    torch.manual_seed(seed)
+    model = getattr(transformers, f"{PREFIX[case]}{head}")(config_cls(**fields, dropout_rate=0.0))
+    with torch.no_grad():  # T5's init leaves the bias tables small; make the positions matter
+        for name, p in model.named_parameters():
+            if "relative_attention_bias" in name:
+                p.normal_(0.0, 1.0)
+    return model.eval()
+
+
+def padded_batch(vocab: int, rows: int, length: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Right-padded ids and mask: row i keeps ``length - 2i`` tokens (at least 1)."""
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(2, vocab, size=(rows, length)).astype(np.int64)
+    mask = np.zeros((rows, length), np.int64)
+    for i in range(rows):
+        mask[i, :max(length - 2 * i, 1)] = 1
+    return np.where(mask == 1, ids, 0), mask
+
+
+def hf_logits(model, ids, mask, target, target_mask) -> np.ndarray:
+    with torch.no_grad():
+        out = model(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask),
+                    decoder_input_ids=torch.tensor(target), decoder_attention_mask=torch.tensor(target_mask))
+    return out.logits.numpy()
+
+
+def real_max_difference(a: np.ndarray, b: np.ndarray, mask: np.ndarray) -> float:
+    return float(np.abs(a - b)[mask.astype(bool)].max())
+
+
+@pytest.mark.parametrize("scan", [False, True], ids=["unrolled", "scanned"])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_conditional_generation_both_ways(case, scan, tmp_path):
+    hf = build(case, "ForConditionalGeneration")
+    hf.save_pretrained(tmp_path / "hf")
+    vocab = CASES[case][1]["vocab_size"]
+    ids, mask = padded_batch(vocab, 3, 19, seed=1)
+    target, target_mask = padded_batch(vocab, 3, 11, seed=2)
+    expected = hf_logits(hf, ids, mask, target, target_mask)
+    model = from_pretrained(tmp_path / "hf", scan_layers=scan)
+    assert isinstance(model, Seq2SeqForConditionalGeneration)
+    got = np.asarray(model(ids, mask, target, target_mask))
+    loaded = real_max_difference(got, expected, target_mask)
+    assert loaded < ATOL, f"hf -> flaxzoo logits differ by {loaded:.2e}"
+    save_pretrained(model, tmp_path / "out")
+    back = getattr(transformers, f"{PREFIX[case]}ForConditionalGeneration").from_pretrained(tmp_path / "out").eval()
+    saved = real_max_difference(hf_logits(back, ids, mask, target, target_mask), expected, target_mask)
+    assert saved < ATOL, f"flaxzoo -> hf logits differ by {saved:.2e}"
+
+
+@pytest.mark.parametrize("case", ["t5-v1.0", "umt5"])
+def test_encoder_model_and_base_model(case, tmp_path):
+    """``T5EncoderModel`` (its own checkpoint, and the encoder of a full one) and ``T5Model``'s decoder states."""
+    hf = build(case, "EncoderModel")
+    hf.save_pretrained(tmp_path / "enc")
+    vocab = CASES[case][1]["vocab_size"]
+    ids, mask = padded_batch(vocab, 2, 13, seed=3)
+    with torch.no_grad():
+        expected = hf(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask)).last_hidden_state.numpy()
+    model = from_pretrained(tmp_path / "enc")
+    assert isinstance(model, Seq2SeqEncoderModel)
+    got = np.asarray(model(ids, mask).hidden)
+    assert real_max_difference(got, expected, mask) < ATOL
+
+    full = build(case, "Model")
+    full.save_pretrained(tmp_path / "base")
+    target, target_mask = padded_batch(vocab, 2, 7, seed=4)
+    with torch.no_grad():
+        expected = full(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask),
+                        decoder_input_ids=torch.tensor(target),
+                        decoder_attention_mask=torch.tensor(target_mask)).last_hidden_state.numpy()
+    base = from_pretrained(tmp_path / "base")
+    assert isinstance(base, Seq2SeqModel)
+    got = np.asarray(base(ids, mask, target, target_mask).hidden)
+    assert real_max_difference(got, expected, target_mask) < ATOL
