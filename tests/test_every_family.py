@@ -1,4 +1,4 @@
-"""Every registered decoder family works with LoRA, int8 and the sharding rules.
+"""Every registered generating family (decoders, encoder-decoders) works with LoRA, int8 and the sharding rules.
 
 The families are read from ``flaxzoo.models.families.FAMILIES`` when the tests are collected, so a family registered
 later is tested without a change here. Each gets a tiny config from transformers' own config class for its
@@ -57,20 +57,27 @@ def tiny_config(model_type: str) -> TransformerConfig:
     return family.config_from_hf(hf)
 
 
+def generating_class(family) -> type:
+    """The family's language model: a causal LM, or an encoder-decoder's conditional generator."""
+    return family.class_for("causal_lm") or family.class_for("seq2seq_lm")
+
+
 @nnx.jit
 def forward(model: nnx.Module, ids: jax.Array) -> jax.Array:
-    return model(ids)
+    """Logits of ``ids`` (an encoder-decoder reads them as its source and its target)."""
+    return model(ids, None, ids) if model.config.is_encoder_decoder else model(ids)
 
 
 @pytest.fixture(scope="module")
 def built() -> Callable[[str], tuple[Any, nnx.Module, np.ndarray]]:
-    """``get(model_type)`` → (family, its causal LM in eval mode, its float32 logits ``[2, 8, vocab]``), once each."""
+    """``get(model_type)`` → (family, its language model in eval mode, its float32 logits ``[2, 8, vocab]``), once
+    each."""
     cache: dict[str, tuple[Any, nnx.Module, np.ndarray]] = {}
 
     def get(model_type: str):
         if model_type not in cache:
             family = FAMILIES[model_type]
-            model = family.class_for("causal_lm")(tiny_config(model_type), rngs=nnx.Rngs(0))
+            model = generating_class(family)(tiny_config(model_type), rngs=nnx.Rngs(0))
             model.eval()
             cache[model_type] = family, model, np.asarray(forward(model, IDS))
         return cache[model_type]
@@ -146,7 +153,7 @@ def test_every_parameter_has_a_sharding_spec(model_type):
                 assert specs["score.kernel"] == P("fsdp", None)
         classifier = family.class_for("sequence_classification")
         targets = ("attention", "mlp", "head") if classifier else ("attention", "mlp")
-        lora = check_specs(abstract(classifier or family.class_for("causal_lm"), config.replace(scan_layers=scan),
+        lora = check_specs(abstract(classifier or generating_class(family), config.replace(scan_layers=scan),
                                     LoraConfig(rank=4, alpha=8.0, targets=targets)))
         assert any("lora" in name for name in lora)
 

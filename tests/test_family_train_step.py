@@ -1,7 +1,8 @@
 """One optimizer step of the project's train step (``train/step.py``'s ``make_train_step``, jitted as the training
 loop jits it) on every registered family (``flaxzoo.models.families.FAMILIES``, read when the tests are collected):
 its tiny config (``tests/test_every_family.py`` / ``tests/test_every_encoder.py``), the causal LM on next-token
-targets or the masked LM on masked labels, with a padded row and unscored positions.
+targets, the masked LM on masked labels or the encoder-decoder on teacher-forced targets, with a padded row and
+unscored positions.
 
 Each step is checked against an independent reference: the loss the step reports equals a NumPy cross-entropy of the
 model's own eager logits on the scored positions; the gradient norm is finite and positive; the step counter moves;
@@ -27,11 +28,20 @@ LR = 1e-3  # small enough that one Adam step descends on every family's tiny mod
 SEQ = 8
 
 
-def batch_for(causal: bool, vocab: int) -> dict[str, np.ndarray]:
-    """Two rows: a causal batch (``input_ids`` / shifted ``targets``, the second row's last three targets unscored)
-    or a masked batch (``attention_mask`` right-padding the second row by three; ``labels`` at four positions)."""
+def batch_for(objective: str, vocab: int) -> dict[str, np.ndarray]:
+    """Two rows: a causal batch (``input_ids`` / shifted ``targets``, the second row's last three targets unscored),
+    a masked batch (``attention_mask`` right-padding the second row by three; ``labels`` at four positions), or a
+    seq2seq batch (sources of SEQ tokens, the second padded by three; targets of 5, the second padded by two)."""
     ids = np.random.RandomState(0).randint(3, vocab, (2, SEQ + 1)).astype(np.int32)
-    if causal:
+    if objective == "seq2seq":
+        source, mask = ids[:, :-1].copy(), np.ones((2, SEQ), np.int32)
+        source[1, -3:], mask[1, -3:] = 0, 0
+        labels = ids[:, :5].copy()
+        labels[1, -2:] = IGNORE_INDEX
+        decoder_ids = np.concatenate([np.zeros((2, 1), np.int32), np.where(labels < 0, 0, labels)[:, :-1]], axis=1)
+        return {"input_ids": source, "attention_mask": mask, "decoder_input_ids": decoder_ids,
+                "decoder_attention_mask": (labels != IGNORE_INDEX).astype(np.int32), "labels": labels}
+    if objective == "causal":
         targets = ids[:, 1:].copy()
         targets[1, -3:] = IGNORE_INDEX
         return {"input_ids": ids[:, :-1], "targets": targets}
@@ -44,11 +54,17 @@ def batch_for(causal: bool, vocab: int) -> dict[str, np.ndarray]:
     return {"input_ids": ids, "attention_mask": mask, "labels": labels}
 
 
-def reference_loss(model: nnx.Module, batch: dict[str, np.ndarray], causal: bool) -> float:
+def reference_loss(model: nnx.Module, batch: dict[str, np.ndarray], objective: str) -> float:
     """Mean cross-entropy (NumPy, float64) of the model's eager logits on the scored positions."""
-    logits = model(batch["input_ids"]) if causal else model(batch["input_ids"], batch["attention_mask"])
+    if objective == "seq2seq":
+        logits = model(batch["input_ids"], batch["attention_mask"], batch["decoder_input_ids"],
+                       batch["decoder_attention_mask"])
+    elif objective == "causal":
+        logits = model(batch["input_ids"])
+    else:
+        logits = model(batch["input_ids"], batch["attention_mask"])
     logits = np.asarray(logits, np.float64)
-    labels = batch["targets" if causal else "labels"]
+    labels = batch["targets" if objective == "causal" else "labels"]
     scored = labels != IGNORE_INDEX
     shifted = logits - logits.max(-1, keepdims=True)
     log_probs = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
@@ -56,27 +72,29 @@ def reference_loss(model: nnx.Module, batch: dict[str, np.ndarray], causal: bool
     return float(-picked[scored].mean())
 
 
-def tiny_model(model_type: str) -> tuple[nnx.Module, bool]:
-    """The family's causal LM (True) or masked LM (False) of its tiny config."""
+def tiny_model(model_type: str) -> tuple[nnx.Module, str]:
+    """The family's causal LM, encoder-decoder or masked LM of its tiny config, and its objective."""
     family = FAMILIES[model_type]
     if family.causal:
-        return family.class_for("causal_lm")(test_every_family.tiny_config(model_type), rngs=nnx.Rngs(0)), True
-    return family.class_for("masked_lm")(test_every_encoder.tiny_config(model_type), rngs=nnx.Rngs(0)), False
+        model = test_every_family.generating_class(family)(test_every_family.tiny_config(model_type),
+                                                           rngs=nnx.Rngs(0))
+        return model, "seq2seq" if model.config.is_encoder_decoder else "causal"
+    return family.class_for("masked_lm")(test_every_encoder.tiny_config(model_type), rngs=nnx.Rngs(0)), "mlm"
 
 
 @pytest.mark.parametrize("model_type", sorted(FAMILIES))
 def test_one_train_step_gives_the_reference_loss_and_descends(model_type):
-    model, causal = tiny_model(model_type)
+    model, objective = tiny_model(model_type)
     model.eval()  # no dropout: the step's loss is the eager reference's
-    batch = batch_for(causal, model.config.vocab_size)
-    before = reference_loss(model, batch, causal)
+    batch = batch_for(objective, model.config.vocab_size)
+    before = reference_loss(model, batch, objective)
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     tx, schedule = optax.adam(LR), optax.constant_schedule(LR)
-    step = jax.jit(make_train_step(graphdef, tx, schedule, objective="causal" if causal else "mlm"))
+    step = jax.jit(make_train_step(graphdef, tx, schedule, objective=objective))
     inputs = {k: jnp.asarray(v) for k, v in batch.items()}
     state, metrics = step(new_train_state(params, tx, seed=0), rest, inputs)
     loss, norm = float(metrics["loss"]), float(metrics["grad_norm"])
-    scored = int((batch["targets" if causal else "labels"] != IGNORE_INDEX).sum())
+    scored = int((batch["targets" if objective == "causal" else "labels"] != IGNORE_INDEX).sum())
     assert int(metrics["tokens"]) == scored and int(state["step"]) == 1
     np.testing.assert_allclose(loss, before, rtol=1e-5, atol=1e-5)
     assert np.isfinite(norm) and norm > 0

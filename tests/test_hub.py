@@ -664,8 +664,9 @@ def test_tied_duplicate_must_match(hf_checkpoint, tmp_path):
 
 
 def test_unsupported_architecture(tmp_path):
-    directory = write_config(tmp_path / "t5", {"architectures": ["T5ForConditionalGeneration"], "model_type": "t5"})
-    with pytest.raises(ValueError, match=r"unsupported model_type 't5'.*T5ForConditionalGeneration.*"
+    directory = write_config(tmp_path / "whisper", {"architectures": ["WhisperForConditionalGeneration"],
+                                                    "model_type": "whisper"})
+    with pytest.raises(ValueError, match=r"unsupported model_type 'whisper'.*WhisperForConditionalGeneration.*"
                                          r"bert: BertModel.*gpt2: GPT2Model, GPT2LMHeadModel.*LlamaForCausalLM"):
         from_pretrained(directory)
     directory = write_config(tmp_path / "mc", {"architectures": ["BertForMultipleChoice"], "model_type": "bert"})

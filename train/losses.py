@@ -150,6 +150,21 @@ def causal_lm_loss(model: nnx.Module, batch: Batch, *, loss_chunk: int = 0,
                                  with_accuracy=with_accuracy)
 
 
+def seq2seq_lm_loss(model: nnx.Module, batch: Batch, *, loss_chunk: int = 0,
+                    with_accuracy: bool | jax.Array = True) -> Sums:
+    """Teacher-forced target loss of a ``Seq2SeqForConditionalGeneration`` on ``{"input_ids", "attention_mask"?}``
+    (the sources, ``[batch, src]``), ``{"decoder_input_ids", "decoder_attention_mask"?}`` (the targets shifted
+    right behind the decoder's start id, ``[batch, target]``) and ``"labels"`` (the targets, ``IGNORE_INDEX`` where
+    nothing is scored: padding). Packed rows carry ``segment_ids`` and ``decoder_segment_ids`` (each target reads
+    only its own source)."""
+    hidden = model.hidden_states(batch["input_ids"], batch.get("attention_mask"), batch["decoder_input_ids"],
+                                 batch.get("decoder_attention_mask"), segment_ids=batch.get("segment_ids"),
+                                 decoder_segment_ids=batch.get("decoder_segment_ids"))
+    labels = batch["labels"]
+    return chunked_cross_entropy(hidden, model.logits, labels, labels != IGNORE_INDEX, chunk=loss_chunk,
+                                 with_accuracy=with_accuracy)
+
+
 def token_types(model: nnx.Module, batch: Batch) -> jax.Array | None:
     """The batch's ``token_type_ids`` ``[batch, seq]`` for a model with token-type embeddings; None for one without
     (DistilBERT, DeBERTa-v3, ModernBERT take no such input: a shared pipeline's all-zero types are not theirs)."""
@@ -220,6 +235,6 @@ def span_loss(model: nnx.Module, batch: Batch, *, loss_chunk: int = 0,
     return jnp.sum(losses * weights), jnp.sum(weights), jnp.sum(hits * weights)
 
 
-LOSSES: dict[str, Callable[..., Sums]] = {"causal": causal_lm_loss, "mlm": masked_lm_loss,
+LOSSES: dict[str, Callable[..., Sums]] = {"causal": causal_lm_loss, "mlm": masked_lm_loss, "seq2seq": seq2seq_lm_loss,
                                           "classify": classification_loss, "token_classify": token_classification_loss,
                                           "span": span_loss}

@@ -8,17 +8,10 @@ from typing import Any, Mapping
 
 from flaxzoo.models.architectures.encoder_decoder.model import (Seq2SeqEncoderModel, Seq2SeqForConditionalGeneration,
                                                                 Seq2SeqModel)
+from flaxzoo.models.architectures.encoder_decoder.config import T5_LAYOUT
 from flaxzoo.models.config import TransformerConfig
-from flaxzoo.models.families.base import LINEAR, WeightMap, entry, layout, linear, norm
+from flaxzoo.models.families.base import INT8_TARGETS, LINEAR, LORA_TARGETS, WeightMap, entry, layout, linear, norm
 from flaxzoo.models.families.fields import common_from_hf
-
-# The mechanisms every T5-layout model has (Raffel et al., 2020): pre-norm RMSNorm without bias, no absolute
-# positions (a relative bias instead), unscaled attention, no biases.
-T5_LAYOUT: dict[str, Any] = dict(
-    causal=True, position="none", norm="rmsnorm", norm_placement="pre", embedding_norm=False, final_norm=True,
-    attention_bias=False, attention_out_bias=False, mlp_bias=False, query_scale=1.0, type_vocab_size=0,
-    parallel_residual=False, qk_norm="none", norm_unit_offset=False, embedding_multiplier=1.0, relative_attention=False,
-    sliding_window=None, attention_softcap=None, final_logit_softcap=None, embedding_size=None, shared_layers=False)
 
 # transformers' feed_forward_proj → (activation, gated); "gated-gelu" is the tanh GELU (gelu_new), as it maps it
 FEED_FORWARD_FROM_HF = {"relu": ("relu", False), "gelu": ("gelu", False), "gelu_new": ("gelu_tanh", False),
@@ -27,6 +20,14 @@ FEED_FORWARD_FROM_HF = {"relu": ("relu", False), "gelu": ("gelu", False), "gelu_
 FEED_FORWARD_TO_HF = {("relu", False): "relu", ("gelu", False): "gelu", ("gelu_tanh", False): "gelu_new",
                       ("silu", False): "silu", ("gelu_tanh", True): "gated-gelu", ("relu", True): "gated-relu",
                       ("silu", True): "gated-silu"}
+
+
+# LoRA's and int8's projections: the decoder's cross-attention beside each self-attention; "head" is the LM head
+SEQ2SEQ_LORA_TARGETS = dict(
+    LORA_TARGETS, **{name: rf"(^|\.)(cross_)?attention\.({pattern})$" for name, pattern in (
+        ("attention", "query|key|value|out"), ("query", "query"), ("key", "key"), ("value", "value"), ("out", "out"))},
+    cross_attention=r"(^|\.)cross_attention\.(query|key|value|out)$", head=r"^lm_head$")
+SEQ2SEQ_PROJECTIONS = dict(INT8_TARGETS, cross_attention=INT8_TARGETS["attention"])
 
 
 def t5_architectures(prefix: str) -> dict[str, type]:

@@ -128,12 +128,20 @@ class Seq2SeqForConditionalGeneration(Seq2SeqModel):
             hidden = hidden * jnp.asarray(self.config.hidden_size ** -0.5, hidden.dtype)
         return self.lm_head(hidden, self.shared)
 
+    def hidden_states(self, input_ids: jax.Array, attention_mask: jax.Array | None = None,
+                      decoder_input_ids: jax.Array | None = None, decoder_attention_mask: jax.Array | None = None, *,
+                      segment_ids: jax.Array | None = None, decoder_segment_ids: jax.Array | None = None
+                      ) -> jax.Array:
+        """The decoder's final states ``[batch, target, hidden]`` before the head (a loss can project them in
+        chunks with :meth:`logits`)."""
+        return super().__call__(input_ids, attention_mask, decoder_input_ids, decoder_attention_mask,
+                                segment_ids=segment_ids, decoder_segment_ids=decoder_segment_ids).hidden
+
     def __call__(self, input_ids: jax.Array, attention_mask: jax.Array | None = None,
                  decoder_input_ids: jax.Array | None = None, decoder_attention_mask: jax.Array | None = None, *,
                  segment_ids: jax.Array | None = None, decoder_segment_ids: jax.Array | None = None) -> jax.Array:
-        hidden = super().__call__(input_ids, attention_mask, decoder_input_ids, decoder_attention_mask,
-                                  segment_ids=segment_ids, decoder_segment_ids=decoder_segment_ids).hidden
-        return self.logits(hidden)
+        return self.logits(self.hidden_states(input_ids, attention_mask, decoder_input_ids, decoder_attention_mask,
+                                              segment_ids=segment_ids, decoder_segment_ids=decoder_segment_ids))
 
     def decode(self, decoder_input_ids: jax.Array, state: DecodeState, *, last_only: bool = False,
                layers: list[nnx.Module] | None = None) -> tuple[jax.Array, DecodeState]:

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from flaxzoo.models.architectures.encoder_decoder.hf import (T5_LAYOUT, t5_architectures, t5_config_from_hf,
+from flaxzoo.models.architectures.encoder_decoder.hf import (SEQ2SEQ_LORA_TARGETS, SEQ2SEQ_PROJECTIONS, T5_LAYOUT,
+                                                             t5_architectures, t5_config_from_hf,
                                                              t5_config_to_hf, t5_save_problems, t5_weights)
 from flaxzoo.models.config import TransformerConfig
 from flaxzoo.models.families.base import Family
-from flaxzoo.models.families.t5.presets import V1_1, t5_preset
+from flaxzoo.models.architectures.encoder_decoder.config import V1_1, t5_preset
 
 
 def mt5_config(hf: Mapping[str, Any]) -> TransformerConfig:
@@ -33,4 +34,5 @@ FAMILY = Family(
     model_type="mt5", base_prefix="transformer", architectures=t5_architectures("MT5"),
     config_from_hf=mt5_config, config_to_hf=mt5_to_hf, weights=t5_weights,
     layout=dict(T5_LAYOUT, position_bias_per_layer=False, scale_decoder_output=False),
-    save_problems=t5_save_problems, presets=PRESETS)
+    save_problems=t5_save_problems, presets=PRESETS,
+    lora_targets=SEQ2SEQ_LORA_TARGETS, projections=SEQ2SEQ_PROJECTIONS)

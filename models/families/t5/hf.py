@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from flaxzoo.models.architectures.encoder_decoder.hf import (T5_LAYOUT, t5_architectures, t5_config_from_hf,
+from flaxzoo.models.architectures.encoder_decoder.hf import (SEQ2SEQ_LORA_TARGETS, SEQ2SEQ_PROJECTIONS, T5_LAYOUT,
+                                                             t5_architectures, t5_config_from_hf,
                                                              t5_config_to_hf, t5_save_problems, t5_weights)
 from flaxzoo.models.config import TransformerConfig
 from flaxzoo.models.families.base import Family
@@ -17,11 +18,8 @@ def t5_config(hf: Mapping[str, Any]) -> TransformerConfig:
     return t5_config_from_hf(hf, "t5")
 
 
-def t5_to_hf(config: TransformerConfig) -> dict[str, Any]:
-    return t5_config_to_hf(config)
-
-
 FAMILY = Family(
     model_type="t5", base_prefix="transformer", architectures=t5_architectures("T5"),
-    config_from_hf=t5_config, config_to_hf=t5_to_hf, weights=t5_weights,
-    layout=dict(T5_LAYOUT, position_bias_per_layer=False), save_problems=t5_save_problems, presets=PRESETS)
+    config_from_hf=t5_config, config_to_hf=t5_config_to_hf, weights=t5_weights,
+    layout=dict(T5_LAYOUT, position_bias_per_layer=False), save_problems=t5_save_problems, presets=PRESETS,
+    lora_targets=SEQ2SEQ_LORA_TARGETS, projections=SEQ2SEQ_PROJECTIONS)
