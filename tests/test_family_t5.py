@@ -11,6 +11,7 @@ import transformers
 
 from flaxzoo.models.architectures.encoder_decoder.model import (Seq2SeqEncoderModel, Seq2SeqForConditionalGeneration,
                                                                 Seq2SeqModel)
+from flaxzoo.models.inference.generate import generate
 from flaxzoo.models.io import from_pretrained, save_pretrained
 
 # Each case: transformers config class, its fields. Depths differ between encoder and decoder; d_kv is not
@@ -36,10 +37,11 @@ PREFIX = {"t5-v1.0": "T5", "t5-v1.1": "T5", "mt5": "MT5", "umt5": "UMT5"}
 ATOL = 1e-4
 
 
-def build(case: str, head: str, seed: int = 0) -> torch.nn.Module:
+def build(case: str, head: str, seed: int = 0, **changes) -> torch.nn.Module:
     config_cls, fields = CASES[case]
     torch.manual_seed(seed)
-    model = getattr(transformers, f"{PREFIX[case]}{head}")(config_cls(**fields, dropout_rate=0.0))
+    config = config_cls(**(fields | changes), dropout_rate=0.0, decoder_start_token_id=0)
+    model = getattr(transformers, f"{PREFIX[case]}{head}")(config)
     with torch.no_grad():  # T5's init leaves the bias tables small; make the positions matter
         for name, p in model.named_parameters():
             if "relative_attention_bias" in name:
@@ -113,3 +115,26 @@ def test_encoder_model_and_base_model(case, tmp_path):
     assert isinstance(base, Seq2SeqModel)
     got = np.asarray(base(ids, mask, target, target_mask).hidden)
     assert real_max_difference(got, expected, target_mask) < ATOL
+
+
+def hf_generate(model, ids, mask, new_tokens: int, **kwargs) -> np.ndarray:
+    with torch.no_grad():
+        return model.generate(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask), max_new_tokens=new_tokens,
+                              min_new_tokens=new_tokens, **kwargs).numpy()
+
+
+@pytest.mark.parametrize("case", ["t5-v1.1", "umt5", "t5-v1.0"])
+def test_greedy_generation_equals_transformers(case, tmp_path):
+    """24 new tokens for a padded batch of sources (no stop: transformers' ``min_new_tokens`` keeps EOS out, and
+    flaxzoo is given no stop id), the cross-attention keys and values computed once. The decoder is never deeper
+    than the encoder here: transformers sizes its generation cache by the encoder's depth."""
+    fields = CASES[case][1]
+    hf = build(case, "ForConditionalGeneration", seed=5,
+               num_decoder_layers=min(fields["num_layers"], fields["num_decoder_layers"]))
+    hf.save_pretrained(tmp_path / "hf")
+    vocab = CASES[case][1]["vocab_size"]
+    ids, mask = padded_batch(vocab, 3, 14, seed=6)
+    expected = hf_generate(hf, ids, mask, 24, do_sample=False, num_beams=1)
+    model = from_pretrained(tmp_path / "hf", scan_layers=case == "umt5")
+    got = np.asarray(generate(model, ids, 24, attention_mask=mask))
+    np.testing.assert_array_equal(got, expected)

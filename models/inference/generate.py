@@ -96,19 +96,13 @@ def _longrope_original(config: TransformerConfig) -> int | None:
     return int(scaling["original_max_position_embeddings"])
 
 
-@partial(jax.jit, static_argnames=("graphdef", "capacity", "greedy"))
-def _generate(graphdef, state, input_ids, prompt_mask, max_new_tokens, rng, temperature, top_k, top_p, stop_ids,
-              fill, *, capacity, greedy):
-    """``[batch, capacity]`` new tokens: the first ``max_new_tokens`` (traced int32, ``1 <= max_new_tokens <=
-    capacity``) generated, the rest ``fill``. ``input_ids`` / ``prompt_mask: [batch, width]``, left padded;
-    ``stop_ids: [n]`` (-1 entries match nothing); ``fill``: the id written after a stop and past ``max_new_tokens``.
-    ``capacity`` (static, a :func:`shape_bucket`) sizes the token buffer and the cache."""
-    model = nnx.merge(graphdef, state)
-    batch, width = input_ids.shape
-    # The last new token is never fed back, so the cache needs one slot less than prompt + new tokens.
-    decode_state = model.init_state(batch, width + capacity - 1)
-    layers = model.backbone.decoding_layers()  # stacked weights sliced here, once, not in every step of the loop
-    logits, decode_state = model.decode(input_ids, decode_state, prompt_mask, last_only=True, layers=layers)
+def _token_loop(decode_step, logits, decode_state, *, max_new_tokens, rng, temperature, top_k, top_p, stop_ids,
+                fill, capacity, greedy, before_step=None):
+    """The decode loop both generators share: from the prefill's ``logits`` ``[batch, 1, vocab]`` and state, pick a
+    token, feed it (``decode_step(ids [batch, 1], state) -> (logits, state)``), until ``max_new_tokens`` or every row
+    has stopped. ``before_step(tokens, step, state) -> state`` runs first in each step (LongRoPE's recompute).
+    Returns ``[batch, capacity]`` tokens (``fill`` after a stop and past ``max_new_tokens``)."""
+    batch = logits.shape[0]
 
     def pick(logits, step, done):
         if greedy:
@@ -125,6 +119,30 @@ def _generate(graphdef, state, input_ids, prompt_mask, max_new_tokens, rng, temp
         step, _, _, _, done = carry
         return (step < max_new_tokens) & ~done.all()
 
+    def step_fn(carry):
+        step, tokens, last, decode_state, done = carry
+        if before_step is not None:
+            decode_state = before_step(tokens, step, decode_state)
+        logits, decode_state = decode_step(last[:, None], decode_state)
+        token, done = pick(logits, step, done)
+        return step + 1, tokens.at[:, step].set(token), token, decode_state, done
+
+    return jax.lax.while_loop(keep_going, step_fn, (jnp.int32(1), tokens, first, decode_state, done))[1]
+
+
+@partial(jax.jit, static_argnames=("graphdef", "capacity", "greedy"))
+def _generate(graphdef, state, input_ids, prompt_mask, max_new_tokens, rng, temperature, top_k, top_p, stop_ids,
+              fill, *, capacity, greedy):
+    """``[batch, capacity]`` new tokens: the first ``max_new_tokens`` (traced int32, ``1 <= max_new_tokens <=
+    capacity``) generated, the rest ``fill``. ``input_ids`` / ``prompt_mask: [batch, width]``, left padded;
+    ``stop_ids: [n]`` (-1 entries match nothing); ``fill``: the id written after a stop and past ``max_new_tokens``.
+    ``capacity`` (static, a :func:`shape_bucket`) sizes the token buffer and the cache."""
+    model = nnx.merge(graphdef, state)
+    batch, width = input_ids.shape
+    # The last new token is never fed back, so the cache needs one slot less than prompt + new tokens.
+    decode_state = model.init_state(batch, width + capacity - 1)
+    layers = model.backbone.decoding_layers()  # stacked weights sliced here, once, not in every step of the loop
+    logits, decode_state = model.decode(input_ids, decode_state, prompt_mask, last_only=True, layers=layers)
     original = _longrope_original(model.config)
     slots = width + capacity - 1
 
@@ -138,16 +156,52 @@ def _generate(graphdef, state, input_ids, prompt_mask, max_new_tokens, rng, temp
         back = (width + step - 1).astype(jnp.int32)
         return fresh.replace(valid=fresh.valid.at[:, back].set(0), lengths=fresh.lengths - 1, index=back)
 
-    def step_fn(carry):
-        step, tokens, last, decode_state, done = carry
-        if original is not None:  # the step crossing the original length recomputes the cache
-            decode_state = jax.lax.cond(jnp.max(decode_state.lengths) == original, partial(recompute, tokens, step),
-                                        lambda state: state, decode_state)
-        logits, decode_state = model.decode(last[:, None], decode_state, layers=layers)
-        token, done = pick(logits, step, done)
-        return step + 1, tokens.at[:, step].set(token), token, decode_state, done
+    def crossing(tokens, step, decode_state):  # the step crossing the original length recomputes the cache
+        return jax.lax.cond(jnp.max(decode_state.lengths) == original, partial(recompute, tokens, step),
+                            lambda state: state, decode_state)
 
-    return jax.lax.while_loop(keep_going, step_fn, (jnp.int32(1), tokens, first, decode_state, done))[1]
+    return _token_loop(lambda ids, s: model.decode(ids, s, layers=layers), logits, decode_state,
+                       max_new_tokens=max_new_tokens, rng=rng, temperature=temperature, top_k=top_k, top_p=top_p,
+                       stop_ids=stop_ids, fill=fill, capacity=capacity, greedy=greedy,
+                       before_step=None if original is None else crossing)
+
+
+@partial(jax.jit, static_argnames=("graphdef", "capacity", "greedy"))
+def _generate_from_source(graphdef, state, source_ids, source_mask, start, max_new_tokens, rng, temperature, top_k,
+                          top_p, stop_ids, fill, *, capacity, greedy):
+    """An encoder-decoder's :func:`_generate`: the encoder runs once over ``source_ids`` / ``source_mask: [batch,
+    src]``, every decoder layer's cross-attention keys and values are projected once into the decode state, and
+    the decoder starts from ``start`` (the config's ``decoder_start_token_id``)."""
+    model = nnx.merge(graphdef, state)
+    batch = source_ids.shape[0]
+    memory = model.encode(source_ids, source_mask).hidden
+    layers = model.decoder.decoding_layers()
+    decode_state = model.init_state(memory, source_mask, capacity, layers)  # the start token + capacity - 1 fed
+    logits, decode_state = model.decode(jnp.full((batch, 1), start, jnp.int32), decode_state, last_only=True,
+                                        layers=layers)
+    return _token_loop(lambda ids, s: model.decode(ids, s, layers=layers), logits, decode_state,
+                       max_new_tokens=max_new_tokens, rng=rng, temperature=temperature, top_k=top_k, top_p=top_p,
+                       stop_ids=stop_ids, fill=fill, capacity=capacity, greedy=greedy)
+
+
+def _generate_target(graphdef, state, config: TransformerConfig, source_ids: np.ndarray, source_mask: np.ndarray, max_new_tokens: int, rng,
+                     sampling: tuple, capacity: int, greedy: bool) -> jax.Array:
+    """:func:`generate` for an encoder-decoder: the source right-padded to a shape bucket, then ``[batch, 1 +
+    max_new_tokens]`` (the start id and the new tokens)."""
+    start = config.decoder_start_token_id
+    if start is None:
+        raise ValueError("this encoder-decoder's config has no decoder_start_token_id: expected the id its decoder "
+                         "starts from (T5: the pad id)")
+    if not source_mask.any(axis=1).all():
+        raise ValueError(f"source row {int(np.argmin(source_mask.any(axis=1)))} has no real tokens (attention_mask "
+                         "is all zeros)")
+    width = shape_bucket(source_ids.shape[1])
+    pad = ((0, 0), (0, width - source_ids.shape[1]))
+    new_tokens = _generate_from_source(graphdef, state, np.pad(source_ids, pad).astype(np.int32),
+                                       np.pad(source_mask, pad), np.int32(start), np.int32(max_new_tokens), rng,
+                                       *sampling, capacity=capacity, greedy=greedy)
+    starts = np.full((source_ids.shape[0], 1), start, np.int32)
+    return jax.device_put(np.concatenate([starts, np.asarray(new_tokens)[:, :max_new_tokens]], axis=1))
 
 
 def _stop_ids(eos_token_id, vocab_size: int) -> tuple[int, ...]:
@@ -213,9 +267,15 @@ def generate(model: nnx.Module, input_ids, max_new_tokens: int, *, attention_mas
     right-padded row's padding moves behind the new tokens (``[5 6 0 0]`` → ``[5 6 n1 n2 … 0 0]``), so the
     continuation never has pad ids in the middle. The model runs in eval mode (no dropout) whatever mode it is in;
     its mode is not changed.
+
+    An encoder-decoder (``Seq2SeqForConditionalGeneration``): ``input_ids`` is the source (padded anywhere, as
+    ``attention_mask`` says); the encoder runs once, and the decoder starts from ``config.decoder_start_token_id``.
+    Returns ``[batch, 1 + max_new_tokens]``: the start id, then the new tokens, as transformers' ``generate``
+    returns for these models.
     """
     if not hasattr(model, "decode") or not hasattr(model, "init_state"):
-        raise ValueError(f"generate needs a causal LM with a KV cache (GPTForCausalLM); got {type(model).__name__}")
+        raise ValueError(f"generate needs a causal LM with a KV cache (GPTForCausalLM) or an encoder-decoder "
+                         f"(Seq2SeqForConditionalGeneration); got {type(model).__name__}")
     config = model.config
     input_ids = np.asarray(as_index_array(input_ids, "input_ids", expected="[batch, prompt]"))
     if 0 in input_ids.shape:
@@ -232,13 +292,6 @@ def generate(model: nnx.Module, input_ids, max_new_tokens: int, *, attention_mas
     if not np.isin(mask, [0, 1]).all():
         raise ValueError(f"attention_mask holds values {np.unique(mask).tolist()}: expected only 0 and 1")
     check_token_ids(input_ids[mask == 1], config)
-    longest = int(mask.sum(axis=1).max())
-    needed = longest + max_new_tokens - 1 + config.position_offset  # the last new token is never fed back
-    if config.position in ("learned", "sinusoidal") and needed > config.max_position_embeddings:
-        raise ValueError(f"prompt + max_new_tokens = {longest} + {max_new_tokens} tokens need {needed} positions "
-                         f"(the last new token is not fed back), more than max_position_embeddings="
-                         f"{config.max_position_embeddings} of this model's {config.position} positions (the "
-                         "longest prompt's real tokens are counted)")
     if rng is not None and seed is not None:
         raise ValueError("pass at most one of rng (a jax.random key) and seed (an int)")
     if seed is not None and (not isinstance(seed, (int, np.integer)) or isinstance(seed, bool)):
@@ -251,14 +304,24 @@ def generate(model: nnx.Module, input_ids, max_new_tokens: int, *, attention_mas
         rng = jax.random.key(0 if greedy else (secrets.randbits(63) if seed is None else int(seed)))
     fill = config.pad_token_id if config.pad_token_id is not None else (stop_ids[0] if stop_ids else 0)
     mask = mask.astype(np.int32)
-    starts, lengths = _real_spans(mask)
-    aligned_ids, aligned_mask = left_align(input_ids, mask, shape_bucket(longest))
     capacity = shape_bucket(int(max_new_tokens))
     graphdef, state = eval_split(model)
+    sampling = (np.float32(temperature), np.int32(top_k), np.float32(top_p), _padded_stop_ids(stop_ids), np.int32(fill))
+    if config.is_encoder_decoder:
+        return _generate_target(graphdef, state, config, input_ids, mask, int(max_new_tokens), rng, sampling, capacity,
+                                greedy)
+    longest = int(mask.sum(axis=1).max())
+    needed = longest + max_new_tokens - 1 + config.position_offset  # the last new token is never fed back
+    if config.position in ("learned", "sinusoidal") and needed > config.max_position_embeddings:
+        raise ValueError(f"prompt + max_new_tokens = {longest} + {max_new_tokens} tokens need {needed} positions "
+                         f"(the last new token is not fed back), more than max_position_embeddings="
+                         f"{config.max_position_embeddings} of this model's {config.position} positions (the "
+                         "longest prompt's real tokens are counted)")
+    starts, lengths = _real_spans(mask)
+    aligned_ids, aligned_mask = left_align(input_ids, mask, shape_bucket(longest))
     # numpy arguments and device_put, not jnp.asarray: that compiles a small program for every new shape.
-    new_tokens = _generate(graphdef, state, aligned_ids, aligned_mask, np.int32(max_new_tokens), rng,
-                           np.float32(temperature), np.int32(top_k), np.float32(top_p), _padded_stop_ids(stop_ids),
-                           np.int32(fill), capacity=capacity, greedy=greedy)
+    new_tokens = _generate(graphdef, state, aligned_ids, aligned_mask, np.int32(max_new_tokens), rng, *sampling,
+                           capacity=capacity, greedy=greedy)
     new_tokens = np.asarray(new_tokens)[:, :max_new_tokens]
     # Each row: its tokens up to the end of its real ones, the new tokens, then its right padding (if any).
     out = np.empty((input_ids.shape[0], input_ids.shape[1] + int(max_new_tokens)), np.int32)
