@@ -132,6 +132,46 @@ def check_greedy_generation(hf: torch.nn.Module, directory, new: int = 24) -> No
     np.testing.assert_array_equal(ours[:, ids.shape[1]:], theirs[:, ids.shape[1]:])
 
 
+def assert_same_beams(ours: np.ndarray, theirs: np.ndarray, stop: int, fill: int) -> None:
+    """Each row's new tokens (``[batch, n]``) equal up to its first ``stop`` (included: the best hypothesis
+    transformers kept); after it flaxzoo writes ``fill``, the pad id (transformers fills with the stop id when the pad
+    id is 0, and crops to the longest row)."""
+    for row, (mine, reference) in enumerate(zip(ours, theirs)):
+        stops = np.flatnonzero(reference == stop)
+        end = int(stops[0]) + 1 if stops.size else reference.shape[0]
+        np.testing.assert_array_equal(mine[:end], reference[:end], err_msg=f"row {row}")
+        assert (mine[end:] == fill).all() if stops.size else True, f"row {row}: {mine[end:]} after the stop"
+
+
+def frequent_token(tokens: np.ndarray) -> int:
+    """The token greedy decoding emits most (a stop id that makes beams finish at different steps)."""
+    values, counts = np.unique(tokens, return_counts=True)
+    return int(values[np.argmax(counts)])
+
+
+BEAM_SETTINGS = ((4, 1.0, False), (3, 2.0, True), (4, 0.5, "never"), (2, -1.0, False))
+
+
+def check_beam_generation(hf: torch.nn.Module, directory, new: int = 20) -> None:
+    """Beam search after a left-padded batch equals transformers' ``generate`` for several beam counts, length
+    penalties and ``early_stopping`` values, with a stop id the model emits."""
+    model = from_pretrained(directory)
+    ids, mask = left_padded(seq=10, seed=3)
+    prompt = dict(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask))
+    with torch.no_grad():
+        greedy = hf.generate(**prompt, max_new_tokens=new, do_sample=False, eos_token_id=None, pad_token_id=0)
+    stop = frequent_token(greedy.numpy()[:, ids.shape[1]:])
+    for beams, penalty, early in BEAM_SETTINGS:
+        with torch.no_grad():
+            theirs = hf.generate(**prompt, max_new_tokens=new, do_sample=False, num_beams=beams,
+                                 length_penalty=penalty, early_stopping=early, eos_token_id=stop,
+                                 pad_token_id=0).numpy()
+        ours = np.asarray(models.generate(model, ids, new, attention_mask=mask, num_beams=beams,
+                                          length_penalty=penalty, early_stopping=early, eos_token_id=stop))
+        assert_same_beams(ours[:, ids.shape[1]:], theirs[:, ids.shape[1]:], stop,
+                          model.config.pad_token_id if model.config.pad_token_id is not None else stop)
+
+
 def checkpoint_fixture(cases: Mapping[str, Callable[[], torch.nn.Module]]):
     """The module fixture ``checkpoint`` of a family test file: ``checkpoint(case)`` → (transformers model, its saved
     directory), each of ``cases`` built (seeded) and saved once."""

@@ -16,7 +16,7 @@ import pytest
 import torch
 import transformers
 
-from family_parity import (SMALL, check_greedy_generation, check_loads_with_same_logits,
+from family_parity import (SMALL, check_beam_generation, check_greedy_generation, check_loads_with_same_logits,
                            check_saves_with_same_logits, check_scanned_layout, checkpoint_fixture, tiered)
 
 from flaxzoo.models import families
@@ -79,3 +79,9 @@ def test_scanned_layout_equals_the_unrolled_one(checkpoint, case, tmp_path):
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_greedy_generation_equals_transformers(checkpoint, case):
     check_greedy_generation(*checkpoint(case))
+
+
+@pytest.mark.parametrize("case", tiered(CASES, ("llama3",)))
+def test_beam_search_equals_transformers(checkpoint, case):
+    """Beam search (4 settings of beams, length penalty, early stopping) equals transformers' on every case."""
+    check_beam_generation(*checkpoint(case))

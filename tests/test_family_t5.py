@@ -9,6 +9,7 @@ import pytest
 import torch
 import transformers
 
+from family_parity import BEAM_SETTINGS, assert_same_beams, frequent_token
 from flaxzoo.models.architectures.encoder_decoder.model import (Seq2SeqEncoderModel, Seq2SeqForConditionalGeneration,
                                                                 Seq2SeqModel)
 from flaxzoo.models.inference.generate import generate
@@ -42,10 +43,14 @@ def build(case: str, head: str, seed: int = 0, **changes) -> torch.nn.Module:
     torch.manual_seed(seed)
     config = config_cls(**(fields | changes), dropout_rate=0.0, decoder_start_token_id=0)
     model = getattr(transformers, f"{PREFIX[case]}{head}")(config)
-    with torch.no_grad():  # T5's init leaves the bias tables small; make the positions matter
-        for name, p in model.named_parameters():
+    with torch.no_grad():  # weights whose outputs vary with the input and the position: T5's init at these sizes
+        for name, p in model.named_parameters():  # gives near-constant predictions, and leaves the bias tables small
             if "relative_attention_bias" in name:
                 p.normal_(0.0, 1.0)
+            elif p.ndim == 2:
+                p.normal_(0.0, p.shape[-1] ** -0.5 * (2.0 if name in ("shared.weight", "lm_head.weight") else 1.0))
+            else:
+                p.normal_(1.0, 0.2)
     return model.eval()
 
 
@@ -118,9 +123,10 @@ def test_encoder_model_and_base_model(case, tmp_path):
 
 
 def hf_generate(model, ids, mask, new_tokens: int, **kwargs) -> np.ndarray:
+    kwargs.setdefault("min_new_tokens", new_tokens)
     with torch.no_grad():
-        return model.generate(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask), max_new_tokens=new_tokens,
-                              min_new_tokens=new_tokens, **kwargs).numpy()
+        return model.generate(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask),
+                              max_new_tokens=new_tokens, **kwargs).numpy()
 
 
 @pytest.mark.parametrize("case", ["t5-v1.1", "umt5", "t5-v1.0"])
@@ -138,3 +144,23 @@ def test_greedy_generation_equals_transformers(case, tmp_path):
     model = from_pretrained(tmp_path / "hf", scan_layers=case == "umt5")
     got = np.asarray(generate(model, ids, 24, attention_mask=mask))
     np.testing.assert_array_equal(got, expected)
+
+
+@pytest.mark.parametrize("case", ["t5-v1.1", "umt5"])
+def test_beam_search_equals_transformers(case, tmp_path):
+    """Beam search on a padded batch of sources (several beam counts, length penalties and early-stopping rules, a
+    stop id the model emits) equals transformers' ``generate``, start id included."""
+    fields = CASES[case][1]
+    hf = build(case, "ForConditionalGeneration", seed=5,
+               num_decoder_layers=min(fields["num_layers"], fields["num_decoder_layers"]))
+    hf.save_pretrained(tmp_path / "hf")
+    ids, mask = padded_batch(fields["vocab_size"], 3, 14, seed=6)
+    stop = frequent_token(hf_generate(hf, ids, mask, 20, do_sample=False, num_beams=1)[:, 1:])
+    model = from_pretrained(tmp_path / "hf")
+    for beams, penalty, early in BEAM_SETTINGS:
+        theirs = hf_generate(hf, ids, mask, 20, do_sample=False, num_beams=beams, length_penalty=penalty,
+                             early_stopping=early, eos_token_id=stop, pad_token_id=0, min_new_tokens=0)
+        ours = np.asarray(generate(model, ids, 20, attention_mask=mask, num_beams=beams, length_penalty=penalty,
+                                   early_stopping=early, eos_token_id=stop))
+        assert (ours[:, 0] == 0).all() and (theirs[:, 0] == 0).all()
+        assert_same_beams(ours[:, 1:], theirs[:, 1:], stop, fill=0)

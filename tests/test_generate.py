@@ -267,6 +267,12 @@ def test_left_padding_does_not_count_against_learned_positions():
     (dict(eos_token_id=[]), r"eos_token_id=\[\]"),
     (dict(seed=1.5, temperature=1.0), r"seed=1.5: expected an integer"),
     (dict(rng=3, temperature=1.0), r"rng=3: expected a jax.random key \(jax.random.key\(seed\)\); pass seed="),
+    (dict(num_beams=0), r"num_beams=0: expected a positive integer"),
+    (dict(num_beams=2.0), r"num_beams=2.0: expected a positive integer"),
+    (dict(num_beams=2, temperature=0.7), r"num_beams=2 with temperature=0.7: .*no beam sampling"),
+    (dict(num_beams=2, early_stopping="always"), r"early_stopping='always': expected one of"),
+    (dict(num_beams=2, early_stopping=2), r"early_stopping=2: expected one of"),
+    (dict(num_beams=2, length_penalty=float("nan")), r"length_penalty=nan: expected a finite number"),
 ])
 def test_bad_generation_arguments_are_named(kwargs, message):
     with pytest.raises(ValueError, match=message):
@@ -349,3 +355,22 @@ def test_shape_buckets(n, bucket):
     from flaxzoo.models.inference.generate import shape_bucket
 
     assert shape_bucket(n) == bucket
+
+
+def test_one_beam_is_greedy_and_more_beams_score_at_least_as_well():
+    """num_beams=1 is greedy decoding; with no stop and length_penalty=0 a beam's score is its summed
+    log-probability, and the best of 4 beams scores at least what greedy's sequence scores (each checked by a full
+    forward pass, numpy log-softmax)."""
+    model = model_for("llama")
+    prompt = prompts(2, 5, seed=3)
+    greedy = np.asarray(models.generate(model, prompt, 8))
+    np.testing.assert_array_equal(np.asarray(models.generate(model, prompt, 8, num_beams=1)), greedy)
+    beams = np.asarray(models.generate(model, prompt, 8, num_beams=4, length_penalty=0.0))
+
+    def summed_log_prob(sequence):
+        logits = np.asarray(model(jnp.asarray(sequence)), np.float64)[:, 4:-1]
+        logits = logits - logits.max(-1, keepdims=True)
+        log_probs = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+        return np.take_along_axis(log_probs, sequence[:, 5:, None], -1)[..., 0].sum(-1)
+
+    assert (summed_log_prob(beams) >= summed_log_prob(greedy) - 1e-5).all()

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import secrets
 from functools import partial
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -22,6 +22,7 @@ from flax import nnx
 
 from flaxzoo.models.config import TransformerConfig
 from flaxzoo.models.layers.embeddings import as_index_array, check_token_ids
+from flaxzoo.models.inference.beam_search import EARLY_STOPPING, beam_search
 from flaxzoo.models.inference.sampling import check_sampling_args, sample_logits
 
 __all__ = ["MIN_BUCKET", "eval_split", "generate", "left_align", "lower_generate", "shape_bucket"]
@@ -96,6 +97,31 @@ def _longrope_original(config: TransformerConfig) -> int | None:
     return int(scaling["original_max_position_embeddings"])
 
 
+class Search(NamedTuple):
+    """How a compiled generation program picks tokens (static: one program per kind): ``greedy`` or sampling, one
+    hypothesis per row or ``num_beams`` (beam search: ``models/inference/beam_search.py``), and the beam settings
+    that size or shape the program."""
+
+    greedy: bool = True
+    num_beams: int = 1
+    num_stop_ids: int = 0
+    early_stopping: bool | str = False
+
+
+def _continue(search: Search, decode_step, logits, decode_state, max_new_tokens, rng, knobs, capacity, before_step=None):
+    """The decode loop after the prefill: :func:`_token_loop`, or beam search. ``knobs``: (temperature, top_k,
+    top_p, stop_ids, fill, length_penalty), traced."""
+    temperature, top_k, top_p, stop_ids, fill, length_penalty = knobs
+    if search.num_beams > 1:
+        return beam_search(decode_step, logits[:, -1], decode_state, num_beams=search.num_beams,
+                           max_new_tokens=max_new_tokens, capacity=capacity, stop_ids=stop_ids,
+                           num_stop_ids=search.num_stop_ids, fill=fill, length_penalty=length_penalty,
+                           early_stopping=search.early_stopping, before_step=before_step)
+    return _token_loop(decode_step, logits, decode_state, max_new_tokens=max_new_tokens, rng=rng,
+                       temperature=temperature, top_k=top_k, top_p=top_p, stop_ids=stop_ids, fill=fill,
+                       capacity=capacity, greedy=search.greedy, before_step=before_step)
+
+
 def _token_loop(decode_step, logits, decode_state, *, max_new_tokens, rng, temperature, top_k, top_p, stop_ids,
                 fill, capacity, greedy, before_step=None):
     """The decode loop both generators share: from the prefill's ``logits`` ``[batch, 1, vocab]`` and state, pick a
@@ -130,21 +156,24 @@ def _token_loop(decode_step, logits, decode_state, *, max_new_tokens, rng, tempe
     return jax.lax.while_loop(keep_going, step_fn, (jnp.int32(1), tokens, first, decode_state, done))[1]
 
 
-@partial(jax.jit, static_argnames=("graphdef", "capacity", "greedy"))
-def _generate(graphdef, state, input_ids, prompt_mask, max_new_tokens, rng, temperature, top_k, top_p, stop_ids,
-              fill, *, capacity, greedy):
+@partial(jax.jit, static_argnames=("graphdef", "capacity", "search"))
+def _generate(graphdef, state, input_ids, prompt_mask, max_new_tokens, rng, knobs, *, capacity, search):
     """``[batch, capacity]`` new tokens: the first ``max_new_tokens`` (traced int32, ``1 <= max_new_tokens <=
     capacity``) generated, the rest ``fill``. ``input_ids`` / ``prompt_mask: [batch, width]``, left padded;
-    ``stop_ids: [n]`` (-1 entries match nothing); ``fill``: the id written after a stop and past ``max_new_tokens``.
-    ``capacity`` (static, a :func:`shape_bucket`) sizes the token buffer and the cache."""
+    ``knobs``: see :func:`_continue` (``stop_ids: [n]``, -1 entries match nothing; ``fill``: the id written after a
+    stop and past ``max_new_tokens``). ``capacity`` (static, a :func:`shape_bucket`) sizes the token buffer and the
+    cache. Beam search runs ``num_beams`` rows per prompt."""
     model = nnx.merge(graphdef, state)
+    input_ids = jnp.repeat(input_ids, search.num_beams, axis=0)
+    prompt_mask = jnp.repeat(prompt_mask, search.num_beams, axis=0)
     batch, width = input_ids.shape
-    # The last new token is never fed back, so the cache needs one slot less than prompt + new tokens.
-    decode_state = model.init_state(batch, width + capacity - 1)
+    # The last new token is never fed back, so the cache needs one slot less than prompt + new tokens (beam search
+    # feeds its last pick once more).
+    slots = width + capacity - (1 if search.num_beams == 1 else 0)
+    decode_state = model.init_state(batch, slots)
     layers = model.backbone.decoding_layers()  # stacked weights sliced here, once, not in every step of the loop
     logits, decode_state = model.decode(input_ids, decode_state, prompt_mask, last_only=True, layers=layers)
     original = _longrope_original(model.config)
-    slots = width + capacity - 1
 
     def recompute(tokens, step, decode_state):
         """The cache of every token fed so far and ``last`` (``[batch, slots]`` from a fresh state: one call, so the
@@ -160,32 +189,30 @@ def _generate(graphdef, state, input_ids, prompt_mask, max_new_tokens, rng, temp
         return jax.lax.cond(jnp.max(decode_state.lengths) == original, partial(recompute, tokens, step),
                             lambda state: state, decode_state)
 
-    return _token_loop(lambda ids, s: model.decode(ids, s, layers=layers), logits, decode_state,
-                       max_new_tokens=max_new_tokens, rng=rng, temperature=temperature, top_k=top_k, top_p=top_p,
-                       stop_ids=stop_ids, fill=fill, capacity=capacity, greedy=greedy,
-                       before_step=None if original is None else crossing)
+    return _continue(search, lambda ids, s: model.decode(ids, s, layers=layers), logits, decode_state,
+                     max_new_tokens, rng, knobs, capacity, None if original is None else crossing)
 
 
-@partial(jax.jit, static_argnames=("graphdef", "capacity", "greedy"))
-def _generate_from_source(graphdef, state, source_ids, source_mask, start, max_new_tokens, rng, temperature, top_k,
-                          top_p, stop_ids, fill, *, capacity, greedy):
+@partial(jax.jit, static_argnames=("graphdef", "capacity", "search"))
+def _generate_from_source(graphdef, state, source_ids, source_mask, start, max_new_tokens, rng, knobs, *, capacity,
+                          search):
     """An encoder-decoder's :func:`_generate`: the encoder runs once over ``source_ids`` / ``source_mask: [batch,
     src]``, every decoder layer's cross-attention keys and values are projected once into the decode state, and
     the decoder starts from ``start`` (the config's ``decoder_start_token_id``)."""
     model = nnx.merge(graphdef, state)
-    batch = source_ids.shape[0]
-    memory = model.encode(source_ids, source_mask).hidden
+    memory = jnp.repeat(model.encode(source_ids, source_mask).hidden, search.num_beams, axis=0)
+    source_mask = jnp.repeat(source_mask, search.num_beams, axis=0)
     layers = model.decoder.decoding_layers()
-    decode_state = model.init_state(memory, source_mask, capacity, layers)  # the start token + capacity - 1 fed
-    logits, decode_state = model.decode(jnp.full((batch, 1), start, jnp.int32), decode_state, last_only=True,
-                                        layers=layers)
-    return _token_loop(lambda ids, s: model.decode(ids, s, layers=layers), logits, decode_state,
-                       max_new_tokens=max_new_tokens, rng=rng, temperature=temperature, top_k=top_k, top_p=top_p,
-                       stop_ids=stop_ids, fill=fill, capacity=capacity, greedy=greedy)
+    # the start token and capacity - 1 picks are fed (beam search feeds its last pick too)
+    decode_state = model.init_state(memory, source_mask, capacity + (search.num_beams > 1), layers)
+    logits, decode_state = model.decode(jnp.full((memory.shape[0], 1), start, jnp.int32), decode_state,
+                                        last_only=True, layers=layers)
+    return _continue(search, lambda ids, s: model.decode(ids, s, layers=layers), logits, decode_state,
+                     max_new_tokens, rng, knobs, capacity)
 
 
-def _generate_target(graphdef, state, config: TransformerConfig, source_ids: np.ndarray, source_mask: np.ndarray, max_new_tokens: int, rng,
-                     sampling: tuple, capacity: int, greedy: bool) -> jax.Array:
+def _generate_target(graphdef, state, config: TransformerConfig, source_ids: np.ndarray, source_mask: np.ndarray,
+                     max_new_tokens: int, rng, knobs: tuple, capacity: int, search: Search) -> jax.Array:
     """:func:`generate` for an encoder-decoder: the source right-padded to a shape bucket, then ``[batch, 1 +
     max_new_tokens]`` (the start id and the new tokens)."""
     start = config.decoder_start_token_id
@@ -199,7 +226,7 @@ def _generate_target(graphdef, state, config: TransformerConfig, source_ids: np.
     pad = ((0, 0), (0, width - source_ids.shape[1]))
     new_tokens = _generate_from_source(graphdef, state, np.pad(source_ids, pad).astype(np.int32),
                                        np.pad(source_mask, pad), np.int32(start), np.int32(max_new_tokens), rng,
-                                       *sampling, capacity=capacity, greedy=greedy)
+                                       knobs, capacity=capacity, search=search)
     starts = np.full((source_ids.shape[0], 1), start, np.int32)
     return jax.device_put(np.concatenate([starts, np.asarray(new_tokens)[:, :max_new_tokens]], axis=1))
 
@@ -236,15 +263,16 @@ def lower_generate(model: nnx.Module, batch: int, width: int, capacity: int, *, 
         return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
 
     ids, key = spec((batch, width), jnp.int32), spec((), jax.eval_shape(lambda: jax.random.key(0)).dtype)
-    args = (graphdef, jax.tree.map(lambda x: spec(x.shape, x.dtype), state), ids, ids, spec((), jnp.int32), key,
-            spec((), jnp.float32), spec((), jnp.int32), spec((), jnp.float32), spec((8,), jnp.int32),
-            spec((), jnp.int32))
-    return _generate.lower(*args, capacity=capacity, greedy=greedy)
+    knobs = (spec((), jnp.float32), spec((), jnp.int32), spec((), jnp.float32), spec((8,), jnp.int32),
+             spec((), jnp.int32), spec((), jnp.float32))
+    args = (graphdef, jax.tree.map(lambda x: spec(x.shape, x.dtype), state), ids, ids, spec((), jnp.int32), key, knobs)
+    return _generate.lower(*args, capacity=capacity, search=Search(greedy=greedy))
 
 
 def generate(model: nnx.Module, input_ids, max_new_tokens: int, *, attention_mask=None, temperature: float = 0.0,
              top_k: int | None = None, top_p: float | None = None, eos_token_id: int | Sequence[int] | None = None,
-             rng: jax.Array | None = None, seed: int | None = None) -> jax.Array:
+             rng: jax.Array | None = None, seed: int | None = None, num_beams: int = 1, length_penalty: float = 1.0,
+             early_stopping: bool | str = False) -> jax.Array:
     """Continue each prompt by ``max_new_tokens`` tokens with a KV cache, the whole loop compiled on device.
 
     Args:
@@ -261,6 +289,10 @@ def generate(model: nnx.Module, input_ids, max_new_tokens: int, *, attention_mas
       rng / seed: the ``jax.random`` key, or an int seed, for sampling (at most one of them). With neither, sampling
         draws a fresh seed from the operating system each call (two calls give different samples); pass one to
         reproduce a sample. Greedy decoding uses no randomness.
+      num_beams: more than 1 is beam search (``models/inference/beam_search.py``, transformers' definition): each
+        row's best of ``num_beams`` hypotheses, scored ``sum log p / new_tokens ** length_penalty`` once they stop;
+        ``early_stopping`` (False, True or ``"never"``) says when an example's search ends. Greedy only (no beam
+        sampling).
 
     Returns ``[batch, prompt + max_new_tokens]`` int32: each row's prompt and, right after its last real token,
     its new tokens. A left-padded row keeps its padding in front (``input_ids`` row, then the new tokens); a
@@ -300,16 +332,32 @@ def generate(model: nnx.Module, input_ids, max_new_tokens: int, *, attention_mas
             rng.dtype == jnp.uint32 and rng.shape == (2,)))):
         raise ValueError(f"rng={rng!r}: expected a jax.random key (jax.random.key(seed)); pass seed=... for an int")
     greedy = temperature == 0.0
+    if not isinstance(num_beams, (int, np.integer)) or isinstance(num_beams, bool) or num_beams < 1:
+        raise ValueError(f"num_beams={num_beams!r}: expected a positive integer (1: no beam search)")
+    if not isinstance(length_penalty, (int, float)) or isinstance(length_penalty, bool) or \
+            not np.isfinite(length_penalty):
+        raise ValueError(f"length_penalty={length_penalty!r}: expected a finite number")
+    if early_stopping not in EARLY_STOPPING or isinstance(early_stopping, (int, float)) and \
+            not isinstance(early_stopping, bool):
+        raise ValueError(f"early_stopping={early_stopping!r}: expected one of {EARLY_STOPPING}")
+    if num_beams > 1 and not greedy:
+        raise ValueError(f"num_beams={num_beams} with temperature={temperature}: beam search here is deterministic "
+                         "(no beam sampling); expected temperature=0")
+    # the beam settings shape only a beam search's program: other calls share theirs whatever the stop ids
+    search = (Search(greedy=greedy) if num_beams == 1 else
+              Search(greedy=greedy, num_beams=int(num_beams), num_stop_ids=len(stop_ids),
+                     early_stopping=early_stopping))
     if rng is None:
         rng = jax.random.key(0 if greedy else (secrets.randbits(63) if seed is None else int(seed)))
     fill = config.pad_token_id if config.pad_token_id is not None else (stop_ids[0] if stop_ids else 0)
     mask = mask.astype(np.int32)
     capacity = shape_bucket(int(max_new_tokens))
     graphdef, state = eval_split(model)
-    sampling = (np.float32(temperature), np.int32(top_k), np.float32(top_p), _padded_stop_ids(stop_ids), np.int32(fill))
+    knobs = (np.float32(temperature), np.int32(top_k), np.float32(top_p), _padded_stop_ids(stop_ids), np.int32(fill),
+             np.float32(length_penalty))
     if config.is_encoder_decoder:
-        return _generate_target(graphdef, state, config, input_ids, mask, int(max_new_tokens), rng, sampling, capacity,
-                                greedy)
+        return _generate_target(graphdef, state, config, input_ids, mask, int(max_new_tokens), rng, knobs, capacity,
+                                search)
     longest = int(mask.sum(axis=1).max())
     needed = longest + max_new_tokens - 1 + config.position_offset  # the last new token is never fed back
     if config.position in ("learned", "sinusoidal") and needed > config.max_position_embeddings:
@@ -320,8 +368,8 @@ def generate(model: nnx.Module, input_ids, max_new_tokens: int, *, attention_mas
     starts, lengths = _real_spans(mask)
     aligned_ids, aligned_mask = left_align(input_ids, mask, shape_bucket(longest))
     # numpy arguments and device_put, not jnp.asarray: that compiles a small program for every new shape.
-    new_tokens = _generate(graphdef, state, aligned_ids, aligned_mask, np.int32(max_new_tokens), rng, *sampling,
-                           capacity=capacity, greedy=greedy)
+    new_tokens = _generate(graphdef, state, aligned_ids, aligned_mask, np.int32(max_new_tokens), rng, knobs,
+                           capacity=capacity, search=search)
     new_tokens = np.asarray(new_tokens)[:, :max_new_tokens]
     # Each row: its tokens up to the end of its real ones, the new tokens, then its right padding (if any).
     out = np.empty((input_ids.shape[0], input_ids.shape[1] + int(max_new_tokens)), np.int32)
