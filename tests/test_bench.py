@@ -244,3 +244,22 @@ def test_bench_smollm2_generate_argument_errors(argv, message, capsys):
     args = bench.parse_args(["--work", "smollm2_generate", "--quantize", "int8", "--compare", "llama.cpp"])
     assert (args.works, args.quantize, args.compare) == (("smollm2_generate",), "int8", "llama.cpp")
     assert bench.smollm2_batches(args) == [1, 16]
+
+
+@pytest.mark.slow
+def test_bench_t5_generate_equals_transformers_on_the_same_weights():
+    """``t5_generate --compare transformers`` (tiny here): both sides greedy on the same saved weights and sources give
+    the same first row, and each batch size has both sides' new tokens/s and their ratio."""
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "flaxzoo.train.tools.bench", "--work", "t5_generate", "--tiny", "--compare",
+         "transformers", "--json", "--generate-repeats", "1"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads([line for line in proc.stdout.splitlines() if line.startswith("{")][-1])
+    assert result["work"] == "t5_generate" and result["same_tokens"] is True and result["new_tokens"] == 8
+    assert list(result["batches"]) == ["1", "2"]
+    for entry in result["batches"].values():
+        assert entry["ratio"] > 0 and len(entry["first_row"]) == 9 and entry["first_row"][0] == 0
+        for side in ("flaxzoo", "transformers"):
+            assert entry[side]["tokens_per_s"] > 0 and entry[side]["first_call_s"] > 0

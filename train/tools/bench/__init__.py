@@ -31,6 +31,13 @@ CPU, bf16 compute on accelerators for ``gpt2_small``):
   sequence). Each side runs in its own subprocess per round (fresh compile, its own peak RSS: the process's maximum
   resident set, which includes Python and the libraries; the growth over the RSS before loading is reported too),
   the sides interleaved within each round so that the ratios compare runs seconds apart.
+- ``t5_generate``: the ``t5-small`` preset (T5 v1.0, 6 + 6 layers × 512, vocabulary 32,128, no dropout), random
+  weights, a random 32-token source per row (ids in ``[2, vocab)``), 64 greedy new tokens (EOS does not stop it), at
+  batch 1 and 8 (``--batch`` for one size; ``t5.py``): new tokens/s, first call (compile + run), the median call
+  after it. ``--compare transformers`` writes flaxzoo's weights with ``save_pretrained`` into a temporary directory
+  and runs ``T5ForConditionalGeneration.generate`` on them and the same sources (greedy, ``min_new_tokens=64``,
+  ``torch.no_grad()``), each round flaxzoo's batch sizes then transformers'; the first row's tokens must be equal
+  (``same_tokens``), the ratio per batch is the median of the per-round ratios.
 
 Training workloads time 3 warm-up steps then report the median of 10 (``--warmup`` / ``--steps``); generation reports
 the first call (compile + run) and the median of 3 calls after it. ``--rounds N`` repeats a workload (and its
@@ -47,7 +54,7 @@ peak measured again after it, and if the work still outruns it the MFU is left o
 same peak.
 
 Modules, one per workload: ``training.py`` (``gpt_train``, ``bert_train``, ``gpt2_small``, ``bert_base``),
-``generation.py`` (``gpt_generate``), ``main_job.py`` (``main_gpt_train``), ``smollm2.py``, ``classify.py``,
+``generation.py`` (``gpt_generate``), ``main_job.py`` (``main_gpt_train``), ``smollm2.py``, ``t5.py``, ``classify.py``,
 ``transformers_side.py`` (``--compare transformers``), ``keras_side.py`` (``--compare keras_hub``); shared:
 ``workloads.py`` (the models and sizes), ``batches.py`` (batches as the CLI's), ``common.py`` (host, timing, memory,
 the peak and MFU, median rounds, the printed line), ``op_profile.py`` (``--profile``), ``cli.py`` (the command line

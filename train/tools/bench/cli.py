@@ -20,6 +20,7 @@ from flaxzoo.train.tools.bench.common import add_mfu, machine, median_round, rep
 from flaxzoo.train.tools.bench.generation import run_generate
 from flaxzoo.train.tools.bench.main_job import run_main_job
 from flaxzoo.train.tools.bench.smollm2 import SMOLLM2_VARIANTS, run_smollm2_variant, run_smollm2_workload
+from flaxzoo.train.tools.bench.t5 import run_t5_workload
 from flaxzoo.train.tools.bench.training import run_train
 from flaxzoo.train.tools.bench.workloads import CPU_WORKLOADS, WORKLOADS, workload_spec
 
@@ -53,7 +54,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "round and the median per-round ratio")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps first")
     parser.add_argument("--generate-repeats", type=int, default=3, help="timed generate calls (median reported)")
-    parser.add_argument("--new-tokens", type=int, help="gpt_generate: new tokens (default 128)")
+    parser.add_argument("--new-tokens", type=int, help="gpt_generate: new tokens (default 128; t5_generate: 64)")
     parser.add_argument("--layers", type=int, help="override the number of layers")
     parser.add_argument("--hidden", type=int, help="override the width (MLP = 4x)")
     parser.add_argument("--heads", type=int, help="override the number of heads")
@@ -147,8 +148,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         result = run_smollm2_variant(args.variant, args)
         print(json.dumps(result), flush=True)
         return [result]
-    return [run_smollm2_workload(args) if name == "smollm2_generate" else run_workload(name, args)
-            for name in args.works]
+    runners = dict(smollm2_generate=run_smollm2_workload, t5_generate=run_t5_workload)
+    return [runners[name](args) if name in runners else run_workload(name, args) for name in args.works]
 
 
 def run_workload(name: str, args: argparse.Namespace) -> dict[str, Any]:

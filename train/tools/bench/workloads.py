@@ -24,7 +24,7 @@ from flaxzoo.train import flops as flopslib
 from flaxzoo.train.tools.bench.batches import MLM_PROB
 
 WORKLOADS = ("gpt_train", "bert_train", "gpt_generate", "gpt2_small", "bert_base", "main_gpt_train",
-             "smollm2_generate")
+             "smollm2_generate", "t5_generate")
 CPU_WORKLOADS = ("gpt_train", "bert_train", "gpt_generate")
 LR, WEIGHT_DECAY = 3e-4, 0.1
 
