@@ -193,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 
-    if config.get("task", None) in ("classify", "tag", "qa"):
+    if config.get("task", None) in ("classify", "tag", "qa", "seq2seq"):
         return finetune_main(config, workdir)
 
     from flaxzoo.train.checkpoint import CheckpointError
@@ -265,9 +265,10 @@ def next_steps(workdir: str, argv: list[str], *, stopped: bool) -> str:
 
 
 def finetune_main(config, workdir: str) -> int:
-    """``task="classify"`` / ``"tag"`` / ``"qa"`` configs (``configs/finetune_cls.py``, ``configs/finetune_ner.py``,
-    ``configs/finetune_qa.py``): fine-tune an encoder into a text classifier, a token tagger or an extractive
-    question answerer."""
+    """``task="classify"`` / ``"tag"`` / ``"qa"`` / ``"seq2seq"`` configs (``configs/finetune_cls.py``,
+    ``configs/finetune_ner.py``, ``configs/finetune_qa.py``, ``configs/seq2seq_reverse.py``): fine-tune an encoder
+    into a text classifier, a token tagger or an extractive question answerer, or an encoder-decoder on text
+    pairs."""
     from flaxzoo.train.checkpoint import CheckpointError
     from flaxzoo.train.config import ConfigError
     from flaxzoo.train.finetune.config import FinetuneConfig
@@ -284,6 +285,8 @@ def finetune_main(config, workdir: str) -> int:
             from flaxzoo.train.finetune.tagger import Tagger as Finetuner
         elif cfg.task == "qa":
             from flaxzoo.train.finetune.qa import QuestionAnswering as Finetuner
+        elif cfg.task == "seq2seq":
+            from flaxzoo.train.finetune.seq2seq import Seq2SeqTrainer as Finetuner
         finetuner = Finetuner(cfg, workdir)
     except ConfigError as exc:
         print(f"config error: {exc}", file=sys.stderr)

@@ -71,20 +71,20 @@ def classifier_class(cfg: FinetuneConfig, task: str = "sequence_classification")
     return task_class(config, task)
 
 
-def describe_classifier(cfg: FinetuneConfig, names: tuple[str, ...], cls: type = BertForSequenceClassification
-                        ) -> tuple[TransformerConfig, Any]:
+def describe_classifier(cfg: FinetuneConfig, names: tuple[str, ...] | None,
+                        cls: type = BertForSequenceClassification) -> tuple[TransformerConfig, Any]:
     """``(model config, tokenizer source)`` of the classifier to fine-tune, from ``init_from``'s config and tensor
-    shapes alone (no weight is read: :func:`load_classifier_params` reads them, shard by shard)."""
-    num_labels = len(names)
+    shapes alone (no weight is read: :func:`load_classifier_params` reads them, shard by shard). ``names``: the
+    class names, None for a model without labels (the checkpoint's ``num_labels`` stays)."""
+    labels = {} if names is None else {"num_labels": len(names)}
     if cfg.init_from == SCRATCH:
         remat, scan = cfg.execution(cfg.model.num_layers)
-        return cfg.model.replace(num_labels=num_labels, remat=remat, scan_layers=scan), cfg.tokenizer
+        return cfg.model.replace(remat=remat, scan_layers=scan, **labels), cfg.tokenizer
     source = cfg.init_from or packaged_minilm()
     try:
         layers = read_num_layers(source)
         remat, scan = cfg.execution(layers) if layers else cfg.execution_without_depth()
-        shapes = sharded.pretrained_shapes(source, cls=cls, num_labels=num_labels,
-                                   scan_layers=scan, param_dtype="float32")
+        shapes = sharded.pretrained_shapes(source, cls=cls, scan_layers=scan, param_dtype="float32", **labels)
     except ValueError as exc:
         raise ValueError(f"init_from={str(source)!r} cannot start a text classifier: {exc} (expected an encoder "
                          "checkpoint: a BERT / RoBERTa directory or Hub id, or a flaxzoo MLM work directory; or a "

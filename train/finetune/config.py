@@ -25,7 +25,10 @@ Keys (``--config.KEY=VALUE``):
 - ``task``: ``"classify"`` (a label per text), ``"tag"`` (a tag per word: CoNLL files), ``"qa"`` (extractive
   question answering: SQuAD-style JSON in ``data.train_path`` / ``data.test_path``, windows of ``data.max_len``
   pieces every ``data.doc_stride`` context pieces, questions cut to ``data.max_query_length`` pieces, answers of at
-  most ``data.max_answer_length`` pieces: ``flaxzoo.train.finetune.qa``)
+  most ``data.max_answer_length`` pieces: ``flaxzoo.train.finetune.qa``), ``"seq2seq"`` (an encoder-decoder
+  trained on source → target pairs: ``flaxzoo.train.finetune.seq2seq``; ``data.text_field`` / ``data.target_field``
+  of JSONL files, targets cut to ``data.target_max_len`` pieces, the test set decoded with ``num_beams`` beams and
+  scored by exact match, ROUGE, BLEU and chrF)
 - ``data.*``: :class:`ClassifyDataConfig`; ``vocab.*``: :class:`VocabConfig`; ``model.*``: for ``"scratch"`` only,
   as in pre-training (``flaxzoo.train.config.model_fields``)
 - ``lora.*``: LoRA, as in pre-training (``flaxzoo.train.config.LoraSettings``: ``rank`` 0 = off, ``alpha``, ``targets``,
@@ -66,9 +69,10 @@ from flaxzoo.train.finetune.data import SOURCES
 
 TASK = "classify"
 # a label per text (sequence classification); a tag per word (token classification, NER); an answer span per
-# question (extractive question answering, SQuAD)
-TASKS = (TASK, "tag", "qa")
+# question (extractive question answering, SQuAD); a target text per source text (an encoder-decoder)
+TASKS = (TASK, "tag", "qa", "seq2seq")
 SCRATCH = "scratch"
+SYNTHETIC_PAIRS = "reverse_words"  # task="seq2seq"'s built-in data: word sequences and their reversal
 CLASS_WEIGHTS = ("none", "balanced")
 # What LoRA fine-tuning trains in full when lora.train_fully is "": flaxzoo.models.adapters.lora's "head", the modules outside the
 # encoder's embeddings and layers (for a BertForSequenceClassification: bert.pooler and classifier).
@@ -83,12 +87,14 @@ class ClassifyDataConfig(Section):
     """``data.*``: the labelled texts (``train/finetune/data.py``) and how they become token ids."""
 
     SECTION: ClassVar[str] = "data"
-    source: str = checked("bbc_headlines", choice(*SOURCES))
+    source: str = checked("bbc_headlines", choice(*SOURCES, SYNTHETIC_PAIRS))
     train_path: str = checked("", TEXT)
     test_path: str = checked("", TEXT)
     validation_path: str = checked("", TEXT)  # task="tag": a CoNLL file scored at eval_every and the end
     text_field: str = checked("text", TEXT)
     label_field: str = checked("label", TEXT)
+    target_field: str = checked("target", TEXT)  # task="seq2seq": the target text of each source
+    target_max_len: int = checked(64, integer(2))  # task="seq2seq": target pieces kept (EOS included)
     label_names: str = checked("", TEXT)  # comma-separated: the classes and their order ("" = the data's, sorted)
     test_fraction: float = checked(0.2, number(0.0, 1.0, low_open=True, high_open=True))
     # a stratified share of the training split held out and scored at the end (for choosing settings: the test
@@ -179,6 +185,7 @@ class FinetuneConfig(RunConfig):
     eval_every: int = checked(0, integer(0, note="(steps between validation scores; 0 = only at the end)"))
     checkpoint_every: int = checked(50, integer(0, note="(steps between checkpoints; 0 = only at the end or a stop)"))
     keep_checkpoints: int = checked(2, integer(1))
+    num_beams: int = checked(1, integer(1, note="(task='seq2seq': beams when decoding the test set; 1 = greedy)"))
 
     SECTIONS: ClassVar[tuple[str, ...]] = (*RunConfig.SECTIONS, "data", "vocab", "model")
 
@@ -207,15 +214,41 @@ class FinetuneConfig(RunConfig):
                 if value != default:
                     raise ConfigError(f"data.{key}", f"{value!r} applies to task='qa' (question windows); expected "
                                                      f"{default!r} with task={self.task!r}")
+        if self.task == "seq2seq":
+            self._validate_seq2seq()
+        elif self.data.source == SYNTHETIC_PAIRS:
+            raise ConfigError("data.source", f"{SYNTHETIC_PAIRS!r} is task='seq2seq''s synthetic pairs; expected "
+                                             f"'bbc_headlines' or 'files' with task={self.task!r}")
+        elif self.num_beams != 1:
+            raise ConfigError("num_beams", f"{self.num_beams}: beams decode task='seq2seq' test sets; expected 1 with "
+                                           f"task={self.task!r}")
         if self.task in ("tag", "qa"):
             self._validate_tagging()
-        elif self.data.validation_path:
+        elif self.data.validation_path and self.task != "seq2seq":
             raise ConfigError("data.validation_path", f"{self.data.validation_path!r} applies to task='tag'; expected "
                                                       "'' (task='classify' holds out data.validation_fraction)")
         if self.lora.enabled and self.init_from == SCRATCH:
             raise ConfigError("lora.rank", f"{self.lora.rank}: LoRA adapts a pretrained encoder, but init_from="
                                            f"'scratch' starts from random weights; expected lora.rank=0 (train every "
                                            "parameter) or a pretrained init_from")
+
+    def _validate_seq2seq(self) -> None:
+        """``task="seq2seq"``: source → target pairs in, the settings of a classifier's fresh head refused."""
+        if self.data.source not in ("files", SYNTHETIC_PAIRS):
+            raise ConfigError("data.source", f"{self.data.source!r}: task='seq2seq' reads source / target pairs; "
+                                             "expected 'files' (JSONL) or 'reverse_words' (the built-in synthetic task)")
+        if self.data.source == "files" and not self.data.test_path:
+            raise ConfigError("data.test_path", "'': task='seq2seq' scores a test file; expected a JSONL file of "
+                                                f"{self.data.text_field!r} / {self.data.target_field!r} pairs")
+        refused = {"freeze_steps": (self.freeze_steps, 0), "head_lr": (self.head_lr, 0.0),
+                   "class_weights": (self.class_weights, "none"), "optim.layer_decay": (self.optim.layer_decay, 1.0),
+                   "vocab.frequent": (self.vocab.frequent, False), "vocab.tokens": (self.vocab.tokens, ""),
+                   "num_labels": (self.num_labels, 0)}
+        for key, (value, default) in refused.items():
+            if value != default:
+                raise ConfigError(key, f"{value!r} applies to a classifier's fresh head and its encoder; expected "
+                                       f"{default!r} with task='seq2seq' (every parameter of an encoder-decoder "
+                                       "trains at optim.lr)")
 
     def _validate_tagging(self) -> None:
         """``task="tag"``: CoNLL files in; ``task="qa"``: SQuAD-style JSON files in; the settings that belong to

@@ -63,14 +63,20 @@ def finetune_program(cfg: FinetuneConfig, config: TransformerConfig, model_class
         adapt=(lambda model: adapt(lora, cfg, model)) if lora is not None else None, lora=lora,
         trainable=trainable_filter(lora, cfg), optimizer=optimizer, objective=objective,
         variants={"head": is_head} if cfg.freeze_steps else None, batch_size=cfg.batch_size, seed=cfg.seed,
-        batch_shapes=lambda rows: batch_shapes(cfg.task, rows, cfg.data.max_len, token_types),
+        batch_shapes=lambda rows: batch_shapes(cfg.task, rows, cfg.data.max_len, token_types,
+                                               target=cfg.data.target_max_len),
         make_predict=make_predict, prepare_plain=prepare_plain)
 
 
-def batch_shapes(task: str, rows: int, seq: int, token_types: bool = False) -> dict[str, tuple[tuple[int, ...], Any]]:
+def batch_shapes(task: str, rows: int, seq: int, token_types: bool = False, *, target: int = 0
+                 ) -> dict[str, tuple[tuple[int, ...], Any]]:
     """``{key: (shape, dtype)}`` of one training batch of ``task`` as its fine-tuner builds it (``token_types``:
-    ``qa``'s batches for a model with segment embeddings carry ``token_type_ids``)."""
+    ``qa``'s batches for a model with segment embeddings carry ``token_type_ids``; ``target``: ``seq2seq``'s
+    target length)."""
     tokens = {"input_ids": ((rows, seq), jnp.int32), "attention_mask": ((rows, seq), jnp.int32)}
+    if task == "seq2seq":  # flaxzoo.train.finetune.seq2seq.pair_batch
+        return {**tokens, **{key: ((rows, target), jnp.int32)
+                             for key in ("decoder_input_ids", "decoder_attention_mask", "labels")}}
     if task == "qa":  # flaxzoo.train.finetune.spans.span_batch
         types = {"token_type_ids": ((rows, seq), jnp.int32)} if token_types else {}
         return {**tokens, **types, "start_positions": ((rows,), jnp.int32), "end_positions": ((rows,), jnp.int32),
@@ -104,8 +110,9 @@ class FinetuneTask(Task):
 
     MODEL: type
     OBJECTIVE: str
-    make_predict: Callable
+    make_predict: Callable | None
     HEADLINE = "macro_f1"  # the test score a finished work directory's rerun reports (a key of eval/metrics.json)
+    FRESH_HEAD = True  # the model gets a new, random head (a classifier); False: every weight is the checkpoint's
 
     @property
     def MODEL_CLASS(self) -> str:  # noqa: N802 (the name checkpoints record)
@@ -131,8 +138,8 @@ class FinetuneTask(Task):
         setup_compilation_cache(cfg)
         self.devices = devices
         self.mesh = shardlib.make_mesh(cfg.mesh.shape, devices)
-        names = self._load_data()
-        if cfg.num_labels and cfg.num_labels != len(names):
+        names = self._load_data()  # None: a task without labels
+        if names is not None and cfg.num_labels and cfg.num_labels != len(names):
             raise ValueError(f"num_labels={cfg.num_labels} disagrees with the data: {len(names)} classes "
                              f"{list(names)}; expected {len(names)} (or 0 to follow the data)")
         config, tokenizer_source = describe_classifier(cfg, names, self.MODEL)
@@ -149,7 +156,7 @@ class FinetuneTask(Task):
             self.tokenizer = self.extension.tokenizer
         loaded_vocab = config.vocab_size
         self.vocab_size = self.extension.vocab_size if self.extension is not None else config.vocab_size
-        config = config.replace(vocab_size=self.vocab_size, label_names=names,
+        config = config.replace(vocab_size=self.vocab_size, **({} if names is None else {"label_names": names}),
                                 **({} if cfg.dropout < 0 else {"dropout": cfg.dropout}),
                                 dtype=cfg.resolved_dtype(), param_dtype="float32")
         if self.tokenizer.get_vocab_size() > config.vocab_size:
@@ -162,7 +169,7 @@ class FinetuneTask(Task):
                              f"most {positions}")
         self.config = config
         self.lora = cfg.lora.spec()
-        if self.lora is not None:  # a target or a train_fully entry that selects nothing: stop before any compile
+        if self.lora is not None and self.FRESH_HEAD:  # a target or train_fully entry that selects nothing: stop now
             check_head_trained(self.lora, cfg, nnx.eval_shape(
                 lambda: adapt(self.lora, cfg, self.MODEL(config, rngs=nnx.Rngs(0)))))
         self.unsplit: list[str] = []

@@ -19,7 +19,7 @@ T5_DEFAULTS: dict[str, Any] = dict(
     T5_LAYOUT, vocab_size=32128, model_type="t5", head_dim=64, norm_eps=1e-6, activation="relu", mlp_gated=False,
     position_bias_buckets=32, position_bias_max_distance=128, tie_word_embeddings=True, scale_decoder_output=True,
     pad_token_id=0, eos_token_id=1, decoder_start_token_id=0, dropout=0.1, attention_dropout=0.1,
-    initializer_range=1.0)
+    initializer_range=0.05)
 # T5 v1.1 / Flan-T5 / mT5 / umT5: gated GELU, untied head, unscaled decoder output
 V1_1: dict[str, Any] = dict(activation="gelu_tanh", mlp_gated=True, tie_word_embeddings=False,
                             scale_decoder_output=False)
