@@ -22,6 +22,10 @@ __all__ = ["ACTIVATIONS", "ATTENTION_IMPLS", "CLASSIFIER_POOLINGS", "DTYPES", "L
            "TransformerConfig", "default_embedding_multiplier"]
 
 
+# The model-level encoder-decoder fields a single stack's view of the config does not carry.
+_STACK_VIEW: dict[str, Any] = dict(lm_head_bias=False, decoder_start_from_source=False)
+
+
 @dataclasses.dataclass(frozen=True)
 class TransformerConfig:
     """Hyper-parameters of an encoder-only or decoder-only Transformer.
@@ -110,7 +114,15 @@ class TransformerConfig:
     every other field holds for both (:meth:`encoder_config`, :meth:`decoder_config` give each stack's own view,
     bidirectional and causal). ``decoder_start_token_id`` is the first decoder input (T5: the pad id).
     ``scale_decoder_output`` multiplies the decoder's output by ``hidden_size ** -0.5`` before the LM head (T5
-    v1.0, whose head is the token table; transformers' ``scale_decoder_outputs``).
+    v1.0, whose head is the token table; transformers' ``scale_decoder_outputs``). ``lm_head_bias`` gives an
+    encoder-decoder's LM head a vocabulary bias (BART's ``final_logits_bias``). ``decoder_start_from_source``: a
+    classifier given no decoder ids starts its decoder from each source row's last real token instead of
+    ``decoder_start_token_id`` (mBART's shift, which moves the language id to the front).
+
+    ``slot_positions``: learned / sinusoidal positions number the slots of a row, padding included (BART: a
+    left-padded row's first real token sits at slot ``p`` and gets position ``p + position_offset``), rather than
+    its real tokens only (the default, and RoBERTa's rule). Right-padded rows get the same positions either way;
+    packed rows (``segment_ids``) still restart at each document.
 
     ``label_names`` are the class names of a classifier head, one per label id (``num_labels`` distinct, non-empty
     strings; Hugging Face's ``id2label``), or None: the labels are their ids.
@@ -187,6 +199,9 @@ class TransformerConfig:
     num_decoder_layers: int | None = None
     decoder_start_token_id: int | None = None
     scale_decoder_output: bool = False
+    lm_head_bias: bool = False
+    slot_positions: bool = False
+    decoder_start_from_source: bool = False
 
     def __post_init__(self) -> None:
         if self.num_kv_heads is None:
@@ -218,13 +233,13 @@ class TransformerConfig:
 
     def encoder_config(self) -> "TransformerConfig":
         """The encoder stack's view of an encoder-decoder config: bidirectional, ``num_layers`` deep."""
-        return self.replace(causal=False, num_decoder_layers=None)
+        return self.replace(causal=False, num_decoder_layers=None, **_STACK_VIEW)
 
     def decoder_config(self) -> "TransformerConfig":
         """The decoder stack's view of an encoder-decoder config: causal, ``num_decoder_layers`` deep."""
         if self.num_decoder_layers is None:
             raise ValueError("decoder_config: this config has no decoder stack (num_decoder_layers=None)")
-        return self.replace(causal=True, num_layers=self.num_decoder_layers, num_decoder_layers=None)
+        return self.replace(causal=True, num_layers=self.num_decoder_layers, num_decoder_layers=None, **_STACK_VIEW)
 
     @property
     def embedding_width(self) -> int:

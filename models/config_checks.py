@@ -189,10 +189,17 @@ def validate_relative_attention(config: Any) -> None:
 
 def validate_encoder_decoder(config: Any) -> None:
     """T5's position bias and the encoder-decoder fields."""
-    for name in ("position_bias_per_layer", "scale_decoder_output"):
+    for name in ("position_bias_per_layer", "scale_decoder_output", "lm_head_bias", "slot_positions",
+                 "decoder_start_from_source"):
         if not isinstance(getattr(config, name), bool):
             raise FieldError(name, f"{name}={getattr(config, name)!r}: expected True or False")
+    if config.slot_positions and config.position not in ("learned", "sinusoidal"):
+        raise FieldError("slot_positions", f"slot_positions=True numbers absolute positions; got position="
+                         f"{config.position!r} (expected 'learned' or 'sinusoidal')")
     layers = config.num_decoder_layers
+    for name in ("lm_head_bias", "decoder_start_from_source"):
+        if getattr(config, name) and layers is None:
+            raise FieldError(name, f"{name}=True is an encoder-decoder's setting: expected num_decoder_layers set")
     if layers is not None and (not isinstance(layers, int) or isinstance(layers, bool) or layers < 1):
         raise FieldError("num_decoder_layers", f"num_decoder_layers={layers!r}: expected a positive integer (the "
                          "decoder's depth of an encoder-decoder model) or None (one stack)")

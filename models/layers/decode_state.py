@@ -70,9 +70,12 @@ class DecodeState:
     def max_len(self) -> int:
         return self.valid.shape[1]
 
-    def advance(self, new_valid: jax.Array, position_offset: int = 0) -> tuple[AttentionLayout, "DecodeState"]:
+    def advance(self, new_valid: jax.Array, position_offset: int = 0, slot_positions: bool = False
+                ) -> tuple[AttentionLayout, "DecodeState"]:
         """The layout of ``q`` new tokens written at slots ``index .. index + q - 1``, and the state after them
-        (``valid``, ``lengths`` and ``index`` moved on; the layers write ``keys`` / ``values``).
+        (``valid``, ``lengths`` and ``index`` moved on; the layers write ``keys`` / ``values``). Positions count
+        each row's real tokens, or with ``slot_positions`` (BART) its slots, padding included; ``position_offset``
+        is added to either.
 
         ``new_valid: [batch, q]``: 1 for real tokens, 0 for (left) padding. Raises ``ValueError`` when the write would
         pass ``max_len`` and the index is known (outside ``jit``); inside ``jit`` see ``overflowed``.
@@ -86,9 +89,15 @@ class DecodeState:
                              f"{q_len} more do not fit (create it with max_len >= {index + q_len})")
         new_valid = new_valid.astype(jnp.int32)
         valid = jax.lax.dynamic_update_slice(self.valid, new_valid, (0, self.index))
-        query_positions = self.lengths[:, None] + document_positions(new_valid)
+        if slot_positions:
+            slots = jnp.broadcast_to(jnp.arange(self.max_len, dtype=jnp.int32), valid.shape)
+            query_positions = self.index + jnp.broadcast_to(jnp.arange(q_len, dtype=jnp.int32), new_valid.shape)
+            key_positions = slots
+        else:
+            query_positions = self.lengths[:, None] + document_positions(new_valid)
+            key_positions = document_positions(valid)
         layout = AttentionLayout(query_positions=query_positions + position_offset,
-                                 key_positions=document_positions(valid) + position_offset,
+                                 key_positions=key_positions + position_offset,
                                  query_offset=self.index, query_segments=new_valid, key_segments=valid)
         if self.memory_valid is not None:
             layout = layout.replace(cross=cross_layout(layout.query_positions, self.memory_valid,

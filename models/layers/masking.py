@@ -16,7 +16,9 @@ Every attention layer of a call sees the same ``AttentionLayout``:
 Positions restart at 0 at each document start and count real tokens only (a left-padded prompt starts at 0), except
 for BERT-style encoders without ``segment_ids``, which number slots ``0 .. seq-1`` as BERT does.
 ``config.position_offset`` (RoBERTa: ``pad_token_id + 1``) is added to real tokens; their padding then takes position
-``position_offset - 1``, exactly Hugging Face's ``create_position_ids_from_input_ids``.
+``position_offset - 1``, exactly Hugging Face's ``create_position_ids_from_input_ids``. ``config.slot_positions``
+(BART) numbers every slot instead, padding included, ``position_offset`` added (packed rows still restart at each
+document).
 """
 
 from __future__ import annotations
@@ -137,6 +139,8 @@ def input_positions(config: TransformerConfig, seq: int, batch: int, *, attentio
                     segment_ids: jax.Array | None, input_ids: jax.Array | None) -> jax.Array:
     """The default ``[batch, seq]`` positions of a full-sequence call (see the module docstring)."""
     offset = config.position_offset
+    if config.slot_positions and segment_ids is None:  # BART: every slot numbered, padding included
+        return jnp.broadcast_to(jnp.arange(seq, dtype=jnp.int32) + offset, (batch, seq))
     real = segment_ids if segment_ids is not None else attention_mask
     if real is None and offset and config.pad_token_id is not None and input_ids is not None:
         real = input_ids != config.pad_token_id  # RoBERTa without a mask: Hugging Face tells pads by their id

@@ -210,7 +210,8 @@ class TransformerStack(nnx.Module):
                ) -> tuple[jax.Array, DecodeState]:
         """Run ``q`` new tokens ``input_ids: [batch, q]`` against the cache: returns ``(hidden [batch, q, hidden],
         the state with their keys and values written)``. ``new_valid: [batch, q]`` marks real tokens (default all;
-        a left-padded prompt passes its mask). Positions continue each row's count of real tokens. ``layers``:
+        a left-padded prompt passes its mask). Positions continue each row's count of real tokens (its slots with
+        ``config.slot_positions``), plus ``config.position_offset``. ``layers``:
         :meth:`decoding_layers`, taken once before a decode loop (default: taken here). ``token_table``: as in
         :meth:`__call__`. A state made for an encoder's output (``DecodeState.with_memory``) gives each layer its
         cross-attention keys and values."""
@@ -222,7 +223,7 @@ class TransformerStack(nnx.Module):
         check_token_ids(input_ids, config)
         new_valid = jnp.ones(input_ids.shape, jnp.int32) if new_valid is None else new_valid
         _check_binary(new_valid, tuple(input_ids.shape), "new_valid")
-        layout, next_state = state.advance(new_valid, config.position_offset)
+        layout, next_state = state.advance(new_valid, config.position_offset, config.slot_positions)
         if config.position in ("learned", "sinusoidal") and is_concrete(layout.query_positions):
             check_index_range(layout.query_positions, config.max_position_embeddings, "decode positions",
                               f"positions of this model's {config.position} table")

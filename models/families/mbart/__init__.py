@@ -1,0 +1,9 @@
+"""mBART: the encoder-decoder architecture's classes (``architectures/encoder_decoder``) under Hugging Face ``mbart``
+names (``hf.py``)."""
+
+from flaxzoo.models.families.mbart.hf import FAMILY
+
+# The records the registry gathers, by their place in the order the families were added (flaxzoo.models.families).
+RECORDS = {23: FAMILY}
+
+__all__ = ["RECORDS", "FAMILY"]
