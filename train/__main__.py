@@ -305,12 +305,15 @@ def finetune_main(config, workdir: str) -> int:
             f"time; exit code {exit_codes.PREEMPTED}: resume with the same command")
         return exit_codes.PREEMPTED
     workdir = summary.workdir
-    say(f"done in {wall:.0f} s wall time; results in {workdir} (eval/ report and confusion matrix, metrics.jsonl, "
-        f"tensorboard/, the classifier in checkpoints/); next:\n"
+    report = ("eval/ scores and predictions, metrics.jsonl, tensorboard/, the model in checkpoints/"
+              if cfg.task == "seq2seq" else
+              "eval/ report and confusion matrix, metrics.jsonl, tensorboard/, the classifier in checkpoints/")
+    say(f"done in {wall:.0f} s wall time; results in {workdir} ({report}); next:\n"
         f"  load it:      flaxzoo.models.from_pretrained({workdir!r})\n"
         f"  convert it:   flaxzoo convert {workdir} {workdir}-hf --to hf\n"
-        f"  TensorBoard:  tensorboard --logdir {workdir}/tensorboard\n"
-        f"  several seeds: python -m flaxzoo.train.finetune.results (docs/fine-tuning.md)")
+        f"  TensorBoard:  tensorboard --logdir {workdir}/tensorboard"
+        + ("" if cfg.task == "seq2seq" else
+           "\n  several seeds: python -m flaxzoo.train.finetune.results (docs/fine-tuning.md)"))
     return exit_codes.FINISHED
 
 

@@ -18,7 +18,6 @@ resume, meshes, several processes, LoRA). What differs:
 
 from __future__ import annotations
 
-import itertools
 import json
 import pathlib
 from typing import Any, Iterator, Sequence
