@@ -38,6 +38,8 @@ DECODERS = sorted(name for name, family in FAMILIES.items() if family.causal)
 SMALL = dict(vocab_size=256, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
              intermediate_size=96, head_dim=16, max_position_embeddings=64, bos_token_id=1, eos_token_id=2,
              pad_token_id=0)
+# Sizes transformers' BART-layout configs hold per stack, which SMALL's names do not reach (no attribute_map)
+PER_STACK = dict(decoder_layers=2, decoder_attention_heads=4, encoder_ffn_dim=96, decoder_ffn_dim=96)
 IDS = jnp.asarray(np.random.RandomState(0).randint(3, SMALL["vocab_size"], (2, 8)), jnp.int32)
 MESH = jax.sharding.AbstractMesh((2, 2, 2), MESH_AXES)
 LORA = LoraConfig(rank=4, alpha=8.0, targets=("attention", "mlp"))
@@ -49,6 +51,7 @@ def tiny_config(model_type: str) -> TransformerConfig:
     family = FAMILIES[model_type]
     try:
         hf = transformers.AutoConfig.for_model(model_type, **SMALL).to_dict()
+        hf.update({name: size for name, size in PER_STACK.items() if name in hf})
     except ValueError:
         tiny = [config for name, config in PRESETS.items() if config.model_type == model_type and "tiny" in name]
         if not tiny:
