@@ -118,6 +118,29 @@ def flops_per_token(config: TransformerConfig, seq_len: int, cls: type | None = 
     return 4.0 * n + 6.0 * trained + attention
 
 
+def encoder_decoder_flops(config: TransformerConfig, source_len: int, target_len: int,
+                          cls: type | None = None) -> float:
+    """Training FLOPs of one ``(source_len, target_len)`` pair through an encoder-decoder: ``6 N`` per token for the
+    parameters each token meets (an encoder layer's for a source token; a decoder layer's, its cross-attention's
+    query and output, and the head for a target token; the cross-attention's keys and values once per source
+    token and decoder layer) plus the attention products, ``12 · heads · head_dim`` per query-key pair (encoder
+    ``S²``, decoder ``T²``, cross ``T·S`` per layer)."""
+    def params_of(prefix: str, *names: str) -> int:
+        return sum(size for keys, size in _matmul_leaves(config, cls)
+                   if keys[0] == prefix and (not names or any(name in keys for name in names)))
+
+    cross_kv = sum(size for keys, size in _matmul_leaves(config, cls)
+                   if keys[0] == "decoder" and "cross_attention" in keys and keys[-2] in ("key", "value"))
+    per_source = params_of("encoder") + cross_kv
+    # the shared token table is a matmul only as a tied head (as a lookup it costs nothing)
+    head = params_of("lm_head") + (params_of("shared") if config.tie_word_embeddings else 0)
+    per_target = params_of("decoder") - cross_kv + head
+    width = config.num_heads * config.head_dim
+    pairs = (config.num_layers * source_len ** 2
+             + (config.num_decoder_layers or 0) * (target_len ** 2 + target_len * source_len))
+    return 6.0 * (per_source * source_len + per_target * target_len) + 12.0 * width * pairs
+
+
 def forward_flops_per_token(config: TransformerConfig, context: float, cls: type | None = None) -> float:
     """Forward-only model FLOPs per token (decoding): ``2 N + 4 L · context · d``, a third of the training count at
     ``T = context`` (the mean context length of the generated tokens)."""

@@ -247,7 +247,8 @@ def attention_backend(config, *, q_len: int, k_len: int | None = None, masked: b
     def choose(windowed: bool) -> tuple[str, str]:
         return choose_backend(config.attention_impl, dtype=config.dtype, head_dim=config.head_dim, q_len=q_len,
                               k_len=q_len if k_len is None else k_len, masked=masked,
-                              biased=config.position == "alibi" or config.relative_attention,
+                              biased=(config.position == "alibi" or config.relative_attention
+                                      or config.position_bias_buckets is not None),
                               is_causal=config.causal, dropout=training and config.attention_dropout > 0,
                               platform=platform, heads=config.num_heads, kv_heads=config.num_kv_heads,
                               shared_segments=True if shared_segments is None else shared_segments,
