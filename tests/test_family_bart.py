@@ -2,7 +2,8 @@
 targets are both padded, unrolled and scanned, on configs of several depths (encoder and decoder apart), head counts,
 widths, with and without ``scale_embedding``; left-padded sources (transformers numbers every slot: flaxzoo's
 ``slot_positions``); ``BartModel``'s decoder states; ``BartForSequenceClassification``'s logits; greedy and beam
-generation token for token; parameter counts.
+generation token for token; parameter counts. The quick tier runs each test's first case (beam search only in the
+slow tier).
 
 transformers' BART configs carry generation defaults that flaxzoo's ``generate`` does not apply (it applies none of a
 config's): ``forced_eos_token_id`` (EOS forced at the last step), ``forced_bos_token_id``, ``no_repeat_ngram_size``,
@@ -20,7 +21,7 @@ import transformers
 from family_parity import BEAM_SETTINGS, assert_same_beams, frequent_token
 from flaxzoo.models.architectures.encoder_decoder.model import (Seq2SeqForConditionalGeneration,
                                                                 Seq2SeqForSequenceClassification, Seq2SeqModel)
-from flaxzoo.models.families import get_preset
+from flaxzoo.models.families import family_of, get_preset
 from flaxzoo.models.inference.generate import generate
 from flaxzoo.models.io import from_pretrained, save_pretrained
 from flaxzoo.models.modeling import param_count
@@ -97,6 +98,7 @@ def real_max_difference(a: np.ndarray, b: np.ndarray, mask: np.ndarray) -> float
     return float(np.abs(np.asarray(a) - b)[mask.astype(bool)].max())
 
 
+@pytest.mark.slow_variants
 @pytest.mark.parametrize("scan", [False, True], ids=["unrolled", "scanned"])
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_conditional_generation_both_ways(case, scan, tmp_path):
@@ -118,6 +120,7 @@ def test_conditional_generation_both_ways(case, scan, tmp_path):
           f"save {saved:.2e}")
 
 
+@pytest.mark.slow_variants
 @pytest.mark.parametrize("case", ["bart", "mbart"])
 def test_left_padded_sources(case, tmp_path):
     """transformers numbers a left-padded source's slots (its first real token at slot p gets position p + 2):
@@ -134,6 +137,7 @@ def test_left_padded_sources(case, tmp_path):
     assert difference < ATOL, f"left-padded sources: logits differ by {difference:.2e}"
 
 
+@pytest.mark.slow_variants
 @pytest.mark.parametrize("case", ["bart-scaled", "mbart"])
 def test_base_model_decoder_states(case, tmp_path):
     hf = build(case, "Model", seed=6)
@@ -151,6 +155,7 @@ def test_base_model_decoder_states(case, tmp_path):
     assert real_max_difference(hf_outputs(back, ids, mask, target, target_mask), expected, target_mask) < ATOL
 
 
+@pytest.mark.slow_variants
 @pytest.mark.parametrize("scan", [False, True], ids=["unrolled", "scanned"])
 @pytest.mark.parametrize("case", ["bart", "mbart"])
 def test_sequence_classification(case, scan, tmp_path):
@@ -196,6 +201,7 @@ def hf_generate(model, ids, mask, new_tokens: int, **kwargs) -> np.ndarray:
                               no_repeat_ngram_size=0, do_sample=False, **kwargs).numpy()
 
 
+@pytest.mark.slow_variants
 @pytest.mark.parametrize("case", ["bart", "mbart"])
 def test_greedy_generation_equals_transformers(case, tmp_path):
     """24 new tokens for a padded batch of sources (no stop: transformers' ``min_new_tokens`` keeps EOS out, and
@@ -209,6 +215,7 @@ def test_greedy_generation_equals_transformers(case, tmp_path):
     np.testing.assert_array_equal(got, expected)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["bart", "mbart"])
 def test_beam_search_equals_transformers(case, tmp_path):
     """Beam search on a padded batch of sources (several beam counts, length penalties and early-stopping rules, a
@@ -237,19 +244,18 @@ def torch_count(model: torch.nn.Module) -> int:
     return sum(p.numel() for p in model.parameters()) + (0 if bias is None else bias.numel())
 
 
+@pytest.mark.slow_variants
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_parameter_counts_equal_transformers(case):
     for head, cls in HEADS.items():
         hf = build(case, head)
         config = getattr(transformers, f"{PREFIX[case]}Config")(**(CASES[case][1] | IDS)).to_dict()
-        from flaxzoo.models.families import family_of
         ours = family_of(hf.config.model_type).config_from_hf(config)
         assert param_count(ours, cls) == torch_count(hf), head
 
 
 def hf_config_of(preset: str) -> transformers.PretrainedConfig:
     """The transformers config of a flaxzoo preset (its ``config.json`` as ``save_pretrained`` would write it)."""
-    from flaxzoo.models.families import family_of
     config = get_preset(preset)
     family = family_of(config.model_type)
     fields = family.config_to_hf(config)
