@@ -26,7 +26,7 @@ def get_config():
     c.data.max_len = 16
     c.data.target_max_len = 12
     c.data.group_by_length = False
-    c.epochs = 12
+    c.epochs = 6
     c.batch_size = 32
     c.eval_batch_size = 200
     c.optim.lr = 3e-3

@@ -128,7 +128,8 @@ def losses(workdir) -> dict[int, float]:
 def test_the_reversal_task_is_learned_resumed_after_sigkill_and_exported(tmp_path):
     """``python -m flaxzoo.train --config seq2seq_reverse`` learns to reverse held-out word sequences (exact match
     >= 90 %); the same command killed (SIGKILL) mid-run and run again ends with the same losses, scores and
-    predictions; the exported model loads in transformers with equal logits."""
+    predictions; ``generate_text`` reverses new prompts; the exported model loads in transformers with equal
+    logits."""
     whole = run(command(tmp_path / "whole"), timeout=1500)
     assert whole.returncode == 0, whole.stdout[-3000:] + whole.stderr[-3000:]
     metrics = json.loads((tmp_path / "whole" / "eval" / "metrics.json").read_text())
@@ -136,19 +137,30 @@ def test_the_reversal_task_is_learned_resumed_after_sigkill_and_exported(tmp_pat
           f"{metrics['bleu']:.1f}, {metrics['steps']} steps in {metrics['train_s']} s")
     assert metrics["exact_match"] >= 90.0
 
-    args = command(tmp_path / "killed")
-    code, out = run_until(args, "step 600/", signal.SIGKILL, tmp_path)
+    # resume: one epoch (125 steps, a checkpoint every 25), killed at step 80, run again
+    short = {"epochs": 1, "checkpoint_every": 25}
+    uninterrupted = run(command(tmp_path / "short", **short), timeout=900)
+    assert uninterrupted.returncode == 0, uninterrupted.stdout[-3000:] + uninterrupted.stderr[-3000:]
+    args = command(tmp_path / "killed", **short)
+    code, out = run_until(args, "step 80/", signal.SIGKILL, tmp_path)
     assert code == -signal.SIGKILL, out[-3000:]
-    again = run(args, timeout=1500)
-    assert again.returncode == 0 and "resumed from checkpoint at step 500" in again.stdout, again.stdout[-3000:]
-    assert losses(tmp_path / "killed") == losses(tmp_path / "whole")
-    resumed = json.loads((tmp_path / "killed" / "eval" / "metrics.json").read_text())
+    again = run(args, timeout=900)
+    assert again.returncode == 0 and "resumed from checkpoint at step" in again.stdout, again.stdout[-3000:]
+    assert losses(tmp_path / "killed") == losses(tmp_path / "short")
+    resumed, reference = (json.loads((tmp_path / name / "eval" / "metrics.json").read_text())
+                          for name in ("killed", "short"))
     for key in ("exact_match", "rouge1", "rouge2", "rougeL", "bleu", "chrf"):
-        assert resumed[key] == metrics[key], key
+        assert resumed[key] == reference[key], key
     assert ((tmp_path / "killed" / "eval" / "predictions.jsonl").read_text()
-            == (tmp_path / "whole" / "eval" / "predictions.jsonl").read_text())
+            == (tmp_path / "short" / "eval" / "predictions.jsonl").read_text())
 
     model = models.from_pretrained(str(tmp_path / "whole"))
+    tokenizer = models.load_tokenizer(str(tmp_path / "whole"))
+    prompts = ["cat dog sun moon", "one two three", "red sea star blue five", "tree house car", "six eight fish"]
+    wanted = [" ".join(p.split()[::-1]) for p in prompts]
+    for beams in (1, 4):  # generate_text takes the encoder-decoder: greedy and beam search
+        texts = models.generate_text(model, tokenizer, prompts, max_new_tokens=12, num_beams=beams)
+        assert sum(t == w for t, w in zip(texts, wanted)) >= 4, texts
     models.save_pretrained(model, tmp_path / "hf")
     hf = transformers.T5ForConditionalGeneration.from_pretrained(tmp_path / "hf").eval()
     source = np.array([[2304, 4937, 2028, 2712, 102, 0]])

@@ -25,6 +25,7 @@ from flax import nnx
 from tokenizers import normalizers
 
 from flaxzoo.models.architectures.decoder import GPTForCausalLM
+from flaxzoo.models.architectures.encoder_decoder.model import Seq2SeqForConditionalGeneration
 from flaxzoo.models.io.chat import ChatTemplate, load_chat_template
 from flaxzoo.models.inference.generate import generate
 
@@ -127,8 +128,11 @@ def generate_text(model: nnx.Module, tokenizer: tokenizers.Tokenizer,
                   stop_at_eos: bool = True, add_bos: bool | None = None, rng: jax.Array | None = None,
                   seed: int | None = None, skip_special_tokens: bool = True,
                   messages: Sequence[Mapping] | Sequence[Sequence[Mapping]] | None = None,
-                  chat_template: ChatTemplate | str | os.PathLike | None = None) -> str | list[str]:
-    """Continue ``prompt`` (one string or a list, batched with left padding) and return only the new text.
+                  chat_template: ChatTemplate | str | os.PathLike | None = None, num_beams: int = 1,
+                  length_penalty: float = 1.0, early_stopping: bool | str = False) -> str | list[str]:
+    """Continue ``prompt`` (one string or a list, batched with left padding) and return only the new text; for an
+    encoder-decoder (``Seq2SeqForConditionalGeneration``: T5, BART) the prompt is the source and the text is the
+    decoder's (its start token left out).
 
     Or, instead of a prompt, answer ``messages``: one conversation (a list of ``{"role", "content"}`` mappings;
     returns a string) or a list of them (returns a list), each rendered with ``chat_template`` and the header of
@@ -152,10 +156,15 @@ def generate_text(model: nnx.Module, tokenizer: tokenizers.Tokenizer,
         or packaged name, as ``from_pretrained`` takes), the template text, or a ``ChatTemplate``. Required: a
         ``tokenizers.Tokenizer`` carries no template.
 
+      num_beams, length_penalty, early_stopping: beam search, as ``flaxzoo.models.inference.generate`` (greedy
+        only).
+
     Returns a string for a string prompt or one conversation, else a list of strings.
     """
-    if not isinstance(model, GPTForCausalLM):
-        raise ValueError(f"generate_text needs a causal LM (GPTForCausalLM); got {type(model).__name__}")
+    encoder_decoder = isinstance(model, Seq2SeqForConditionalGeneration)
+    if not isinstance(model, GPTForCausalLM) and not encoder_decoder:
+        raise ValueError(f"generate_text needs a causal LM (GPTForCausalLM) or an encoder-decoder "
+                         f"(Seq2SeqForConditionalGeneration); got {type(model).__name__}")
     if messages is not None:
         if prompt is not None:
             raise ValueError("generate_text takes a prompt or messages, not both")
@@ -183,11 +192,12 @@ def generate_text(model: nnx.Module, tokenizer: tokenizers.Tokenizer,
         raise ValueError(f"prompt(s) {empty} encode to no tokens; pass add_bos=True to start from the BOS token")
     eos = (config.eos_token_id if eos_token_id is None else eos_token_id) if stop_at_eos else None
     stops = set() if eos is None else ({int(eos)} if isinstance(eos, (int, np.integer)) else set(map(int, eos)))
-    ids, mask = pad_batch(rows, pad_id=config.pad_token_id or 0, left=True)
+    ids, mask = pad_batch(rows, pad_id=config.pad_token_id or 0, left=not encoder_decoder)
     tokens = np.asarray(generate(model, ids, max_new_tokens, attention_mask=mask, temperature=temperature,
-                                 top_k=top_k, top_p=top_p, eos_token_id=eos, rng=rng, seed=seed))
+                                 top_k=top_k, top_p=top_p, eos_token_id=eos, rng=rng, seed=seed,
+                                 num_beams=num_beams, length_penalty=length_penalty, early_stopping=early_stopping))
     texts = []
-    for row in tokens[:, ids.shape[1]:].tolist():
+    for row in tokens[:, 1 if encoder_decoder else ids.shape[1]:].tolist():
         ends = [i for i, token in enumerate(row) if token in stops]
         if ends:
             row = row[:ends[0]]

@@ -36,6 +36,23 @@ class KVCache(NamedTuple):
     value: jax.Array
 
 
+def heads_major(key: jax.Array, value: jax.Array) -> KVCache:
+    """``key`` / ``value`` ``[batch, k, kv_heads, head_dim]`` as the cache's ``[batch · kv_heads, k, head_dim]``
+    buffers (an encoder output's keys and values, kept for a decode loop)."""
+    batch, length, kv_heads, head_dim = key.shape
+
+    def lay_out(x: jax.Array) -> jax.Array:
+        return x.transpose(0, 2, 1, 3).reshape(batch * kv_heads, length, head_dim)
+
+    return KVCache(lay_out(key), lay_out(value))
+
+
+def sequence_major(buffer: jax.Array, batch: int) -> jax.Array:
+    """A ``[batch · kv_heads, k, head_dim]`` buffer as ``[batch, k, kv_heads, head_dim]`` (a view for the paths
+    that take that layout)."""
+    return buffer.reshape(batch, -1, *buffer.shape[1:]).transpose(0, 2, 1, 3)
+
+
 def _cached(cache: KVCache, key: jax.Array, value: jax.Array, offset: jax.Array
             ) -> tuple[KVCache, jax.Array, jax.Array]:
     """``cache`` with this step's ``key`` / ``value`` (``[batch, q, kv_heads, head_dim]``) written at slot ``offset``,
@@ -51,8 +68,7 @@ def _cached(cache: KVCache, key: jax.Array, value: jax.Array, offset: jax.Array
         return jax.lax.dynamic_update_slice(buffer, rows, (0, offset, 0))
 
     cache = KVCache(write(cache.key, key), write(cache.value, value))
-    view = lambda buffer: buffer.reshape(batch, kv_heads, -1, head_dim).transpose(0, 2, 1, 3)  # noqa: E731
-    return cache, view(cache.key), view(cache.value)
+    return cache, sequence_major(cache.key, batch), sequence_major(cache.value, batch)
 
 
 class Attention(nnx.Module):
@@ -192,7 +208,8 @@ class Attention(nnx.Module):
           sliding: this layer attends through ``config.sliding_window`` (a Python bool; a traced one when stacked
             layers of both kinds share a scan: ``lax.cond`` then runs the windowed or the full core, each with its
             kernel).
-          memory_kv: cross-attention: the keys and values of :meth:`keys_values` over an encoder's output. The queries are ``x``'s, never
+          memory_kv: cross-attention: the keys and values of :meth:`keys_values` over an encoder's output (or a
+            decode loop's :func:`heads_major` buffers of them). The queries are ``x``'s, never
             causal, unrotated and unbiased by positions (the layout's segments say which source tokens each query
             reads: its own pair's, real ones only); no ``cache``, window or relative attention applies.
 
@@ -234,11 +251,16 @@ class Attention(nnx.Module):
                                             query, key, value)
         return self.out(constrain(context, QUERY_HEADS)), cache, weights
 
-    def _cross(self, query: jax.Array, memory_kv: tuple[jax.Array, jax.Array], layout: AttentionLayout,
+    def _cross(self, query: jax.Array, memory_kv: tuple[jax.Array, jax.Array] | KVCache, layout: AttentionLayout,
                return_weights: bool) -> tuple[jax.Array, None, jax.Array | None]:
-        """Cross-attention of projected ``query`` over ``memory_kv`` (see :meth:`__call__`)."""
+        """Cross-attention of projected ``query`` over ``memory_kv`` (see :meth:`__call__`): ``[batch, src,
+        kv_heads, head_dim]`` keys and values, or a decode loop's :func:`heads_major` buffers (read in place)."""
+        buffers = memory_kv if isinstance(memory_kv, KVCache) else None
+        if buffers is not None:
+            memory_kv = (sequence_major(buffers.key, query.shape[0]), sequence_major(buffers.value, query.shape[0]))
         key, value = memory_kv
         query = self._scaled(query)
         dropout = self._dropout_multiplier(query.shape[0], query.shape[1], key.shape[1])
-        context, weights = self._core(query, key, value, layout, None, dropout, False, return_weights, causal=False)
+        context, weights = self._core(query, key, value, layout, None, dropout, False, return_weights, buffers,
+                                      causal=False)
         return self.out(constrain(context, QUERY_HEADS)), None, weights

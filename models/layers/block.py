@@ -95,7 +95,7 @@ class CrossAttentionBlock(TransformerBlock):
 
     def __call__(self, x: jax.Array, layout: AttentionLayout, *, cache: KVCache | None = None,
                  return_weights: bool = False, sliding: bool | jax.Array = False,
-                 memory_kv: tuple[jax.Array, jax.Array] | None = None
+                 memory_kv: tuple[jax.Array, jax.Array] | KVCache | None = None
                  ) -> tuple[jax.Array, KVCache | None, jax.Array | None]:
         """As :meth:`TransformerBlock.__call__`; the weights returned are the self-attention's."""
         if layout.cross is None:

@@ -25,8 +25,8 @@ class DecodeState:
     same for every row: prompts are left-aligned so that their last tokens share a slot).
 
     An encoder-decoder's decoder (:meth:`with_memory`) also keeps, per layer, the cross-attention keys and values of
-    the encoder's output (``memory_keys`` / ``memory_values``, ``[batch, src, kv_heads, head_dim]``, computed once
-    and only read by each step) and which source tokens are real (``memory_valid: [batch, src]``).
+    the encoder's output (``memory_keys`` / ``memory_values``, ``[batch · kv_heads, src, head_dim]`` as the cache's
+    buffers, computed once and only read by each step) and which source tokens are real (``memory_valid: [batch, src]``).
     """
 
     keys: tuple[jax.Array, ...]
@@ -52,8 +52,8 @@ class DecodeState:
 
     def with_memory(self, keys: tuple[jax.Array, ...], values: tuple[jax.Array, ...], valid: jax.Array
                     ) -> "DecodeState":
-        """The state with each layer's cross-attention ``keys`` / ``values`` (``[batch, src, kv_heads, head_dim]``)
-        of an encoder output whose real tokens ``valid: [batch, src]`` marks."""
+        """The state with each layer's cross-attention ``keys`` / ``values`` (``[batch · kv_heads, src, head_dim]``
+        buffers: ``attention.heads_major``) of an encoder output whose real tokens ``valid: [batch, src]`` marks."""
         if len(keys) != len(self.keys) or len(values) != len(self.keys):
             raise ValueError(f"memory keys / values for {len(keys)} / {len(values)} layers: expected one per layer "
                              f"({len(self.keys)})")

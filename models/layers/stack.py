@@ -258,7 +258,8 @@ class TransformerStack(nnx.Module):
         kinds = self.config.sliding_layers
         new_keys, new_values = [], []
         for i, layer in enumerate(layers):
-            cross = {} if not state.memory_keys else {"memory_kv": (state.memory_keys[i], state.memory_values[i])}
+            cross = {} if not state.memory_keys else {"memory_kv": KVCache(state.memory_keys[i],
+                                                                            state.memory_values[i])}
             x, cache, _ = layer(constrain(x, HIDDEN), layout, cache=KVCache(state.keys[i], state.values[i]),
                                 sliding=kinds[i], **cross)
             x = constrain(x, HIDDEN)

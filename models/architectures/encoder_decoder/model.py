@@ -16,6 +16,7 @@ import numpy as np
 from flax import nnx
 
 from flaxzoo.models.config import TransformerConfig
+from flaxzoo.models.layers.attention import heads_major
 from flaxzoo.models.layers.block import CrossAttentionBlock, TransformerBlock
 from flaxzoo.models.layers.decode_state import DecodeState
 from flaxzoo.models.layers.embeddings import LMHead, as_index_array, is_concrete, token_table
@@ -106,11 +107,13 @@ class Seq2SeqModel(Seq2SeqEncoderModel):
         decoder layer's cross-attention keys and values, projected here once for the whole decode loop.
         ``layers``: the decoder's ``decoding_layers()``."""
         layers = self.decoder.decoding_layers() if layers is None else layers
-        projected = [layer.cross_attention.keys_values(memory) for layer in layers]
+        # heads-major [batch · kv_heads, src, head_dim], the layout the decode step's core reads in place (laid
+        # out here once: a [batch, src, kv_heads, head_dim] copy is relaid out by every step)
+        projected = [heads_major(*layer.cross_attention.keys_values(memory)) for layer in layers]
         valid = (jnp.ones(memory.shape[:2], jnp.int32) if attention_mask is None
                  else jnp.asarray(attention_mask).astype(jnp.int32))
         state = DecodeState.create(self.decoder.config, memory.shape[0], max_len)
-        return state.with_memory(tuple(k for k, _ in projected), tuple(v for _, v in projected), valid)
+        return state.with_memory(tuple(p.key for p in projected), tuple(p.value for p in projected), valid)
 
 
 class Seq2SeqForConditionalGeneration(Seq2SeqModel):
