@@ -12,8 +12,10 @@ import transformers
 from family_parity import BEAM_SETTINGS, assert_same_beams, frequent_token
 from flaxzoo.models.architectures.encoder_decoder.model import (Seq2SeqEncoderModel, Seq2SeqForConditionalGeneration,
                                                                 Seq2SeqModel)
+from flaxzoo.models.families import PRESETS
 from flaxzoo.models.inference.generate import generate
 from flaxzoo.models.io import from_pretrained, save_pretrained
+from flaxzoo.models.modeling import param_count
 
 # Each case: transformers config class, its fields. Depths differ between encoder and decoder; d_kv is not
 # d_model / heads; bucket counts and distances differ; v1.0 ties and scales, v1.1 / mT5 / umT5 do not.
@@ -164,3 +166,35 @@ def test_beam_search_equals_transformers(case, tmp_path):
                                    early_stopping=early, eos_token_id=stop))
         assert (ours[:, 0] == 0).all() and (theirs[:, 0] == 0).all()
         assert_same_beams(ours[:, 1:], theirs[:, 1:], stop, fill=0)
+
+
+T5_CONFIGS = {"t5": transformers.T5Config, "mt5": transformers.MT5Config, "umt5": transformers.UMT5Config}
+
+
+@pytest.mark.slow
+def test_preset_parameter_counts_equal_transformers():
+    """The published sizes of every T5-layout preset (T5, Flan-T5, mT5, umT5), transformers' models built on the meta
+    device (no memory) from the preset's values, flaxzoo's abstractly. transformers counts a shared tensor once
+    (``shared`` is the encoder's and the decoder's token table). Its T5 / mT5 / umT5 configs force
+    ``tie_word_embeddings=True`` (``tie_word_embeddings=False`` only turns the decoder output's scaling off), so a
+    model built from a config ties ``lm_head`` to ``shared`` even for an untied checkpoint (Flan-T5, mT5, umT5), whose
+    published head is its own ``[vocab, d_model]`` matrix (transformers unties it when such a checkpoint loads): for
+    an untied preset the head is counted once more whenever transformers' ``lm_head`` is ``shared``."""
+    presets = {name: config for name, config in PRESETS.items()
+               if config.model_type in T5_CONFIGS and "tiny" not in name}
+    assert {"t5-small", "flan-t5-base", "mt5-small", "umt5-small"} <= set(presets)
+    for name, config in presets.items():
+        fields = dict(vocab_size=config.vocab_size, d_model=config.hidden_size, d_kv=config.head_dim,
+                      d_ff=config.intermediate_size, num_layers=config.num_layers,
+                      num_decoder_layers=config.num_decoder_layers, num_heads=config.num_heads,
+                      relative_attention_num_buckets=config.position_bias_buckets,
+                      relative_attention_max_distance=config.position_bias_max_distance,
+                      feed_forward_proj="gated-gelu" if config.mlp_gated else "relu",
+                      tie_word_embeddings=config.tie_word_embeddings)
+        prefix = {"t5": "T5", "mt5": "MT5", "umt5": "UMT5"}[config.model_type]
+        with torch.device("meta"):
+            hf = getattr(transformers, f"{prefix}ForConditionalGeneration")(T5_CONFIGS[config.model_type](**fields))
+        theirs = sum(p.numel() for p in hf.parameters())
+        if not config.tie_word_embeddings and hf.lm_head.weight is hf.shared.weight:
+            theirs += hf.lm_head.weight.numel()
+        assert param_count(config, Seq2SeqForConditionalGeneration) == theirs, name
