@@ -170,3 +170,13 @@ def test_the_reversal_task_is_learned_resumed_after_sigkill_and_exported(tmp_pat
                     decoder_input_ids=torch.tensor(target)).logits.numpy()
     ours = np.asarray(model(jnp.asarray(source), jnp.asarray(source != 0), jnp.asarray(target)))
     np.testing.assert_allclose(ours, theirs, atol=1e-4)
+
+
+def test_lora_trains_the_adapters_alone_by_default():
+    """An encoder-decoder has no fresh head: LoRA's ``train_fully`` "" trains nothing beside the adapters (a
+    classifier's trains its head)."""
+    assert seq2seq_config(**{"lora.rank": 4}).fully_trained == ()
+    assert seq2seq_config(**{"lora.rank": 4, "lora.train_fully": "head"}).fully_trained == ("head",)
+    config = base_config()
+    config.lora.rank = 4
+    assert FinetuneConfig.from_config_dict(config).fully_trained == ("head",)

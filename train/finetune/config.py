@@ -277,9 +277,12 @@ class FinetuneConfig(RunConfig):
     @property
     def fully_trained(self) -> tuple[str, ...]:
         """With LoRA, what trains in full beside the adapters: ``lora.train_fully``'s names / module-path regular
-        expressions, "" meaning :data:`DEFAULT_TRAIN_FULLY` (the pooler and classifier); () without LoRA."""
+        expressions, "" meaning :data:`DEFAULT_TRAIN_FULLY` (the pooler and classifier; nothing for
+        ``task="seq2seq"``, whose weights are all pretrained); () without LoRA."""
         if not self.lora.enabled:
             return ()
+        if self.task == "seq2seq":  # no fresh head: "" trains the adapters alone
+            return self.lora.fully_trained
         return self.lora.fully_trained or DEFAULT_TRAIN_FULLY
 
     def resolved_dtype(self, backend: str | None = None) -> str:

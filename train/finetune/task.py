@@ -238,7 +238,8 @@ class FinetuneTask(Task):
         lora = (f" (LoRA rank {self.lora.rank} on {','.join(self.lora.targets)}, alpha {self.lora.alpha:g}: "
                 f"{self.trained_count:,} trained, {100 * self.trained_count / total:.2f}%)" if self.lora else "")
         say(f"model: {self.MODEL_CLASS} from {cfg.init_from or 'the packaged all-MiniLM-L6-v2'}, "
-            f"{total:,} parameters{lora}, {self.config.num_labels} labels, compute {self.config.dtype}, remat "
+            f"{total:,} parameters{lora}, " + (f"{self.config.num_labels} labels, " if self.FRESH_HEAD else "")
+            + f"compute {self.config.dtype}, remat "
             f"{self.config.remat}, scan_layers {self.config.scan_layers}; mesh {shardlib.describe(self.mesh)} "
             f"({jax.process_count()} process(es)); {cfg.epochs} epochs x {self.steps_per_epoch} steps of "
             f"{cfg.batch_size}"
