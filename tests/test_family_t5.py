@@ -77,8 +77,16 @@ def real_max_difference(a: np.ndarray, b: np.ndarray, mask: np.ndarray) -> float
     return float(np.abs(a - b)[mask.astype(bool)].max())
 
 
-@pytest.mark.parametrize("scan", [False, True], ids=["unrolled", "scanned"])
-@pytest.mark.parametrize("case", sorted(CASES))
+def tiered(cases, quick) -> list:
+    """``cases`` as pytest params, those not in ``quick`` marked ``slow`` (the quick tier keeps a few)."""
+    return [pytest.param(*case if isinstance(case, tuple) else (case,), marks=() if case in quick else pytest.mark.slow,
+                         id="-".join(map(str, case)) if isinstance(case, tuple) else case) for case in cases]
+
+
+LAYOUTS = [(case, scan) for case in sorted(CASES) for scan in (False, True)]
+
+
+@pytest.mark.parametrize("case, scan", tiered(LAYOUTS, [("t5-v1.0", False), ("umt5", True)]))
 def test_conditional_generation_both_ways(case, scan, tmp_path):
     hf = build(case, "ForConditionalGeneration")
     hf.save_pretrained(tmp_path / "hf")
@@ -97,7 +105,7 @@ def test_conditional_generation_both_ways(case, scan, tmp_path):
     assert saved < ATOL, f"flaxzoo -> hf logits differ by {saved:.2e}"
 
 
-@pytest.mark.parametrize("case", ["t5-v1.0", "umt5"])
+@pytest.mark.parametrize("case", tiered(["t5-v1.0", "umt5"], ["umt5"]))
 def test_encoder_model_and_base_model(case, tmp_path):
     """``T5EncoderModel`` (its own checkpoint, and the encoder of a full one) and ``T5Model``'s decoder states."""
     hf = build(case, "EncoderModel")
@@ -131,7 +139,7 @@ def hf_generate(model, ids, mask, new_tokens: int, **kwargs) -> np.ndarray:
                               max_new_tokens=new_tokens, **kwargs).numpy()
 
 
-@pytest.mark.parametrize("case", ["t5-v1.1", "umt5", "t5-v1.0"])
+@pytest.mark.parametrize("case", tiered(["t5-v1.1", "umt5", "t5-v1.0"], ["t5-v1.1"]))
 def test_greedy_generation_equals_transformers(case, tmp_path):
     """24 new tokens for a padded batch of sources (no stop: transformers' ``min_new_tokens`` keeps EOS out, and
     flaxzoo is given no stop id), the cross-attention keys and values computed once. The decoder is never deeper
@@ -148,7 +156,7 @@ def test_greedy_generation_equals_transformers(case, tmp_path):
     np.testing.assert_array_equal(got, expected)
 
 
-@pytest.mark.parametrize("case", ["t5-v1.1", "umt5"])
+@pytest.mark.parametrize("case", tiered(["t5-v1.1", "umt5"], ["umt5"]))
 def test_beam_search_equals_transformers(case, tmp_path):
     """Beam search on a padded batch of sources (several beam counts, length penalties and early-stopping rules, a
     stop id the model emits) equals transformers' ``generate``, start id included."""

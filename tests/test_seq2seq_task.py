@@ -125,6 +125,7 @@ def losses(workdir) -> dict[int, float]:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1500)  # four training runs in subprocesses (one of 750 steps, three of 125)
 def test_the_reversal_task_is_learned_resumed_after_sigkill_and_exported(tmp_path):
     """``python -m flaxzoo.train --config seq2seq_reverse`` learns to reverse held-out word sequences (exact match
     >= 90 %); the same command killed (SIGKILL) mid-run and run again ends with the same losses, scores and
