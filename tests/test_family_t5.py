@@ -4,6 +4,8 @@ head sizes, bucket counts, tied and untied heads."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -45,6 +47,10 @@ def build(case: str, head: str, seed: int = 0, **changes) -> torch.nn.Module:
     torch.manual_seed(seed)
     config = config_cls(**(fields | changes), dropout_rate=0.0, decoder_start_token_id=0)
     model = getattr(transformers, f"{PREFIX[case]}{head}")(config)
+    if not (fields | changes).get("tie_word_embeddings", True) and hasattr(model, "lm_head"):
+        # transformers 5 ties the head to the token table at construction whatever the config says: untie it, as a
+        # Flan-T5 checkpoint's own lm_head.weight does when loaded
+        model.lm_head.weight = torch.nn.Parameter(model.shared.weight.detach().clone())
     with torch.no_grad():  # weights whose outputs vary with the input and the position: T5's init at these sizes
         for name, p in model.named_parameters():  # gives near-constant predictions, and leaves the bias tables small
             if "relative_attention_bias" in name:
@@ -105,6 +111,19 @@ def test_conditional_generation_both_ways(case, scan, tmp_path):
     assert saved < ATOL, f"flaxzoo -> hf logits differ by {saved:.2e}"
 
 
+def test_an_untied_head_saved_by_transformers_5_loads_untied(tmp_path):
+    """transformers 5 writes ``tie_word_embeddings=true`` into a v1.1 model's ``config.json`` and the head's own
+    tensor beside it: flaxzoo reads the head's tying from the tensors (and a tied one from their absence)."""
+    untied = build("t5-v1.1", "ForConditionalGeneration")
+    untied.save_pretrained(tmp_path / "untied")
+    assert json.loads((tmp_path / "untied" / "config.json").read_text())["tie_word_embeddings"] is True
+    assert not from_pretrained(tmp_path / "untied").config.tie_word_embeddings
+    assert from_pretrained(tmp_path / "untied").lm_head.kernel is not None
+    tied = build("t5-v1.0", "ForConditionalGeneration")
+    tied.save_pretrained(tmp_path / "tied")
+    assert from_pretrained(tmp_path / "tied").config.tie_word_embeddings
+
+
 @pytest.mark.parametrize("case", tiered(["t5-v1.0", "umt5"], ["umt5"]))
 def test_encoder_model_and_base_model(case, tmp_path):
     """``T5EncoderModel`` (its own checkpoint, and the encoder of a full one) and ``T5Model``'s decoder states."""
@@ -133,7 +152,8 @@ def test_encoder_model_and_base_model(case, tmp_path):
 
 
 def hf_generate(model, ids, mask, new_tokens: int, **kwargs) -> np.ndarray:
-    kwargs.setdefault("min_new_tokens", new_tokens)
+    kwargs.setdefault("eos_token_id", None)  # no stop and no token suppressed: flaxzoo is given no stop id either
+    kwargs.setdefault("pad_token_id", 0)
     with torch.no_grad():
         return model.generate(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask),
                               max_new_tokens=new_tokens, **kwargs).numpy()
@@ -141,8 +161,8 @@ def hf_generate(model, ids, mask, new_tokens: int, **kwargs) -> np.ndarray:
 
 @pytest.mark.parametrize("case", tiered(["t5-v1.1", "umt5", "t5-v1.0"], ["t5-v1.1"]))
 def test_greedy_generation_equals_transformers(case, tmp_path):
-    """24 new tokens for a padded batch of sources (no stop: transformers' ``min_new_tokens`` keeps EOS out, and
-    flaxzoo is given no stop id), the cross-attention keys and values computed once. The decoder is never deeper
+    """24 new tokens for a padded batch of sources (no stop id on either side), the cross-attention keys and values
+    computed once. The decoder is never deeper
     than the encoder here: transformers sizes its generation cache by the encoder's depth."""
     fields = CASES[case][1]
     hf = build(case, "ForConditionalGeneration", seed=5,
@@ -169,7 +189,7 @@ def test_beam_search_equals_transformers(case, tmp_path):
     model = from_pretrained(tmp_path / "hf")
     for beams, penalty, early in BEAM_SETTINGS:
         theirs = hf_generate(hf, ids, mask, 20, do_sample=False, num_beams=beams, length_penalty=penalty,
-                             early_stopping=early, eos_token_id=stop, pad_token_id=0, min_new_tokens=0)
+                             early_stopping=early, eos_token_id=stop)
         ours = np.asarray(generate(model, ids, 20, attention_mask=mask, num_beams=beams, length_penalty=penalty,
                                    early_stopping=early, eos_token_id=stop))
         assert (ours[:, 0] == 0).all() and (theirs[:, 0] == 0).all()

@@ -241,7 +241,9 @@ class Family:
     ``TransformerConfig`` fields the family fixes (``causal`` among them); ``save_problems(config)`` names anything
     else Hugging Face's class cannot express. ``factory(cls, flaxzoo parameter paths a checkpoint fills)``: what
     builds the model for it (a ``BertModel`` without pooler ...); ``rename``: old tensor names → current ones, on
-    load. ``gguf``: its llama.cpp files, if any. ``lora_targets`` / ``projections``: the LoRA target names and the
+    load. ``config_from_tensors(config, tensor names)``: what the checkpoint's tensor names decide that its
+    ``config.json`` does not (T5's untied head: transformers 5 writes ``tie_word_embeddings=true`` whatever the
+    checkpoint holds). ``gguf``: its llama.cpp files, if any. ``lora_targets`` / ``projections``: the LoRA target names and the
     projections int8 quantises. ``presets``: named configs of published (and tiny test) models of this
     ``model_type`` (``flaxzoo.models.get_preset``). The block the layers are made of is the model classes' ``block``
     attribute.
@@ -257,6 +259,7 @@ class Family:
     save_problems: Callable[[TransformerConfig], list[str]] = lambda config: []
     factory: Callable[[type, Collection[ParamPath]], Callable[..., nnx.Module]] = plain
     rename: Callable[[str], str] | None = None
+    config_from_tensors: Callable[[TransformerConfig, Collection[str]], TransformerConfig] | None = None
     gguf: GGUFSpec | None = None
     lora_targets: Mapping[str, str] = dataclasses.field(default_factory=lambda: dict(LORA_TARGETS))
     projections: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=lambda: dict(INT8_TARGETS))

@@ -100,6 +100,18 @@ def weight_files(directory: pathlib.Path, allow_pickle: bool
     return files, reader
 
 
+def stored_tensor_names(directory: pathlib.Path) -> set[str] | None:
+    """The tensor names of the safetensors checkpoint in ``directory`` from its headers (or index) alone, nothing
+    read; None for a pickle checkpoint or a directory without weights."""
+    if (directory / SAFETENSORS_INDEX).is_file() and not (directory / SAFETENSORS).is_file():
+        return set(json.loads((directory / SAFETENSORS_INDEX).read_text())["weight_map"])
+    if not (directory / SAFETENSORS).is_file():
+        return None
+    with open(directory / SAFETENSORS, "rb") as raw:
+        header_size = int.from_bytes(raw.read(8), "little")
+        return set(json.loads(raw.read(header_size))) - {"__metadata__"}
+
+
 def read_weights(directory: pathlib.Path, allow_pickle: bool, progress: bool = False) -> dict[str, np.ndarray]:
     """Every tensor of the checkpoint in ``directory``."""
     files, reader = weight_files(directory, allow_pickle)

@@ -35,7 +35,8 @@ from flaxzoo.models.families import family_and_class, family_of_class, factory_f
 from flaxzoo.models.families.base import Entry, ParamPath, WeightMap, dotted, format_names, param_path
 from flaxzoo.models.io.gguf import GGUFFile, is_gguf
 from flaxzoo.models.io.files import (PICKLE, PICKLE_INDEX, SAFETENSORS, SAFETENSORS_INDEX, PathLike, is_hub_id,
-                                      listing, read_config, read_weights, resolve_pretrained, weight_files)
+                                      listing, read_config, read_weights, resolve_pretrained, stored_tensor_names,
+                                      weight_files)
 from flaxzoo.models.adapters.lora import LoraConfig, apply_lora
 from flaxzoo.models.modeling import abstract_params, assemble_model, per_layer_shapes
 
@@ -127,7 +128,11 @@ class HFSource(Source):
     def describe(self) -> tuple[TransformerConfig, type]:
         family, cls = family_and_class(self.hf, None)
         weight_files(self.root, self.allow_pickle)  # no weights at all: say so before judging the config's fields
-        return family.config_from_hf(self.hf), cls
+        config = family.config_from_hf(self.hf)
+        names = stored_tensor_names(self.root) if family.config_from_tensors is not None else None
+        if names is not None:
+            config = family.config_from_tensors(config, names)
+        return config, cls
 
     def model_class(self, cls: type | str | None) -> type:
         return family_and_class(self.hf, cls)[1]

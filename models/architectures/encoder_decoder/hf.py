@@ -139,6 +139,13 @@ def t5_config_to_hf(config: TransformerConfig) -> dict[str, Any]:
             "scale_decoder_outputs": config.scale_decoder_output}
 
 
+def head_from_tensors(config: TransformerConfig, names) -> TransformerConfig:
+    """A checkpoint holding its own ``lm_head.weight`` has an untied head, one without it a tied one: transformers
+    5 writes ``tie_word_embeddings=true`` into every T5 ``config.json`` and unties a head whose tensor the checkpoint
+    holds (Flan-T5 re-saved by it)."""
+    return config.replace(tie_word_embeddings="lm_head.weight" not in names)
+
+
 def t5_save_problems(config: TransformerConfig) -> list[str]:
     """What transformers' T5-layout classes cannot express."""
     problems = []
