@@ -10,11 +10,13 @@ import numpy as np
 import pytest
 import torch
 import transformers
+from flax import nnx
 
 from family_parity import BEAM_SETTINGS, assert_same_beams, frequent_token
 from flaxzoo.models.architectures.encoder_decoder.model import (Seq2SeqEncoderModel, Seq2SeqForConditionalGeneration,
                                                                 Seq2SeqModel)
-from flaxzoo.models.families import PRESETS
+from flaxzoo.models.config import FieldError
+from flaxzoo.models.families import PRESETS, get_preset
 from flaxzoo.models.inference.generate import generate
 from flaxzoo.models.io import from_pretrained, save_pretrained
 from flaxzoo.models.modeling import param_count
@@ -226,3 +228,32 @@ def test_preset_parameter_counts_equal_transformers():
         if not config.tie_word_embeddings and hf.lm_head.weight is hf.shared.weight:
             theirs += hf.lm_head.weight.numel()
         assert param_count(config, Seq2SeqForConditionalGeneration) == theirs, name
+
+
+@pytest.mark.parametrize("changes, field", [
+    (dict(num_decoder_layers=0), "num_decoder_layers"),
+    (dict(position_bias_buckets=2), "position_bias_buckets"),
+    (dict(position_bias_buckets=32, position_bias_max_distance=10), "position_bias_buckets"),
+    (dict(position_bias_buckets=None, position_bias_per_layer=True), "position_bias_per_layer"),
+    (dict(attention_impl="splash"), "attention_impl"),
+    (dict(scale_decoder_output=1), "scale_decoder_output"),
+    (dict(decoder_start_token_id=5000), "decoder_start_token_id"),
+])
+def test_encoder_decoder_fields_are_checked_by_name(changes, field):
+    with pytest.raises(FieldError, match=field):
+        get_preset("t5-tiny", **changes)
+
+
+def test_bad_calls_are_refused_by_name():
+    model = Seq2SeqForConditionalGeneration(get_preset("t5-tiny"), rngs=nnx.Rngs(0))
+    ids = np.array([[5, 6, 7]])
+    with pytest.raises(ValueError, match=r"decoder_input_ids is None"):
+        model(ids, None, None)
+    with pytest.raises(ValueError, match=r"decoder_input_ids has 2 rows and the source 1"):
+        model(ids, None, np.array([[0], [0]]))
+    with pytest.raises(ValueError, match=r"need the source's segment_ids"):
+        model(ids, None, np.array([[0, 4]]), decoder_segment_ids=np.array([[1, 1]]))
+    with pytest.raises(ValueError, match=r"source row 1 has no real tokens"):
+        generate(model, np.array([[5, 6], [7, 8]]), 4, attention_mask=np.array([[1, 1], [0, 0]]))
+    with pytest.raises(ValueError, match=r"needs an encoder-decoder config"):
+        Seq2SeqForConditionalGeneration(get_preset("llama-tiny"), rngs=nnx.Rngs(0))
