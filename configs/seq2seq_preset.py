@@ -3,8 +3,8 @@ mt5-small / base, umt5-small / base, bart-base / large) trained from random init
 (``--config.data.train_path=train.jsonl --config.data.test_path=test.jsonl``, fields ``source`` and ``target``):
 the text-to-text fine-tuner (``flaxzoo.train.finetune.seq2seq``) at a preset's size, and what
 ``python -m flaxzoo.train.compile --config seq2seq_preset --config.model.preset=flan-t5-base --target v5e-8``
-compiles for an accelerator. Fine-tuning a pretrained checkpoint instead: ``--config.init_from=DIR_OR_HUB_ID``
-(its own tokenizer and config).
+compiles for an accelerator. Fine-tuning a pretrained checkpoint instead: ``--config.init_from=DIR_OR_HUB_ID
+--config.model.preset= --config.tokenizer=DIR_OR_HUB_ID`` (its own architecture and tokenizer).
 """
 
 from flaxzoo.train.config import model_fields

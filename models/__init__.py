@@ -1,4 +1,4 @@
-"""flaxzoo models: shared layers assembled into BERT-style encoders and GPT-style decoders."""
+"""flaxzoo models: shared layers assembled into BERT-style encoders, GPT-style decoders and encoder-decoders."""
 
 import importlib
 import importlib.abc
@@ -14,6 +14,8 @@ from flaxzoo.models.architectures.decoder import GPTForCausalLM, GPTForSequenceC
 from flaxzoo.models.architectures.encoder import (  # noqa: E402
     BertForMaskedLM, BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification, BertModel,
     EncoderOutput)
+from flaxzoo.models.architectures.encoder_decoder.model import (  # noqa: E402
+    Seq2SeqEncoderModel, Seq2SeqForConditionalGeneration, Seq2SeqForSequenceClassification, Seq2SeqModel)
 from flaxzoo.models.config import TransformerConfig  # noqa: E402
 from flaxzoo.models.families import PRESETS, get_preset  # noqa: E402
 from flaxzoo.models.inference.generate import generate  # noqa: E402
@@ -26,6 +28,7 @@ __all__ = [
     "BertForMaskedLM", "BertForQuestionAnswering", "BertForSequenceClassification", "BertForTokenClassification",
     "BertModel", "EncoderOutput",
     "DecodeState", "GPTForCausalLM", "GPTForSequenceClassification", "GPTModel", "attention_backend", "check_token_ids",
+    "Seq2SeqEncoderModel", "Seq2SeqForConditionalGeneration", "Seq2SeqForSequenceClassification", "Seq2SeqModel",
     "PRESETS", "TransformerConfig", "abstract_model", "create_model", "default_model_class", "from_pretrained",
     "generate", "get_preset", "param_count", "save_pretrained", "load_tokenizer", "embed", "generate_text",
     "classify", "apply_chat_template", "SentenceConfig", "SentenceEncoder", "search", "similarity",
