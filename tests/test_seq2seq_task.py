@@ -138,8 +138,8 @@ def test_the_reversal_task_is_learned_resumed_after_sigkill_and_exported(tmp_pat
           f"{metrics['bleu']:.1f}, {metrics['steps']} steps in {metrics['train_s']} s")
     assert metrics["exact_match"] >= 90.0
 
-    # resume: one epoch (125 steps, a checkpoint every 25), killed at step 80, run again
-    short = {"epochs": 1, "checkpoint_every": 25}
+    # resume: one epoch (125 steps, a checkpoint every 25, every step's loss logged), killed at step 80, run again
+    short = {"epochs": 1, "checkpoint_every": 25, "log_every": 1}
     uninterrupted = run(command(tmp_path / "short", **short), timeout=900)
     assert uninterrupted.returncode == 0, uninterrupted.stdout[-3000:] + uninterrupted.stderr[-3000:]
     args = command(tmp_path / "killed", **short)
