@@ -59,7 +59,7 @@ def choose_backend(impl: str, *, dtype, head_dim: int, heads: int, kv_heads: int
     - ``"softmax"``: the closed-form-backward kernel.
 
     A kernel takes full-sequence calls only (``q_len == k_len``: training, evaluation, encoding; a cached decode
-    step goes to XLA), no additive bias (ALiBi, DeBERTa's relative attention), and no attention dropout: with
+    step goes to XLA), no additive bias (ALiBi, DeBERTa's relative attention, T5's position bias), and no attention dropout: with
     dropout on, every platform runs the softmax kernel, which keeps the ``[batch, heads, q, k]`` probabilities (the
     accelerator presets train without attention dropout). ``shared_segments``: the queries' and keys' segment ids
     are one array (packed documents, also an MLM batch's; an encoder given only ``attention_mask`` has them
@@ -89,7 +89,7 @@ def choose_backend(impl: str, *, dtype, head_dim: int, heads: int, kv_heads: int
     if kernel is not None:
         interpret = platform != {"splash": "tpu", "gpu_flash": "gpu"}[kernel]
         if biased:
-            ok, reason = False, f"{kernel} does not take an additive bias (ALiBi, DeBERTa's relative attention)"
+            ok, reason = False, f"{kernel} does not take an additive bias (ALiBi, DeBERTa's relative attention, T5's position bias)"
         elif kernel == "gpu_flash" and windowed:
             ok, reason = False, "gpu_flash does not take a sliding window"
         elif kernel == "gpu_flash" and capped:
@@ -124,7 +124,7 @@ def choose_backend(impl: str, *, dtype, head_dim: int, heads: int, kv_heads: int
     elif head_dim % 8 or head_dim > limit:
         why_not = f"head_dim={head_dim} (cuDNN takes multiples of 8 up to {limit})"
     elif biased:
-        why_not = "an additive bias (ALiBi, DeBERTa's relative attention)"
+        why_not = "an additive bias (ALiBi, DeBERTa's relative attention, T5's position bias)"
     elif masked:
         why_not = "a padding / document mask"
     elif is_causal and q_len != k_len:
