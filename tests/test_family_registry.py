@@ -136,16 +136,17 @@ PRESETS = {'bert-base-uncased': ('bert', 'BertForMaskedLM'),
  'deberta-v3-small': ('deberta-v2', 'BertForMaskedLM'),
  'modernbert-base': ('modernbert', 'ModernBertForMaskedLM'),
  'modernbert-tiny': ('modernbert', 'ModernBertForMaskedLM')}
-LORA_TARGETS = [('attention', '(^|\\.)attention\\.(query|key|value|out)$'),
+LORA_TARGETS = [('attention', '(^|\\.)(cross_)?attention\\.(query|key|value|out)$'),
  ('mlp', '(^|\\.)mlp\\.(up|gate|down)$'),
- ('query', '(^|\\.)attention\\.query$'),
- ('key', '(^|\\.)attention\\.key$'),
- ('value', '(^|\\.)attention\\.value$'),
- ('out', '(^|\\.)attention\\.out$'),
+ ('query', '(^|\\.)(cross_)?attention\\.query$'),
+ ('key', '(^|\\.)(cross_)?attention\\.key$'),
+ ('value', '(^|\\.)(cross_)?attention\\.value$'),
+ ('out', '(^|\\.)(cross_)?attention\\.out$'),
+ ('cross_attention', '(^|\\.)cross_attention\\.(query|key|value|out)$'),
  ('up', '(^|\\.)mlp\\.up$'),
  ('gate', '(^|\\.)mlp\\.gate$'),
  ('down', '(^|\\.)mlp\\.down$'),
- ('head', '^(?!backbone(\\.|$)).+$')]
+ ('head', '^(?!(backbone|shared)(\\.|$)|(encoder|decoder)\\.).+$')]
 
 
 def test_the_order_of_the_families():

@@ -236,6 +236,10 @@ def test_train_fully_names_select_the_head_or_the_embeddings():
     assert modules(mlm, ("head",)) == ["decoder", "transform", "transform_norm"]
     clf = create_model(get_preset("bert-tiny"), BertForSequenceClassification)
     assert modules(clf, ("head",)) == ["classifier", "pooler"]
+    from flaxzoo.models import Seq2SeqForConditionalGeneration
+
+    t5 = create_model(get_preset("t5-tiny"), Seq2SeqForConditionalGeneration)  # untied: its own LM head
+    assert modules(t5, ("head",)) == ["lm_head"]
     gpt = create_model(get_preset("gpt2-tiny"))
     assert modules(gpt, ("embeddings",)) == ["backbone.embeddings.positions",
                                              "backbone.embeddings.tokens"]

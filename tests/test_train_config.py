@@ -25,7 +25,7 @@ from flaxzoo.train.config_sections import LOSS_CHUNK_BYTES, auto_loss_chunk
 REPO = pathlib.Path(__file__).resolve().parent.parent
 ALL_CONFIGS = sorted(p.stem for p in (REPO / "configs").glob("*.py") if not p.stem.startswith("_"))
 FINETUNE_CONFIGS = ("finetune_cls", "finetune_ner", "finetune_qa",  # task "classify" / "tag" / "qa": train/finetune
-                    "headlines_from_scratch")
+                    "headlines_from_scratch", "seq2seq_reverse", "seq2seq_preset")  # and "seq2seq"
 CONFIGS = [name for name in ALL_CONFIGS if name not in FINETUNE_CONFIGS]
 
 
@@ -63,7 +63,8 @@ def test_every_finetune_config_resolves(name):
     from flaxzoo.train.finetune.config import FinetuneConfig
 
     config = load_config(name)
-    if config.task in ("tag", "qa"):  # CoNLL / SQuAD files are the user's: the config names none
+    if config.task in ("tag", "qa") or config.data.source == "files" and not config.data.train_path:
+        # CoNLL / SQuAD / JSONL files are the user's: the config names none
         with pytest.raises(ConfigError, match="^data.train_path: ''"):
             FinetuneConfig.from_config_dict(config, 1)
         config.data.train_path, config.data.test_path = "train.txt", "test.txt"

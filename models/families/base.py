@@ -33,21 +33,25 @@ BACKBONE = "backbone"
 # The defaults every family gets unless it says otherwise. LoRA target names, each a regular expression over a
 # ``Dense``'s dotted module path:
 LORA_TARGETS: Mapping[str, str] = {
-    "attention": r"(^|\.)attention\.(query|key|value|out)$",
+    # self-attention, and an encoder-decoder's cross-attention beside it
+    "attention": r"(^|\.)(cross_)?attention\.(query|key|value|out)$",
     "mlp": r"(^|\.)mlp\.(up|gate|down)$",
-    "query": r"(^|\.)attention\.query$",
-    "key": r"(^|\.)attention\.key$",
-    "value": r"(^|\.)attention\.value$",
-    "out": r"(^|\.)attention\.out$",
+    "query": r"(^|\.)(cross_)?attention\.query$",
+    "key": r"(^|\.)(cross_)?attention\.key$",
+    "value": r"(^|\.)(cross_)?attention\.value$",
+    "out": r"(^|\.)(cross_)?attention\.out$",
+    "cross_attention": r"(^|\.)cross_attention\.(query|key|value|out)$",
     "up": r"(^|\.)mlp\.up$",
     "gate": r"(^|\.)mlp\.gate$",
     "down": r"(^|\.)mlp\.down$",
-    # Every module outside the backbone: a BERT pooler, an MLM head (transform, norm, vocabulary bias), a
-    # classifier, an untied LM head.
-    "head": rf"^(?!{BACKBONE}(\.|$)).+$",
+    # Every module outside the stacks and their token table: a BERT pooler, an MLM head (transform, norm, its
+    # vocabulary bias at "decoder"), a classifier, an untied LM head; an encoder-decoder's stacks are "encoder." and
+    # "decoder." (their modules below them), its table "shared".
+    "head": rf"^(?!({BACKBONE}|shared)(\.|$)|(encoder|decoder)\.).+$",
 }
 # The projections int8 quantises: (parent attribute, child attributes) in a block.
 INT8_TARGETS: Mapping[str, tuple[str, ...]] = {"attention": ("query", "key", "value", "out"),
+                                               "cross_attention": ("query", "key", "value", "out"),
                                                "mlp": ("gate", "up", "down")}
 
 

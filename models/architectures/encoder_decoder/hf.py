@@ -10,7 +10,7 @@ from flaxzoo.models.architectures.encoder_decoder.model import (Seq2SeqEncoderMo
                                                                 Seq2SeqModel)
 from flaxzoo.models.architectures.encoder_decoder.config import T5_LAYOUT
 from flaxzoo.models.config import TransformerConfig
-from flaxzoo.models.families.base import INT8_TARGETS, LINEAR, LORA_TARGETS, WeightMap, entry, layout, linear, norm
+from flaxzoo.models.families.base import LINEAR, WeightMap, entry, layout, linear, norm
 from flaxzoo.models.families.fields import common_from_hf
 
 # transformers' feed_forward_proj → (activation, gated); "gated-gelu" is the tanh GELU (gelu_new), as it maps it
@@ -20,14 +20,6 @@ FEED_FORWARD_FROM_HF = {"relu": ("relu", False), "gelu": ("gelu", False), "gelu_
 FEED_FORWARD_TO_HF = {("relu", False): "relu", ("gelu", False): "gelu", ("gelu_tanh", False): "gelu_new",
                       ("silu", False): "silu", ("gelu_tanh", True): "gated-gelu", ("relu", True): "gated-relu",
                       ("silu", True): "gated-silu"}
-
-
-# LoRA's and int8's projections: the decoder's cross-attention beside each self-attention; "head" is the LM head
-SEQ2SEQ_LORA_TARGETS = dict(
-    LORA_TARGETS, **{name: rf"(^|\.)(cross_)?attention\.({pattern})$" for name, pattern in (
-        ("attention", "query|key|value|out"), ("query", "query"), ("key", "key"), ("value", "value"), ("out", "out"))},
-    cross_attention=r"(^|\.)cross_attention\.(query|key|value|out)$", head=r"^lm_head$")
-SEQ2SEQ_PROJECTIONS = dict(INT8_TARGETS, cross_attention=INT8_TARGETS["attention"])
 
 
 def t5_architectures(prefix: str) -> dict[str, type]:

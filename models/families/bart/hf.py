@@ -9,13 +9,10 @@ from typing import Any, Mapping
 from flaxzoo.models.architectures.encoder_decoder.bart_layout import (BART_LAYOUT, bart_architectures,
                                                                       bart_config_from_hf, bart_config_to_hf,
                                                                       bart_save_problems, bart_weights)
-from flaxzoo.models.architectures.encoder_decoder.hf import SEQ2SEQ_LORA_TARGETS, SEQ2SEQ_PROJECTIONS
 from flaxzoo.models.config import TransformerConfig
 from flaxzoo.models.families.base import Family
 from flaxzoo.models.families.bart.presets import PRESETS
 
-# LoRA's "head": the classifier's two projections (the LM head is the tied token table)
-BART_LORA_TARGETS = dict(SEQ2SEQ_LORA_TARGETS, head=r"^(lm_head|pooler|score)$")
 
 
 def bart_config(hf: Mapping[str, Any]) -> TransformerConfig:
@@ -25,5 +22,4 @@ def bart_config(hf: Mapping[str, Any]) -> TransformerConfig:
 FAMILY = Family(
     model_type="bart", base_prefix="model", architectures=bart_architectures("Bart"),
     config_from_hf=bart_config, config_to_hf=bart_config_to_hf, weights=bart_weights, layout=BART_LAYOUT,
-    save_problems=bart_save_problems, presets=PRESETS, lora_targets=BART_LORA_TARGETS,
-    projections=SEQ2SEQ_PROJECTIONS)
+    save_problems=bart_save_problems, presets=PRESETS)

@@ -9,12 +9,10 @@ from typing import Any, Mapping
 from flaxzoo.models.architectures.encoder_decoder.bart_layout import (MBART_LAYOUT, bart_architectures,
                                                                       bart_config_from_hf, bart_config_to_hf,
                                                                       bart_save_problems, bart_weights)
-from flaxzoo.models.architectures.encoder_decoder.hf import SEQ2SEQ_LORA_TARGETS, SEQ2SEQ_PROJECTIONS
 from flaxzoo.models.config import TransformerConfig
 from flaxzoo.models.families.base import Family
 from flaxzoo.models.families.mbart.presets import PRESETS
 
-MBART_LORA_TARGETS = dict(SEQ2SEQ_LORA_TARGETS, head=r"^(lm_head|pooler|score)$")
 
 
 def mbart_config(hf: Mapping[str, Any]) -> TransformerConfig:
@@ -24,5 +22,4 @@ def mbart_config(hf: Mapping[str, Any]) -> TransformerConfig:
 FAMILY = Family(
     model_type="mbart", base_prefix="model", architectures=bart_architectures("MBart"),
     config_from_hf=mbart_config, config_to_hf=bart_config_to_hf, weights=bart_weights, layout=MBART_LAYOUT,
-    save_problems=bart_save_problems, presets=PRESETS, lora_targets=MBART_LORA_TARGETS,
-    projections=SEQ2SEQ_PROJECTIONS)
+    save_problems=bart_save_problems, presets=PRESETS)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from flaxzoo.models.architectures.encoder_decoder.hf import (SEQ2SEQ_LORA_TARGETS, SEQ2SEQ_PROJECTIONS, T5_LAYOUT,
+from flaxzoo.models.architectures.encoder_decoder.hf import (T5_LAYOUT,
                                                              head_from_tensors,
                                                              t5_architectures, t5_config_from_hf,
                                                              t5_config_to_hf, t5_save_problems, t5_weights)
@@ -23,5 +23,4 @@ FAMILY = Family(
     model_type="t5", base_prefix="transformer", architectures=t5_architectures("T5"),
     config_from_hf=t5_config, config_to_hf=t5_config_to_hf, weights=t5_weights,
     layout=dict(T5_LAYOUT, position_bias_per_layer=False), save_problems=t5_save_problems, presets=PRESETS,
-    lora_targets=SEQ2SEQ_LORA_TARGETS, projections=SEQ2SEQ_PROJECTIONS,
     config_from_tensors=head_from_tensors)
