@@ -17,7 +17,8 @@ from flaxzoo.models.architectures.encoder_decoder.model import Seq2SeqForConditi
 from flaxzoo.models.families import get_preset
 from flaxzoo.models.modeling import create_model
 
-generatelib = importlib.import_module("flaxzoo.models.inference.generate")  # the package exports the function of that name
+# the package exports the function of that name: the module by its path
+generatelib = importlib.import_module("flaxzoo.models.inference.generate")
 
 SOURCE, NEW_TOKENS = 8, 20  # source bucket 16, capacity 24: no other array of the program has these dims
 

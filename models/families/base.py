@@ -247,8 +247,8 @@ class Family:
     builds the model for it (a ``BertModel`` without pooler ...); ``rename``: old tensor names → current ones, on
     load. ``config_from_tensors(config, tensor names)``: what the checkpoint's tensor names decide that its
     ``config.json`` does not (T5's untied head: transformers 5 writes ``tie_word_embeddings=true`` whatever the
-    checkpoint holds). ``gguf``: its llama.cpp files, if any. ``lora_targets`` / ``projections``: the LoRA target names and the
-    projections int8 quantises. ``presets``: named configs of published (and tiny test) models of this
+    checkpoint holds). ``gguf``: its llama.cpp files, if any. ``lora_targets`` / ``projections``: the LoRA target
+    names and the projections int8 quantises. ``presets``: named configs of published (and tiny test) models of this
     ``model_type`` (``flaxzoo.models.get_preset``). The block the layers are made of is the model classes' ``block``
     attribute.
     """

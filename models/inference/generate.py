@@ -108,7 +108,8 @@ class Search(NamedTuple):
     early_stopping: bool | str = False
 
 
-def _continue(search: Search, decode_step, logits, decode_state, max_new_tokens, rng, knobs, capacity, before_step=None):
+def _continue(search: Search, decode_step, logits, decode_state, max_new_tokens, rng, knobs, capacity,
+              before_step=None):
     """The decode loop after the prefill: :func:`_token_loop`, or beam search. ``knobs``: (temperature, top_k,
     top_p, stop_ids, fill, length_penalty), traced."""
     temperature, top_k, top_p, stop_ids, fill, length_penalty = knobs

@@ -59,13 +59,13 @@ def choose_backend(impl: str, *, dtype, head_dim: int, heads: int, kv_heads: int
     - ``"softmax"``: the closed-form-backward kernel.
 
     A kernel takes full-sequence calls only (``q_len == k_len``: training, evaluation, encoding; a cached decode
-    step goes to XLA), no additive bias (ALiBi, DeBERTa's relative attention, T5's position bias), and no attention dropout: with
-    dropout on, every platform runs the softmax kernel, which keeps the ``[batch, heads, q, k]`` probabilities (the
-    accelerator presets train without attention dropout). ``shared_segments``: the queries' and keys' segment ids
-    are one array (packed documents, also an MLM batch's; an encoder given only ``attention_mask`` has them
-    apart), which the GPU kernel needs. Outside a placement (a call that is not a train / eval step) a kernel needs
-    a single device: with several, its custom call would have to be partitioned by XLA, which Mosaic kernels
-    refuse, so XLA runs instead.
+    step goes to XLA), no additive bias (ALiBi, DeBERTa's relative attention, T5's position bias), and no attention
+    dropout: with dropout on, every platform runs the softmax kernel, which keeps the ``[batch, heads, q, k]``
+    probabilities (the accelerator presets train without attention dropout). ``shared_segments``: the queries' and
+    keys' segment ids are one array (packed documents, also an MLM batch's; an encoder given only ``attention_mask``
+    has them apart), which the GPU kernel needs. Outside a placement (a call that is not a train / eval step) a
+    kernel needs a single device: with several, its custom call would have to be partitioned by XLA, which Mosaic
+    kernels refuse, so XLA runs instead.
 
     ``windowed`` (a sliding window): splash (a local mask), cuDNN and XLA (``local_window_size``, or the dense mask)
     take it; Pallas' GPU kernel does not, nor does cuDNN a bidirectional one (``is_causal`` False: it takes only a
@@ -89,7 +89,8 @@ def choose_backend(impl: str, *, dtype, head_dim: int, heads: int, kv_heads: int
     if kernel is not None:
         interpret = platform != {"splash": "tpu", "gpu_flash": "gpu"}[kernel]
         if biased:
-            ok, reason = False, f"{kernel} does not take an additive bias (ALiBi, DeBERTa's relative attention, T5's position bias)"
+            ok, reason = False, (f"{kernel} does not take an additive bias (ALiBi, DeBERTa's relative attention, "
+                                 "T5's position bias)")
         elif kernel == "gpu_flash" and windowed:
             ok, reason = False, "gpu_flash does not take a sliding window"
         elif kernel == "gpu_flash" and capped:

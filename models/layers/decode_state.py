@@ -26,7 +26,8 @@ class DecodeState:
 
     An encoder-decoder's decoder (:meth:`with_memory`) also keeps, per layer, the cross-attention keys and values of
     the encoder's output (``memory_keys`` / ``memory_values``, ``[batch · kv_heads, src, head_dim]`` as the cache's
-    buffers, computed once and only read by each step) and which source tokens are real (``memory_valid: [batch, src]``).
+    buffers, computed once and only read by each step) and which source tokens are real
+    (``memory_valid: [batch, src]``).
     """
 
     keys: tuple[jax.Array, ...]

@@ -20,7 +20,8 @@ from flaxzoo.models.config import TransformerConfig
 from flaxzoo.models.layers.attention import KVCache
 from flaxzoo.models.layers.block import TransformerBlock
 from flaxzoo.models.layers.decode_state import DecodeState
-from flaxzoo.models.layers.embeddings import InputEmbeddings, TokenEmbedding, as_index_array, check_index_range, check_token_ids, is_concrete
+from flaxzoo.models.layers.embeddings import (InputEmbeddings, TokenEmbedding, as_index_array, check_index_range,
+                                              check_token_ids, is_concrete)
 from flaxzoo.models.layers.masking import AttentionLayout, full_sequence_layout, input_positions
 from flaxzoo.models.layers.norms import make_norm
 from flaxzoo.models.layers.partitioning import HIDDEN, constrain
@@ -119,6 +120,7 @@ class TransformerStack(nnx.Module):
         # T5, mT5: one position-bias table for all layers of the stack (umT5's are per layer, in the attention)
         self.position_bias = (position_bias_table(config, rngs)
                               if config.position_bias_buckets and not config.position_bias_per_layer else None)
+
     def check_inputs(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None, *,
                      segment_ids=None, inputs_embeds=None) -> None:
         """Raise ``ValueError`` for inputs the compiled model would silently mishandle (values are checked when

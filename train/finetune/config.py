@@ -236,7 +236,8 @@ class FinetuneConfig(RunConfig):
         """``task="seq2seq"``: source → target pairs in, the settings of a classifier's fresh head refused."""
         if self.data.source not in ("files", SYNTHETIC_PAIRS):
             raise ConfigError("data.source", f"{self.data.source!r}: task='seq2seq' reads source / target pairs; "
-                                             "expected 'files' (JSONL) or 'reverse_words' (the built-in synthetic task)")
+                                             "expected 'files' (JSONL) or 'reverse_words' (the built-in synthetic "
+                                             "task)")
         if self.data.source == "files" and not self.data.test_path:
             raise ConfigError("data.test_path", "'': task='seq2seq' scores a test file; expected a JSONL file of "
                                                 f"{self.data.text_field!r} / {self.data.target_field!r} pairs")

@@ -15,7 +15,8 @@ from flaxzoo.models.families.fields import common_from_hf
 
 # transformers' feed_forward_proj → (activation, gated); "gated-gelu" is the tanh GELU (gelu_new), as it maps it
 FEED_FORWARD_FROM_HF = {"relu": ("relu", False), "gelu": ("gelu", False), "gelu_new": ("gelu_tanh", False),
-                        "silu": ("silu", False), "gated-gelu": ("gelu_tanh", True), "gated-gelu_new": ("gelu_tanh", True),
+                        "silu": ("silu", False), "gated-gelu": ("gelu_tanh", True),
+                        "gated-gelu_new": ("gelu_tanh", True),
                         "gated-relu": ("relu", True), "gated-silu": ("silu", True)}
 FEED_FORWARD_TO_HF = {("relu", False): "relu", ("gelu", False): "gelu", ("gelu_tanh", False): "gelu_new",
                       ("silu", False): "silu", ("gelu_tanh", True): "gated-gelu", ("relu", True): "gated-relu",
@@ -111,7 +112,8 @@ def t5_config_from_hf(hf: Mapping[str, Any], model_type: str, *, scale_decoder_o
         intermediate_size=hf.get("d_ff", 2048), num_layers=num_layers,
         num_decoder_layers=hf.get("num_decoder_layers") or num_layers, num_heads=hf.get("num_heads", 8),
         model_type=model_type, activation=activation, mlp_gated=gated, norm_eps=hf.get("layer_norm_epsilon", 1e-6),
-        dropout=hf.get("dropout_rate", 0.1), attention_dropout=hf.get("dropout_rate", 0.1), max_position_embeddings=hf.get("n_positions", 512),
+        dropout=hf.get("dropout_rate", 0.1), attention_dropout=hf.get("dropout_rate", 0.1),
+        max_position_embeddings=hf.get("n_positions", 512),
         position_bias_buckets=hf.get("relative_attention_num_buckets", 32),
         position_bias_max_distance=hf.get("relative_attention_max_distance", 128),
         position_bias_per_layer=per_layer_bias, tie_word_embeddings=tied,
