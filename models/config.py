@@ -225,7 +225,7 @@ class TransformerConfig:
 
     @property
     def layer_counts(self) -> int | dict[str, int]:
-        """The depth of each stack, as the stacked-layer conversions take it (``layers.stack.layer_count``):
+        """The depth of each stack, as the stacked-layer conversions take it (``layers.layer_layout.layer_count``):
         ``num_layers``, or ``{"encoder": num_layers, "decoder": num_decoder_layers}``."""
         if self.num_decoder_layers is None:
             return self.num_layers

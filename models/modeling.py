@@ -16,7 +16,7 @@ from flax import nnx
 from flaxzoo.models.config import TransformerConfig
 from flaxzoo.models.families import default_model_class
 from flaxzoo.models.families.base import ParamPath, dotted, format_names
-from flaxzoo.models.layers.stack import LayerCounts, is_stacked_path, stack_layer_values, unstack_layer_values
+from flaxzoo.models.layers.layer_layout import LayerCounts, is_stacked_path, stack_layer_values, unstack_layer_values
 from flaxzoo.models.adapters.quantize import check_quantize, quantize_model, quantize_value
 
 

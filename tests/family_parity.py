@@ -272,6 +272,8 @@ def check_layouts_agree(directory, out: pathlib.Path, outputs: Callable[[nnx.Mod
 
 def tiered(cases, quick) -> list:
     """``sorted(cases)`` as pytest params, those not in ``quick`` marked ``slow`` (the quick tier keeps one case per
-    family)."""
+    family). A case may be a tuple (several parameters; its id joins them)."""
     assert set(quick) <= set(cases), sorted(set(quick) - set(cases))
-    return [pytest.param(case, marks=() if case in quick else pytest.mark.slow) for case in sorted(cases)]
+    return [pytest.param(*case, id="-".join(map(str, case)), marks=() if case in quick else pytest.mark.slow)
+            if isinstance(case, tuple) else pytest.param(case, marks=() if case in quick else pytest.mark.slow)
+            for case in sorted(cases)]

@@ -12,7 +12,7 @@ import torch
 import transformers
 from flax import nnx
 
-from family_parity import BEAM_SETTINGS, assert_same_beams, frequent_token
+from family_parity import BEAM_SETTINGS, assert_same_beams, frequent_token, tiered
 from flaxzoo.models.architectures.encoder_decoder.model import (Seq2SeqEncoderModel, Seq2SeqForConditionalGeneration,
                                                                 Seq2SeqModel)
 from flaxzoo.models.config import FieldError
@@ -83,12 +83,6 @@ def hf_logits(model, ids, mask, target, target_mask) -> np.ndarray:
 
 def real_max_difference(a: np.ndarray, b: np.ndarray, mask: np.ndarray) -> float:
     return float(np.abs(a - b)[mask.astype(bool)].max())
-
-
-def tiered(cases, quick) -> list:
-    """``cases`` as pytest params, those not in ``quick`` marked ``slow`` (the quick tier keeps a few)."""
-    return [pytest.param(*case if isinstance(case, tuple) else (case,), marks=() if case in quick else pytest.mark.slow,
-                         id="-".join(map(str, case)) if isinstance(case, tuple) else case) for case in cases]
 
 
 LAYOUTS = [(case, scan) for case in sorted(CASES) for scan in (False, True)]

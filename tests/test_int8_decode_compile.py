@@ -16,6 +16,7 @@ os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # two test workers may
 from flaxzoo.models import GPTForCausalLM, create_model, get_preset  # noqa: E402
 from flaxzoo.models.adapters.quantize import quantize_model  # noqa: E402
 from flaxzoo.train.tools import targets  # noqa: E402
+from flaxzoo.train.tools.hlo import computations, entry_while  # noqa: E402
 
 generatelib = importlib.import_module("flaxzoo.models.inference.generate")  # the package exports the function of that name
 
@@ -64,26 +65,9 @@ def compiled_decode_step_hlo(target_name: str) -> str:
                                    jax.ShapeDtypeStruct((1, 1), jnp.int32, sharding=placed)).compile().as_text()
 
 
-def computations(hlo: str) -> dict[str, list[str]]:
-    found, current = {}, None
-    for line in hlo.splitlines():
-        if line and not line.startswith(" ") and "{" in line:
-            current = "ENTRY" if line.startswith("ENTRY") else line.split(" ")[0]
-            found[current] = []
-        elif current is not None:
-            found[current].append(line)
-    return found
-
-
-def decode_loop(hlo: str) -> str:
-    """The decode loop's ``while`` instruction: the one the entry computation runs."""
-    (line,) = [line for line in computations(hlo)["ENTRY"] if " while(" in line]
-    return line
-
-
 def loop_carry(hlo: str) -> str:
     """The type of the decode loop's carried tuple."""
-    return decode_loop(hlo).split(" while(")[0]
+    return entry_while(hlo).split(" while(")[0]
 
 
 def int8_readers(hlo: str, within_loop: bool = True) -> list[set[str]]:
@@ -92,7 +76,7 @@ def int8_readers(hlo: str, within_loop: bool = True) -> list[set[str]]:
     comps = computations(hlo)
     if not within_loop:
         return [ops_in(comps, name) for name in sorted(comps) if takes_int8_weight(comps[name])]
-    body = re.search(r"body=(%[\w.\-]+)", decode_loop(hlo)).group(1)
+    body = re.search(r"body=(%[\w.\-]+)", entry_while(hlo)).group(1)
     seen, stack = {body}, [body]
     while stack:
         for line in comps.get(stack.pop(), []):

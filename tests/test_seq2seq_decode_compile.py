@@ -16,6 +16,7 @@ import pytest
 from flaxzoo.models.architectures.encoder_decoder.model import Seq2SeqForConditionalGeneration
 from flaxzoo.models.families import get_preset
 from flaxzoo.models.modeling import create_model
+from flaxzoo.train.tools.hlo import computations, entry_while
 
 # the package exports the function of that name: the module by its path
 generatelib = importlib.import_module("flaxzoo.models.inference.generate")
@@ -43,27 +44,10 @@ def compiled(batch: int) -> tuple[str, dict]:
     return hlo, shapes
 
 
-def computations(hlo: str) -> dict[str, list[str]]:
-    found, current = {}, None
-    for line in hlo.splitlines():
-        if line and not line.startswith(" ") and "{" in line:
-            current = "ENTRY" if line.startswith("ENTRY") else line.split(" ")[0]
-            found[current] = []
-        elif current is not None:
-            found[current].append(line)
-    return found
-
-
-def decode_loop(hlo: str) -> str:
-    """The decode loop's ``while`` instruction: the one the entry computation runs."""
-    (line,) = [line for line in computations(hlo)["ENTRY"] if " while(" in line]
-    return line
-
-
 def body_instructions(hlo: str) -> list[tuple[str, tuple[int, ...], str, str]]:
     """``(dtype, dims, op, line)`` of every array instruction in the loop's body and the computations it calls."""
     comps = computations(hlo)
-    body = re.search(r"body=(%[\w.\-]+)", decode_loop(hlo)).group(1)
+    body = re.search(r"body=(%[\w.\-]+)", entry_while(hlo)).group(1)
     seen, stack = {body}, [body]
     while stack:
         for line in comps.get(stack.pop(), []):
@@ -83,7 +67,7 @@ def body_instructions(hlo: str) -> list[tuple[str, tuple[int, ...], str, str]]:
 
 def carried(hlo: str, dims: tuple[int, ...]) -> int:
     """How many float buffers of exactly ``dims`` the loop carries."""
-    carry = decode_loop(hlo).split(" while(")[0]
+    carry = entry_while(hlo).split(" while(")[0]
     return len(re.findall(r"f32\[" + ",".join(map(str, dims)) + r"\]", carry))
 
 
@@ -98,8 +82,8 @@ def copies_of(hlo: str, dims: tuple[int, ...]) -> list[str]:
 def test_the_self_attention_caches_are_written_in_place_and_never_copied(batch):
     hlo, shapes = compiled(batch)
     layers = shapes["layers"]
-    assert carried(hlo, shapes["self"]) == 2 * layers, decode_loop(hlo)[:2000]
-    assert carried(hlo, shapes["cross"]) == 2 * layers, decode_loop(hlo)[:2000]
+    assert carried(hlo, shapes["self"]) == 2 * layers, entry_while(hlo)[:2000]
+    assert carried(hlo, shapes["cross"]) == 2 * layers, entry_while(hlo)[:2000]
     writes = [line for dtype, out, op, line in body_instructions(hlo)
               if op == "dynamic-update-slice" and out == shapes["self"]]
     assert len(writes) == 2 * layers, writes  # one in-place write per buffer and step

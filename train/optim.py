@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from flaxzoo.models.layers.stack import is_stacked_path
+from flaxzoo.models.layers.layer_layout import is_stacked_path
 
 if TYPE_CHECKING:
     from flaxzoo.train.config import OptimConfig

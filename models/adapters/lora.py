@@ -31,7 +31,7 @@ from flax import nnx
 
 from flaxzoo.models.families import lora_targets, plain_factory
 from flaxzoo.models.layers.linear import Dense
-from flaxzoo.models.layers.stack import LAYER_AXIS
+from flaxzoo.models.layers.layer_layout import LAYER_AXIS
 from flaxzoo.models.modeling import dotted, format_names
 
 BASE_DTYPES = ("float32", "bfloat16", "int8")

@@ -35,7 +35,8 @@ from flax import nnx
 from flaxzoo.models.families import FAMILIES, family_of_model
 from flaxzoo.models.families.base import INT8_TARGETS
 from flaxzoo.models.layers.linear import Dense
-from flaxzoo.models.layers.stack import LAYER_AXIS, stack_modules
+from flaxzoo.models.layers.layer_layout import LAYER_AXIS
+from flaxzoo.models.layers.stack import stack_modules
 
 __all__ = ["QUANTIZE_TYPES", "check_quantize", "quantize_model", "quantize_dense", "is_quantized",
            "module_at", "param_bytes", "projection_paths", "projections_of", "quantize_value"]

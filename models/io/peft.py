@@ -23,7 +23,7 @@ from flaxzoo.models.config import TransformerConfig
 from flaxzoo.models.families import family_of
 from flaxzoo.models.io.files import PathLike
 from flaxzoo.models.io.pretrained import check_saveable, interleaved_to_half
-from flaxzoo.models.layers.stack import unstack_layer_values
+from flaxzoo.models.layers.layer_layout import unstack_layer_values
 from flaxzoo.models.adapters.lora import adapter_tensors, in_train_fully, lora_config_of
 
 ADAPTER_WEIGHTS, ADAPTER_CONFIG = "adapter_model.safetensors", "adapter_config.json"

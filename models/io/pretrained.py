@@ -22,7 +22,7 @@ from flaxzoo.models.families.fields import ACTIVATIONS_TO_HF, common_to_hf, labe
 from flaxzoo.models.io.files import PathLike, write_hf_directory
 from flaxzoo.models.io.sharded import load_model
 from flaxzoo.models.io.sources import open_source
-from flaxzoo.models.layers.stack import unstack_layer_values
+from flaxzoo.models.layers.layer_layout import unstack_layer_values
 from flaxzoo.models.modeling import resize_vocab_values, vocab_axes
 from flaxzoo.models.adapters.quantize import check_quantize, is_quantized, module_at, projection_paths
 

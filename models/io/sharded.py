@@ -72,7 +72,7 @@ from flaxzoo.models.io.sharded_plan import (Prepared, check_shardings, initial_s
 from flaxzoo.models.io.sharded_workdir import stored_tensors, workdir_arrays
 from flaxzoo.models.io.sources import HFSource, LoraRunSource, Source, WorkdirSource, open_source
 from flaxzoo.models.io.stored import OnRead, Read, SafetensorsFiles
-from flaxzoo.models.layers.stack import unstack_layer_values
+from flaxzoo.models.layers.layer_layout import unstack_layer_values
 from flaxzoo.models.modeling import abstract_params, assemble_model, override_config
 
 __all__ = ["PretrainedShapes", "Read", "load_adapted", "load_model", "load_sharded", "pretrained_shapes"]

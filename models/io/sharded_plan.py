@@ -34,7 +34,7 @@ from flaxzoo.models.families.base import (Entry, ParamPath, WeightMap, check_cov
 from flaxzoo.models.io.slicing import Layout, Unmappable, read_index, trace_layouts
 from flaxzoo.models.io.sources import Plan
 from flaxzoo.models.io.stored import OnRead, Read, StoredTensor
-from flaxzoo.models.layers.stack import LayerCounts, is_stacked_path, layer_count, unstack_layer_values
+from flaxzoo.models.layers.layer_layout import LayerCounts, is_stacked_path, layer_count, unstack_layer_values
 from flaxzoo.models.modeling import (AbstractParams, abstract_params, per_layer_shapes, vocab_axes, vocab_shapes,
                                      warn_initialised)
 

@@ -23,7 +23,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from flaxzoo.models.io.checkpoint import STATE, param_metadata, quiet_orbax
 from flaxzoo.models.families.base import ParamPath, dotted
 from flaxzoo.models.io.sharded_plan import Prepared, flat_tree, layer_groups
-from flaxzoo.models.layers.stack import LayerCounts, is_stacked_path, layer_count, unstack_layer_values
+from flaxzoo.models.layers.layer_layout import LayerCounts, is_stacked_path, layer_count, unstack_layer_values
 from flaxzoo.models.modeling import resize_vocab
 
 __all__ = ["stored_tensors", "workdir_arrays"]

@@ -28,6 +28,24 @@ KERNEL_SIGNS = {
 }
 
 
+def computations(hlo: str) -> dict[str, list[str]]:
+    """``{computation name: its instruction lines}`` of an HLO module's text; the entry computation is ``"ENTRY"``."""
+    found, current = {}, None
+    for line in hlo.splitlines():
+        if line and not line.startswith(" ") and "{" in line:
+            current = "ENTRY" if line.startswith("ENTRY") else line.split(" ")[0]
+            found[current] = []
+        elif current is not None:
+            found[current].append(line)
+    return found
+
+
+def entry_while(hlo: str) -> str:
+    """The one ``while`` instruction the entry computation runs (a generation program's decode loop)."""
+    (line,) = [line for line in computations(hlo)["ENTRY"] if " while(" in line]
+    return line
+
+
 def collectives(hlo: str) -> dict[str, int]:
     """``{kind: count}`` of the collective operations (kinds of :data:`COLLECTIVES` that occur)."""
     counts = collections.Counter(m.group(1) for m in _COLLECTIVE.finditer(hlo))
