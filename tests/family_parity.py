@@ -152,16 +152,25 @@ def frequent_token(tokens: np.ndarray) -> int:
 BEAM_SETTINGS = ((4, 1.0, False), (3, 2.0, True), (4, 0.5, "never"), (2, -1.0, False))
 
 
-def check_beam_generation(hf: torch.nn.Module, directory, new: int = 20) -> None:
-    """Beam search after a left-padded batch equals transformers' ``generate`` for several beam counts, length
-    penalties and ``early_stopping`` values, with a stop id the model emits."""
+def beam_settings(case: str, cases, every_setting: str) -> tuple:
+    """Every one of :data:`BEAM_SETTINGS` for the case ``every_setting``, one setting (rotating over the sorted cases)
+    for each other case: the search is the same code over any model's logits, and what a family adds (its decode
+    state reordered per beam) one setting exercises. Each compiled setting costs a case 2-5 s."""
+    if case == every_setting:
+        return BEAM_SETTINGS
+    return (BEAM_SETTINGS[sorted(cases).index(case) % len(BEAM_SETTINGS)],)
+
+
+def check_beam_generation(hf: torch.nn.Module, directory, settings=BEAM_SETTINGS, new: int = 20) -> None:
+    """Beam search after a left-padded batch equals transformers' ``generate`` for ``settings`` (beam counts, length
+    penalties, ``early_stopping`` values), with a stop id the model emits."""
     model = from_pretrained(directory)
     ids, mask = left_padded(seq=10, seed=3)
     prompt = dict(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask))
     with torch.no_grad():
         greedy = hf.generate(**prompt, max_new_tokens=new, do_sample=False, eos_token_id=None, pad_token_id=0)
     stop = frequent_token(greedy.numpy()[:, ids.shape[1]:])
-    for beams, penalty, early in BEAM_SETTINGS:
+    for beams, penalty, early in settings:
         with torch.no_grad():
             theirs = hf.generate(**prompt, max_new_tokens=new, do_sample=False, num_beams=beams,
                                  length_penalty=penalty, early_stopping=early, eos_token_id=stop,

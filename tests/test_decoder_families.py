@@ -16,8 +16,9 @@ import pytest
 import torch
 import transformers
 
-from family_parity import (SMALL, check_beam_generation, check_greedy_generation, check_loads_with_same_logits,
-                           check_saves_with_same_logits, check_scanned_layout, checkpoint_fixture, tiered)
+from family_parity import (SMALL, beam_settings, check_beam_generation, check_greedy_generation,
+                           check_loads_with_same_logits, check_saves_with_same_logits, check_scanned_layout,
+                           checkpoint_fixture, tiered)
 
 from flaxzoo.models import families
 
@@ -83,5 +84,6 @@ def test_greedy_generation_equals_transformers(checkpoint, case):
 
 @pytest.mark.parametrize("case", tiered(CASES, ("llama3",)))
 def test_beam_search_equals_transformers(checkpoint, case):
-    """Beam search (4 settings of beams, length penalty, early stopping) equals transformers' on every case."""
-    check_beam_generation(*checkpoint(case))
+    """Beam search equals transformers' on every case: 4 settings of beams, length penalty and early stopping on
+    llama3, one of them on each other case."""
+    check_beam_generation(*checkpoint(case), beam_settings(case, CASES, "llama3"))

@@ -18,7 +18,7 @@ import pytest
 import torch
 import transformers
 
-from family_parity import BEAM_SETTINGS, assert_same_beams, frequent_token
+from family_parity import assert_same_beams, beam_settings, frequent_token
 from flaxzoo.models.architectures.encoder_decoder.model import (Seq2SeqForConditionalGeneration,
                                                                 Seq2SeqForSequenceClassification, Seq2SeqModel)
 from flaxzoo.models.families import family_of, get_preset
@@ -218,14 +218,15 @@ def test_greedy_generation_equals_transformers(case, tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("case", ["bart", "mbart"])
 def test_beam_search_equals_transformers(case, tmp_path):
-    """Beam search on a padded batch of sources (several beam counts, length penalties and early-stopping rules, a
-    stop id the model emits) equals transformers' ``generate``, start id included."""
+    """Beam search on a padded batch of sources (beam counts, length penalties and early-stopping rules: every
+    setting on one case, one on the other; a stop id the model emits) equals transformers' ``generate``, start id
+    included."""
     hf = build(case, "ForConditionalGeneration", seed=5)
     hf.save_pretrained(tmp_path / "hf")
     ids, mask = padded_batch(CASES[case][1]["vocab_size"], 3, 14, seed=6)
     stop = frequent_token(hf_generate(hf, ids, mask, 20, num_beams=1)[:, 1:])
     model = from_pretrained(tmp_path / "hf")
-    for beams, penalty, early in BEAM_SETTINGS:
+    for beams, penalty, early in beam_settings(case, ["bart", "mbart"], "bart"):
         theirs = hf_generate(hf, ids, mask, 20, num_beams=beams, length_penalty=penalty, early_stopping=early,
                              eos_token_id=stop, pad_token_id=PAD, min_new_tokens=0)
         ours = np.asarray(generate(model, ids, 20, attention_mask=mask, num_beams=beams, length_penalty=penalty,

@@ -12,7 +12,7 @@ import torch
 import transformers
 from flax import nnx
 
-from family_parity import BEAM_SETTINGS, assert_same_beams, frequent_token, tiered
+from family_parity import assert_same_beams, beam_settings, frequent_token, tiered
 from flaxzoo.models.architectures.encoder_decoder.model import (Seq2SeqEncoderModel, Seq2SeqForConditionalGeneration,
                                                                 Seq2SeqModel)
 from flaxzoo.models.config import FieldError
@@ -174,8 +174,9 @@ def test_greedy_generation_equals_transformers(case, tmp_path):
 
 @pytest.mark.parametrize("case", tiered(["t5-v1.1", "umt5"], ["umt5"]))
 def test_beam_search_equals_transformers(case, tmp_path):
-    """Beam search on a padded batch of sources (several beam counts, length penalties and early-stopping rules, a
-    stop id the model emits) equals transformers' ``generate``, start id included."""
+    """Beam search on a padded batch of sources (beam counts, length penalties and early-stopping rules: every
+    setting on one case, one on the other; a stop id the model emits) equals transformers' ``generate``, start id
+    included."""
     fields = CASES[case][1]
     hf = build(case, "ForConditionalGeneration", seed=5,
                num_decoder_layers=min(fields["num_layers"], fields["num_decoder_layers"]))
@@ -183,7 +184,7 @@ def test_beam_search_equals_transformers(case, tmp_path):
     ids, mask = padded_batch(fields["vocab_size"], 3, 14, seed=6)
     stop = frequent_token(hf_generate(hf, ids, mask, 20, do_sample=False, num_beams=1)[:, 1:])
     model = from_pretrained(tmp_path / "hf")
-    for beams, penalty, early in BEAM_SETTINGS:
+    for beams, penalty, early in beam_settings(case, ["t5-v1.1", "umt5"], "umt5"):
         theirs = hf_generate(hf, ids, mask, 20, do_sample=False, num_beams=beams, length_penalty=penalty,
                              early_stopping=early, eos_token_id=stop)
         ours = np.asarray(generate(model, ids, 20, attention_mask=mask, num_beams=beams, length_penalty=penalty,
