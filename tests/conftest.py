@@ -53,8 +53,8 @@ jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
-# Each program XLA compiles for the CPU stays mapped into the process while JAX's caches hold it: several memory maps per
-# program, about 200 more a second in a test process, against Linux's default limit of 65,530 maps a process
+# Each program XLA compiles for the CPU stays mapped into the process while JAX's caches hold it: several memory maps
+# per program, about 200 more a second in a test process, against Linux's default limit of 65,530 maps a process
 # (`vm.max_map_count`). A worker that ran 25 minutes of tests crossed it, and the next compile's `mmap` failed inside
 # XLA as a segmentation fault (tests/SUITE_TIME.md). Dropping JAX's caches after each test file lets the collector
 # unmap the programs no later file shares.
