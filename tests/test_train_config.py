@@ -25,7 +25,8 @@ from flaxzoo.train.config_sections import LOSS_CHUNK_BYTES, auto_loss_chunk
 REPO = pathlib.Path(__file__).resolve().parent.parent
 ALL_CONFIGS = sorted(p.stem for p in (REPO / "configs").glob("*.py") if not p.stem.startswith("_"))
 FINETUNE_CONFIGS = ("finetune_cls", "finetune_ner", "finetune_qa",  # task "classify" / "tag" / "qa": train/finetune
-                    "headlines_from_scratch", "seq2seq_reverse", "seq2seq_preset")  # and "seq2seq"
+                    "headlines_from_scratch", "seq2seq_reverse", "seq2seq_preset",  # and "seq2seq"
+                    "span_corruption")
 CONFIGS = [name for name in ALL_CONFIGS if name not in FINETUNE_CONFIGS]
 
 

@@ -266,9 +266,9 @@ def next_steps(workdir: str, argv: list[str], *, stopped: bool) -> str:
 
 def finetune_main(config, workdir: str) -> int:
     """``task="classify"`` / ``"tag"`` / ``"qa"`` / ``"seq2seq"`` configs (``configs/finetune_cls.py``,
-    ``configs/finetune_ner.py``, ``configs/finetune_qa.py``, ``configs/seq2seq_reverse.py``): fine-tune an encoder
-    into a text classifier, a token tagger or an extractive question answerer, or an encoder-decoder on text
-    pairs."""
+    ``configs/finetune_ner.py``, ``configs/finetune_qa.py``, ``configs/seq2seq_reverse.py``,
+    ``configs/span_corruption.py``): fine-tune an encoder into a text classifier, a token tagger or an extractive
+    question answerer, or an encoder-decoder on text pairs, or pre-train one by span corruption."""
     from flaxzoo.train.checkpoint import CheckpointError
     from flaxzoo.train.config import ConfigError
     from flaxzoo.train.finetune.config import FinetuneConfig
@@ -285,6 +285,8 @@ def finetune_main(config, workdir: str) -> int:
             from flaxzoo.train.finetune.tagger import Tagger as Finetuner
         elif cfg.task == "qa":
             from flaxzoo.train.finetune.qa import QuestionAnswering as Finetuner
+        elif cfg.task == "seq2seq" and cfg.data.source == "span_corruption":
+            from flaxzoo.train.finetune.span_pretrain import SpanCorruptionTrainer as Finetuner
         elif cfg.task == "seq2seq":
             from flaxzoo.train.finetune.seq2seq import Seq2SeqTrainer as Finetuner
         finetuner = Finetuner(cfg, workdir)

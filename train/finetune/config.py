@@ -65,6 +65,7 @@ from flaxzoo.train.config import (BOOL, TEXT, ConfigError, LoraSettings, MeshCon
                                   RunConfig, Section, checked, choice, execution_defaults, integer, model_fields,
                                   model_from_values, names_list, number, section_dict)
 from flaxzoo.train.data.config import default_data_dir
+from flaxzoo.train.data.span_corruption import input_and_target_lengths
 from flaxzoo.train.finetune.data import SOURCES
 
 TASK = "classify"
@@ -73,6 +74,8 @@ TASK = "classify"
 TASKS = (TASK, "tag", "qa", "seq2seq")
 SCRATCH = "scratch"
 SYNTHETIC_PAIRS = "reverse_words"  # task="seq2seq"'s built-in data: word sequences and their reversal
+SPAN_CORRUPTION = "span_corruption"  # task="seq2seq" pre-training: T5's denoising objective on plain text
+SEQ2SEQ_SOURCES = ("files", SYNTHETIC_PAIRS, SPAN_CORRUPTION)
 CLASS_WEIGHTS = ("none", "balanced")
 # What LoRA fine-tuning trains in full when lora.train_fully is "": flaxzoo.models.adapters.lora's "head", the modules outside the
 # encoder's embeddings and layers (for a BertForSequenceClassification: bert.pooler and classifier).
@@ -87,7 +90,7 @@ class ClassifyDataConfig(Section):
     """``data.*``: the labelled texts (``train/finetune/data.py``) and how they become token ids."""
 
     SECTION: ClassVar[str] = "data"
-    source: str = checked("bbc_headlines", choice(*SOURCES, SYNTHETIC_PAIRS))
+    source: str = checked("bbc_headlines", choice(*SOURCES, SYNTHETIC_PAIRS, SPAN_CORRUPTION))
     train_path: str = checked("", TEXT)
     test_path: str = checked("", TEXT)
     validation_path: str = checked("", TEXT)  # task="tag": a CoNLL file scored at eval_every and the end
@@ -95,6 +98,9 @@ class ClassifyDataConfig(Section):
     label_field: str = checked("label", TEXT)
     target_field: str = checked("target", TEXT)  # task="seq2seq": the target text of each source
     target_max_len: int = checked(64, integer(2))  # task="seq2seq": target pieces kept (EOS included)
+    # source="span_corruption": the share of each row's tokens hidden and the mean length of a hidden span (T5's)
+    noise_density: float = checked(0.15, number(0.0, 1.0, low_open=True, high_open=True))
+    mean_noise_span_length: float = checked(3.0, number(1.0, 1e6))
     label_names: str = checked("", TEXT)  # comma-separated: the classes and their order ("" = the data's, sorted)
     test_fraction: float = checked(0.2, number(0.0, 1.0, low_open=True, high_open=True))
     # a stratified share of the training split held out and scored at the end (for choosing settings: the test
@@ -115,7 +121,7 @@ class ClassifyDataConfig(Section):
     def _validate(self) -> None:
         if self.source == "files" and not self.train_path:
             raise ConfigError("data.train_path", "'': source='files' needs a CSV / TSV / JSONL file of labelled texts")
-        if self.source != "files" and (self.train_path or self.test_path):
+        if self.source not in ("files", SPAN_CORRUPTION) and (self.train_path or self.test_path):
             key = "data.train_path" if self.train_path else "data.test_path"
             raise ConfigError(key, f"{self.train_path or self.test_path!r} is given but data.source="
                                    f"{self.source!r} reads no files; expected data.source='files'")
@@ -130,6 +136,14 @@ class ClassifyDataConfig(Section):
             raise ConfigError("data.label_names", f"{self.label_names!r} names a class twice")
         if not self.data_dir:
             object.__setattr__(self, "data_dir", default_data_dir())
+
+    @property
+    def target_width(self) -> int:
+        """The decoder's width in ``task="seq2seq"`` batches: ``target_max_len``, or for span corruption the targets'
+        width set by ``max_len``, ``noise_density`` and ``mean_noise_span_length``."""
+        if self.source == SPAN_CORRUPTION:
+            return input_and_target_lengths(self.max_len, self.noise_density, self.mean_noise_span_length)[1]
+        return self.target_max_len
 
     @property
     def class_names(self) -> tuple[str, ...]:
@@ -216,8 +230,8 @@ class FinetuneConfig(RunConfig):
                                                      f"{default!r} with task={self.task!r}")
         if self.task == "seq2seq":
             self._validate_seq2seq()
-        elif self.data.source == SYNTHETIC_PAIRS:
-            raise ConfigError("data.source", f"{SYNTHETIC_PAIRS!r} is task='seq2seq''s synthetic pairs; expected "
+        elif self.data.source in (SYNTHETIC_PAIRS, SPAN_CORRUPTION):
+            raise ConfigError("data.source", f"{self.data.source!r} is task='seq2seq''s data; expected "
                                              f"'bbc_headlines' or 'files' with task={self.task!r}")
         elif self.num_beams != 1:
             raise ConfigError("num_beams", f"{self.num_beams}: beams decode task='seq2seq' test sets; expected 1 with "
@@ -234,10 +248,19 @@ class FinetuneConfig(RunConfig):
 
     def _validate_seq2seq(self) -> None:
         """``task="seq2seq"``: source → target pairs in, the settings of a classifier's fresh head refused."""
-        if self.data.source not in ("files", SYNTHETIC_PAIRS):
-            raise ConfigError("data.source", f"{self.data.source!r}: task='seq2seq' reads source / target pairs; "
-                                             "expected 'files' (JSONL) or 'reverse_words' (the built-in synthetic "
-                                             "task)")
+        data = self.data
+        if data.source not in SEQ2SEQ_SOURCES:
+            raise ConfigError("data.source", f"{data.source!r}: task='seq2seq' reads source / target pairs or plain "
+                                             "text; expected 'files' (JSONL pairs), 'reverse_words' (the built-in "
+                                             "synthetic task) or 'span_corruption' (pre-training on text)")
+        if data.source == SPAN_CORRUPTION:
+            self._validate_span_corruption()
+        else:
+            for key in ("noise_density", "mean_noise_span_length"):
+                value, default = getattr(data, key), ClassifyDataConfig.__dataclass_fields__[key].default
+                if value != default:
+                    raise ConfigError(f"data.{key}", f"{value!r} applies to data.source='span_corruption'; expected "
+                                                     f"{default!r} with data.source={data.source!r}")
         if self.data.source == "files" and not self.data.test_path:
             raise ConfigError("data.test_path", "'': task='seq2seq' scores a test file; expected a JSONL file of "
                                                 f"{self.data.text_field!r} / {self.data.target_field!r} pairs")
@@ -250,6 +273,29 @@ class FinetuneConfig(RunConfig):
                 raise ConfigError(key, f"{value!r} applies to a classifier's fresh head and its encoder; expected "
                                        f"{default!r} with task='seq2seq' (every parameter of an encoder-decoder "
                                        "trains at optim.lr)")
+
+    def _validate_span_corruption(self) -> None:
+        """``data.source="span_corruption"``: rows of plain text; the targets' width follows from ``data.max_len``,
+        nothing is decoded for a score."""
+        data = self.data
+        try:
+            _, targets = input_and_target_lengths(data.max_len, data.noise_density, data.mean_noise_span_length)
+        except ValueError as exc:
+            raise ConfigError("data.max_len", f"{data.max_len}: {exc}") from None
+        default = ClassifyDataConfig.__dataclass_fields__["target_max_len"].default
+        if data.target_max_len != default:
+            raise ConfigError("data.target_max_len", f"{data.target_max_len}: span corruption's targets are "
+                                                     f"{targets} pieces wide, set by data.max_len={data.max_len}, "
+                                                     f"noise_density and mean_noise_span_length; expected {default} "
+                                                     "(unset)")
+        for key in ("test_path", "validation_path"):
+            if getattr(data, key):
+                raise ConfigError(f"data.{key}", f"{getattr(data, key)!r}: span corruption holds out a share of the "
+                                                 "text's documents (by a hash of each) for its test rows; expected "
+                                                 "'' (data.train_path names the text files, '' the embedded corpus)")
+        if self.num_beams != 1:
+            raise ConfigError("num_beams", f"{self.num_beams}: span corruption is scored by its held-out loss, not "
+                                           "decoded; expected 1")
 
     def _validate_tagging(self) -> None:
         """``task="tag"``: CoNLL files in; ``task="qa"``: SQuAD-style JSON files in; the settings that belong to

@@ -64,7 +64,7 @@ def finetune_program(cfg: FinetuneConfig, config: TransformerConfig, model_class
         trainable=trainable_filter(lora, cfg), optimizer=optimizer, objective=objective,
         variants={"head": is_head} if cfg.freeze_steps else None, batch_size=cfg.batch_size, seed=cfg.seed,
         batch_shapes=lambda rows: batch_shapes(cfg.task, rows, cfg.data.max_len, token_types,
-                                               target=cfg.data.target_max_len),
+                                               target=cfg.data.target_width),
         make_predict=make_predict, prepare_plain=prepare_plain)
 
 

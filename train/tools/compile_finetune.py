@@ -124,7 +124,7 @@ def compile_finetune(config: ConfigDict, target: Target, devices: list[jax.Devic
     compile_s = time.perf_counter() - start
     trained = program.trainable_count if program.lora is not None else None
     if cfg.task == "seq2seq":
-        target_len = cfg.data.target_max_len
+        target_len = cfg.data.target_width
         flops = batch * flopslib.encoder_decoder_flops(model_config, seq, target_len, model_class)
         attention = seq2seq_attention(model_config, seq, target_len, platform)
         counted = "analytic model FLOPs per stack, flaxzoo.train.flops.encoder_decoder_flops (6N per token + 12 h d "
