@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+import re
 import signal
 import sys
 
@@ -23,7 +24,8 @@ from flaxzoo.models.families import get_preset
 from flaxzoo.train.batches import IGNORE_INDEX
 from flaxzoo.train.config import ConfigError
 from flaxzoo.train.finetune.config import FinetuneConfig, base_config
-from flaxzoo.train.finetune.seq2seq import REVERSE_WORDS, pair_batch, reverse_word_pairs, text_scores
+from flaxzoo.train.finetune.seq2seq import (REVERSE_WORDS, pack_pairs, packed_pair_batch, pair_batch,
+                                           reverse_word_pairs, text_scores)
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from test_finetune_engine import run, run_until  # noqa: E402
@@ -57,6 +59,7 @@ def test_text_scores_are_the_libraries_scores():
     assert same["rouge2"] == pytest.approx(100.0) and same["rougeL"] == pytest.approx(100.0)
 
 
+@pytest.mark.slow  # the quick tier's packing test is the loss's below
 def test_packed_pairs_give_the_logits_of_each_pair_alone():
     """Two pairs in one row (segment ids on both sides: a target reads only its own source) equal the two pairs
     in rows of their own, position by position."""
@@ -75,6 +78,36 @@ def test_packed_pairs_give_the_logits_of_each_pair_alone():
     np.testing.assert_allclose(packed[:4], alone[0], atol=1e-5)
     np.testing.assert_allclose(packed[4:10], alone[1], atol=1e-5)
     assert np.isfinite(packed).all()
+
+
+def test_pack_pairs_fills_rows_in_order_while_both_sides_fit():
+    pairs = [([1] * 3, [2] * 2), ([3] * 2, [4] * 3), ([5] * 4, [6]), ([7], [8] * 5), ([9] * 6, [1])]
+    rows = pack_pairs(pairs, max_len=6, target_max_len=5)
+    assert rows == [pairs[:2], pairs[2:3], pairs[3:4], pairs[4:]]  # 3+2 / 2+3; then 4 + 1 > 6; 1 + 5 > 5 ...
+    assert [pair for row in rows for pair in row] == pairs
+
+
+@pytest.mark.parametrize("preset", ["t5-tiny", "bart-tiny"])
+def test_packed_rows_give_the_loss_of_their_pairs_alone(preset):
+    """The training loss of packed rows (segment ids on both sides, each target behind its own start id; BART's
+    learned positions restart per pair) equals the pairs in rows of their own: the summed token losses and the
+    counts (1e-5)."""
+    from flaxzoo.train.losses import seq2seq_lm_loss
+
+    config = get_preset(preset, scan_layers=False, dropout=0.0, attention_dropout=0.0)
+    model = Seq2SeqForConditionalGeneration(config, rngs=nnx.Rngs(4))
+    model.eval()
+    rng = np.random.default_rng(1)
+    pairs = [(rng.integers(4, 900, int(rng.integers(2, 7))).tolist(), [*rng.integers(4, 900, int(n)).tolist(), 2])
+             for n in rng.integers(1, 5, 9)]
+    rows = pack_pairs(pairs, max_len=16, target_max_len=12)
+    assert len(rows) < len(pairs)
+    ids = dict(pad_id=config.pad_token_id, start_id=config.decoder_start_token_id, max_len=16, target_max_len=12)
+    loss = nnx.jit(seq2seq_lm_loss)
+    packed = [float(x) for x in loss(model, packed_pair_batch(rows, **ids))]
+    alone = np.sum([[float(x) for x in loss(model, pair_batch([pair], **ids))] for pair in pairs], 0)
+    assert packed[1] == alone[1] == sum(len(target) for _, target in pairs)
+    np.testing.assert_allclose(packed, alone, rtol=1e-5)
 
 
 def seq2seq_config(**values) -> FinetuneConfig:
@@ -96,6 +129,7 @@ def seq2seq_config(**values) -> FinetuneConfig:
     ({"num_labels": 4}, "num_labels"),
     ({"data.source": "bbc_headlines"}, "data.source"),
     ({"data.source": "files", "data.train_path": "x.jsonl"}, "data.test_path"),
+    ({"data.source": "span_corruption", "data.pack_pairs": True}, "data.pack_pairs"),
 ])
 def test_settings_of_a_classifier_are_refused_by_name(values, key):
     with pytest.raises(ConfigError, match=rf"{key}"):
@@ -130,11 +164,11 @@ def write_pairs(path: pathlib.Path, count: int, seed: int) -> pathlib.Path:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(900)  # four training runs in subprocesses: the documented one (750 steps), three of 12 steps
+@pytest.mark.timeout(900)  # four training runs in subprocesses: the documented one (750 steps), three short ones
 def test_the_reversal_task_is_learned_resumed_after_sigkill_and_exported(tmp_path):
     """``python -m flaxzoo.train --config seq2seq_reverse`` learns to reverse held-out word sequences (exact match
-    >= 90 %); a run killed (SIGKILL) mid-run and run again ends with the uninterrupted run's losses, scores and
-    predictions; ``generate_text`` reverses new prompts; the exported model loads in transformers with equal
+    >= 90 %); a run on packed pairs killed (SIGKILL) mid-run and run again ends with the uninterrupted run's losses,
+    scores and predictions; ``generate_text`` reverses new prompts; the exported model loads in transformers with equal
     logits."""
     # The documented run with XLA's default code generation: 750 steps run 2.5x faster than at the test processes'
     # -O0 (56 s -> 22 s for 125 steps with their compile, 2-core AMD EPYC), which only pays for short runs.
@@ -145,19 +179,21 @@ def test_the_reversal_task_is_learned_resumed_after_sigkill_and_exported(tmp_pat
           f"{metrics['bleu']:.1f}, {metrics['steps']} steps in {metrics['train_s']} s")
     assert metrics["exact_match"] >= 90.0
 
-    # resume, on pairs from files: 2 epochs of 6 batches, a checkpoint every 4 steps, every step logged, killed
-    # after step 7 and run again
+    # resume, on packed pairs from files: 96 pairs in rows of several, 2 epochs of batches of 16 rows, a checkpoint
+    # every 2 steps, every step logged, killed after step 5 and run again
     files = {"data.source": "files", "data.train_path": write_pairs(tmp_path / "train.jsonl", 96, seed=11),
-             "data.test_path": write_pairs(tmp_path / "test.jsonl", 24, seed=12), "batch_size": 16,
-             "eval_batch_size": 24, "epochs": 2, "checkpoint_every": 4, "log_every": 1}
+             "data.test_path": write_pairs(tmp_path / "test.jsonl", 24, seed=12), "data.pack_pairs": True,
+             "batch_size": 16, "eval_batch_size": 24, "epochs": 2, "checkpoint_every": 2, "log_every": 1}
     uninterrupted = run(command(tmp_path / "short", **files), timeout=600)
     assert uninterrupted.returncode == 0, uninterrupted.stdout[-3000:] + uninterrupted.stderr[-3000:]
+    packed = re.search(r"packed: 96 training pairs in (\d+) rows", uninterrupted.stdout)
+    assert packed and int(packed.group(1)) < 96, uninterrupted.stdout[-3000:]
     args = command(tmp_path / "killed", **files)
-    code, out = run_until(args, "step 7/", signal.SIGKILL, tmp_path)
+    code, out = run_until(args, "step 5/", signal.SIGKILL, tmp_path)
     assert code == -signal.SIGKILL, out[-3000:]
     again = run(args, timeout=600)
     assert again.returncode == 0 and "resumed from checkpoint at step 4" in again.stdout, again.stdout[-3000:]
-    assert sorted(losses(tmp_path / "short")) == list(range(1, 13))
+    assert sorted(losses(tmp_path / "short")) == list(range(1, 2 * -(-int(packed.group(1)) // 16) + 1))
     assert losses(tmp_path / "killed") == losses(tmp_path / "short")
     resumed, reference = (json.loads((tmp_path / name / "eval" / "metrics.json").read_text())
                           for name in ("killed", "short"))

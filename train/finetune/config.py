@@ -99,6 +99,8 @@ class ClassifyDataConfig(Section):
     target_field: str = checked("target", TEXT)  # task="seq2seq": the target text of each source
     target_max_len: int = checked(64, integer(2))  # task="seq2seq": target pieces kept (EOS included)
     # source="span_corruption": the share of each row's tokens hidden and the mean length of a hidden span (T5's)
+    # task="seq2seq" on pairs: several training pairs per row while sources fit max_len and targets target_max_len
+    pack_pairs: bool = checked(False, BOOL)
     noise_density: float = checked(0.15, number(0.0, 1.0, low_open=True, high_open=True))
     mean_noise_span_length: float = checked(3.0, number(1.0, 1e6))
     label_names: str = checked("", TEXT)  # comma-separated: the classes and their order ("" = the data's, sorted)
@@ -233,6 +235,9 @@ class FinetuneConfig(RunConfig):
         elif self.data.source in (SYNTHETIC_PAIRS, SPAN_CORRUPTION):
             raise ConfigError("data.source", f"{self.data.source!r} is task='seq2seq''s data; expected "
                                              f"'bbc_headlines' or 'files' with task={self.task!r}")
+        elif self.data.pack_pairs:
+            raise ConfigError("data.pack_pairs", f"True packs task='seq2seq' pairs; expected False with "
+                                                 f"task={self.task!r}")
         elif self.num_beams != 1:
             raise ConfigError("num_beams", f"{self.num_beams}: beams decode task='seq2seq' test sets; expected 1 with "
                                            f"task={self.task!r}")
@@ -255,6 +260,9 @@ class FinetuneConfig(RunConfig):
                                              "synthetic task) or 'span_corruption' (pre-training on text)")
         if data.source == SPAN_CORRUPTION:
             self._validate_span_corruption()
+            if data.pack_pairs:
+                raise ConfigError("data.pack_pairs", "True: span corruption's rows are full already (no padding); "
+                                                     "expected False")
         else:
             for key in ("noise_density", "mean_noise_span_length"):
                 value, default = getattr(data, key), ClassifyDataConfig.__dataclass_fields__[key].default

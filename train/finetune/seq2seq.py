@@ -9,7 +9,8 @@ resume, meshes, several processes, LoRA). What differs:
   here (a few common words in a random order → the same words reversed), the same pairs on every run;
 - teacher forcing: the sources cut to ``data.max_len`` pieces by the tokenizer (its special tokens kept: T5's EOS),
   the targets to ``data.target_max_len`` pieces ending in the model's EOS; the decoder reads the target shifted right
-  behind ``decoder_start_token_id``; padding is never scored (``train/losses.py``'s ``seq2seq``);
+  behind ``decoder_start_token_id``; padding is never scored (``train/losses.py``'s ``seq2seq``); with
+  ``data.pack_pairs`` several training pairs share a row (segment ids on both sides, packed once in a seeded order);
 - the scores: the test sources decoded (``models.generate``: greedy, or ``num_beams`` beams) until EOS or
   ``data.target_max_len`` new tokens, then exact match (after collapsing whitespace), ROUGE-1 / 2 / L F-measures
   (Google's ``rouge-score``, stemmed), BLEU and chrF (``sacrebleu``'s corpus scores), all as percentages, in
@@ -112,6 +113,47 @@ def pair_batch(pairs: Sequence[tuple[list[int], list[int]]], *, pad_id: int, sta
     return batch
 
 
+def pack_pairs(pairs: Sequence[tuple[list[int], list[int]]], max_len: int,
+               target_max_len: int) -> list[list[tuple[list[int], list[int]]]]:
+    """Pairs in their order into rows: a pair joins the current row while its source fits ``max_len`` and its target
+    ``target_max_len`` beside the row's others, else it starts the next row (next-fit)."""
+    rows, row, source_used, target_used = [], [], 0, 0
+    for source, target in pairs:
+        if row and (source_used + len(source) > max_len or target_used + len(target) > target_max_len):
+            rows.append(row)
+            row, source_used, target_used = [], 0, 0
+        row.append((source, target))
+        source_used, target_used = source_used + len(source), target_used + len(target)
+    return rows + [row] if row else rows
+
+
+def packed_pair_batch(rows: Sequence[Sequence[tuple[list[int], list[int]]]], *, pad_id: int, start_id: int,
+                      max_len: int, target_max_len: int) -> dict[str, np.ndarray]:
+    """Rows of several pairs (:func:`pack_pairs`) as one teacher-forcing batch: :func:`pair_batch`'s arrays with
+    ``segment_ids [rows, max_len]`` and ``decoder_segment_ids [rows, target_max_len]`` numbering each row's pairs
+    from 1 (0: padding), each target shifted right behind ``start_id`` on its own. The model reads a target token
+    against its own pair's source and earlier target tokens only, positions restarting per pair."""
+    count = len(rows)
+    batch = {"input_ids": np.full((count, max_len), pad_id, np.int32),
+             "segment_ids": np.zeros((count, max_len), np.int32),
+             "labels": np.full((count, target_max_len), IGNORE_INDEX, np.int32),
+             "decoder_input_ids": np.full((count, target_max_len), pad_id, np.int32),
+             "decoder_segment_ids": np.zeros((count, target_max_len), np.int32)}
+    for r, row in enumerate(rows):
+        source_at = target_at = 0
+        for number, (source, target) in enumerate(row, 1):
+            source_end, target_end = source_at + len(source), target_at + len(target)
+            batch["input_ids"][r, source_at:source_end] = source
+            batch["segment_ids"][r, source_at:source_end] = number
+            batch["labels"][r, target_at:target_end] = target
+            batch["decoder_input_ids"][r, target_at:target_end] = [start_id, *target[:-1]]
+            batch["decoder_segment_ids"][r, target_at:target_end] = number
+            source_at, target_at = source_end, target_end
+    batch["attention_mask"] = (batch["segment_ids"] != 0).astype(np.int32)
+    batch["decoder_attention_mask"] = (batch["decoder_segment_ids"] != 0).astype(np.int32)
+    return batch
+
+
 class Seq2SeqTrainer(FinetuneTask):
     """One text-to-text fine-tune; :meth:`run` trains (or resumes), decodes and scores the test set, and exports."""
 
@@ -168,22 +210,30 @@ class Seq2SeqTrainer(FinetuneTask):
             if cut:
                 say(f"{split}: {cut} target(s) cut to data.target_max_len={data.target_max_len} pieces (EOS included)")
             encoded[split] = list(zip(source_ids, target_ids))
+        if data.pack_pairs:  # once, in a seeded order; each epoch shuffles the rows
+            train = encoded["train"]
+            order = np.random.default_rng((self.cfg.seed, data.split_seed)).permutation(len(train))
+            encoded["train"] = pack_pairs([train[i] for i in order], self.max_len, data.target_max_len)
+            say(f"packed: {len(train)} training pairs in {len(encoded['train'])} rows "
+                f"({len(train) / len(encoded['train']):.2f} a row)")
         return encoded
 
-    def _batch(self, pairs) -> dict[str, np.ndarray]:
+    def _batch(self, pairs, packed: bool = False) -> dict[str, np.ndarray]:
+        """A batch of pairs, or of rows of pairs (``packed``)."""
         config = self.config
-        return pair_batch(pairs, pad_id=config.pad_token_id, start_id=config.decoder_start_token_id,
-                          max_len=self.max_len, target_max_len=self.cfg.data.target_max_len)
+        return (packed_pair_batch if packed else pair_batch)(
+            pairs, pad_id=config.pad_token_id, start_id=config.decoder_start_token_id, max_len=self.max_len,
+            target_max_len=self.cfg.data.target_max_len)
 
     def epoch_batches(self, epoch: int, skip: int) -> Iterator[dict[str, np.ndarray]]:
-        """The epoch's batches in a shuffled order (seeded by ``seed`` and ``epoch``); the last one is completed with
-        copies of the first pair whose targets are not scored."""
+        """The epoch's batches in a shuffled order (seeded by ``seed`` and ``epoch``) of pairs, or of packed rows
+        (``data.pack_pairs``); the last one is completed with copies of the first whose targets are not scored."""
         train, size = self.encoded["train"], self.cfg.batch_size
         order = np.random.default_rng((self.cfg.seed, epoch)).permutation(len(train))
         for start in range(skip * size, len(order), size):
             chosen = [train[i] for i in order[start:start + size]]
             filler = size - len(chosen)
-            batch = self._batch(chosen + [train[order[0]]] * filler)
+            batch = self._batch(chosen + [train[order[0]]] * filler, packed=self.cfg.data.pack_pairs)
             if filler:
                 batch["labels"][-filler:] = IGNORE_INDEX
             yield {k: v[self.placement.rows] for k, v in batch.items()}
@@ -255,4 +305,5 @@ class Seq2SeqTrainer(FinetuneTask):
                 f"accuracy {100 * row['accuracy']:.1f}%")
 
 
-__all__ = ["REVERSE_WORDS", "Seq2SeqTrainer", "pair_batch", "read_pairs", "reverse_word_pairs", "text_scores"]
+__all__ = ["REVERSE_WORDS", "Seq2SeqTrainer", "pack_pairs", "packed_pair_batch", "pair_batch", "read_pairs",
+           "reverse_word_pairs", "text_scores"]

@@ -64,19 +64,21 @@ def finetune_program(cfg: FinetuneConfig, config: TransformerConfig, model_class
         trainable=trainable_filter(lora, cfg), optimizer=optimizer, objective=objective,
         variants={"head": is_head} if cfg.freeze_steps else None, batch_size=cfg.batch_size, seed=cfg.seed,
         batch_shapes=lambda rows: batch_shapes(cfg.task, rows, cfg.data.max_len, token_types,
-                                               target=cfg.data.target_width),
+                                               target=cfg.data.target_width, packed=cfg.data.pack_pairs),
         make_predict=make_predict, prepare_plain=prepare_plain)
 
 
-def batch_shapes(task: str, rows: int, seq: int, token_types: bool = False, *, target: int = 0
-                 ) -> dict[str, tuple[tuple[int, ...], Any]]:
+def batch_shapes(task: str, rows: int, seq: int, token_types: bool = False, *, target: int = 0,
+                 packed: bool = False) -> dict[str, tuple[tuple[int, ...], Any]]:
     """``{key: (shape, dtype)}`` of one training batch of ``task`` as its fine-tuner builds it (``token_types``:
     ``qa``'s batches for a model with segment embeddings carry ``token_type_ids``; ``target``: ``seq2seq``'s
-    target length)."""
+    target length; ``packed``: its rows of several pairs, with segment ids on both sides)."""
     tokens = {"input_ids": ((rows, seq), jnp.int32), "attention_mask": ((rows, seq), jnp.int32)}
-    if task == "seq2seq":  # flaxzoo.train.finetune.seq2seq.pair_batch
-        return {**tokens, **{key: ((rows, target), jnp.int32)
-                             for key in ("decoder_input_ids", "decoder_attention_mask", "labels")}}
+    if task == "seq2seq":  # flaxzoo.train.finetune.seq2seq.pair_batch / packed_pair_batch
+        segments = {"segment_ids": ((rows, seq), jnp.int32),
+                    "decoder_segment_ids": ((rows, target), jnp.int32)} if packed else {}
+        return {**tokens, **segments, **{key: ((rows, target), jnp.int32)
+                                         for key in ("decoder_input_ids", "decoder_attention_mask", "labels")}}
     if task == "qa":  # flaxzoo.train.finetune.spans.span_batch
         types = {"token_type_ids": ((rows, seq), jnp.int32)} if token_types else {}
         return {**tokens, **types, "start_positions": ((rows,), jnp.int32), "end_positions": ((rows,), jnp.int32),
