@@ -220,6 +220,34 @@ def test_the_reversal_task_is_learned_resumed_after_sigkill_and_exported(tmp_pat
     np.testing.assert_allclose(ours, theirs, atol=1e-4)
 
 
+@pytest.mark.multiprocess
+@pytest.mark.timeout(600)
+def test_two_processes_of_two_devices_give_the_losses_and_scores_of_one_process_of_four(tmp_path):
+    """The reversal T5 from scratch, FSDP over 4 devices: 2 processes x 2 devices train with the losses of
+    1 process x 4 (1e-5) and decode the same test predictions."""
+    import subprocess
+
+    from train_helper import helper_process_env
+
+    files = {"data.source": "files", "data.train_path": write_pairs(tmp_path / "train.jsonl", 96, seed=21),
+             "data.test_path": write_pairs(tmp_path / "test.jsonl", 16, seed=22), "batch_size": 16,
+             "eval_batch_size": 16, "epochs": 1, "checkpoint_every": 0, "log_every": 1, "mesh.data": 1,
+             "mesh.fsdp": 4}
+    one = run(command(tmp_path / "one", **files), timeout=400, JAX_NUM_CPU_DEVICES="4")
+    assert one.returncode == 0, one.stdout[-3000:] + one.stderr[-3000:]
+    two = subprocess.run([sys.executable, "-m", "flaxzoo.train.launch", "--processes", "2", "--devices-per-process",
+                          "2", "--module", "multihost_helper", "--", "train", *command(tmp_path / "two", **files)],
+                         cwd=pathlib.Path(__file__).resolve().parent.parent, env=helper_process_env(),
+                         capture_output=True, text=True, timeout=400)
+    assert two.returncode == 0, two.stdout[-3000:] + two.stderr[-5000:]
+    assert "(2 process(es))" in two.stdout and "mesh data=1 x fsdp=4 x tensor=1" in two.stdout
+    a, b = losses(tmp_path / "one"), losses(tmp_path / "two")
+    assert a.keys() == b.keys() == set(range(1, 7))
+    assert max(abs(a[s] - b[s]) for s in a) <= 1e-5, (a, b)
+    assert ((tmp_path / "one" / "eval" / "predictions.jsonl").read_text()
+            == (tmp_path / "two" / "eval" / "predictions.jsonl").read_text())
+
+
 def test_lora_trains_the_adapters_alone_by_default():
     """An encoder-decoder has no fresh head: LoRA's ``train_fully`` "" trains nothing beside the adapters (a
     classifier's trains its head)."""
