@@ -110,6 +110,36 @@ def test_packed_rows_give_the_loss_of_their_pairs_alone(preset):
     np.testing.assert_allclose(packed, alone, rtol=1e-5)
 
 
+@pytest.mark.slow_variants
+@pytest.mark.parametrize("preset, scan", [("bart-tiny", False), ("t5-tiny", True)])
+def test_int8_encoder_decoders_quantise_every_projection_cross_attention_included(preset, scan, tmp_path):
+    """``from_pretrained(..., quantize="int8")`` of an encoder-decoder holds int8 kernels in every self-attention,
+    cross-attention and MLP projection of both stacks, bit-equal to qwix's PTQ of the float model, and its logits
+    equal the float model's with each projection's weight replaced by its dequantised int8 value (numpy)."""
+    from flaxzoo.models.adapters.quantize import module_at, projection_paths, quantize_dense
+
+    config = get_preset(preset, scan_layers=scan)
+    models.save_pretrained(models.create_model(config, Seq2SeqForConditionalGeneration), tmp_path)
+    int8, dequantised = models.from_pretrained(str(tmp_path), quantize="int8"), models.from_pretrained(str(tmp_path))
+    paths = projection_paths(int8)
+    names = {".".join(map(str, path[-2:])) for path in paths}
+    assert {f"{a}.{p}" for a in ("attention", "cross_attention") for p in ("query", "key", "value", "out")} <= names
+    stacks = {path[0] for path in paths}  # ("encoder" | "decoder", "layers", ...)
+    assert stacks == {"encoder", "decoder"} and len(paths) == len(projection_paths(dequantised))
+    for path in paths:
+        streamed, reference = module_at(int8, path), quantize_dense(module_at(dequantised, path))
+        q, scale = (np.asarray(getattr(streamed.kernel.array, name)[...]) for name in ("qvalue", "scale"))
+        assert q.dtype == np.int8
+        for name in ("qvalue", "scale"):
+            np.testing.assert_array_equal(np.asarray(getattr(reference.kernel.array, name)[...]),
+                                          getattr(streamed.kernel.array, name)[...])
+        module_at(dequantised, path).kernel.set_value(jnp.asarray(q.astype(np.float32) * scale))
+    ids = np.array([[5, 6, 7, 8, 9, 10], [11, 12, 13, 0, 0, 0]])
+    target = np.array([[config.decoder_start_token_id, 4, 5, 6], [config.decoder_start_token_id, 7, 8, 0]])
+    np.testing.assert_allclose(np.asarray(int8(ids, ids != 0, target, target != 0)),
+                               np.asarray(dequantised(ids, ids != 0, target, target != 0)), atol=2e-5)
+
+
 def seq2seq_config(**values) -> FinetuneConfig:
     config = base_config()
     config.task = "seq2seq"
