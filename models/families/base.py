@@ -184,9 +184,11 @@ class WeightMap:
 
     def renamed(self, rename: Callable[[str], str], ignored: tuple[str, ...] = ()) -> "WeightMap":
         """The same table under other tensor names (``rename`` of every Hugging Face name: a GGUF's), ignoring the
-        regular expressions ``ignored`` instead."""
+        regular expressions ``ignored`` instead. A duplicate renamed to its source's name is dropped: the file holds
+        that tensor once (T5's ``encoder.embed_tokens`` is GGUF's ``token_embd``)."""
         return WeightMap([dataclasses.replace(e, hf=rename(e.hf)) for e in self.entries],
-                         {rename(dup): rename(source) for dup, source in self.tied.items()},
+                         {rename(dup): rename(source) for dup, source in self.tied.items()
+                          if rename(dup) != rename(source)},
                          {rename(name): rename(source) for name, source in self.unused.items()}, ignored,
                          frozenset(rename(name) for name in self.optional))
 

@@ -172,9 +172,9 @@ class GGUFSource(Source):
         self.family, self.hf = gguf_config(self.gguf)
 
     def describe(self) -> tuple[TransformerConfig, type]:
-        family, cls = family_and_class(self.hf, None)
+        family, cls = family_and_class(self.hf, None)  # the config's family (umT5 files read by T5's spec)
         # llama.cpp stores Q and K rows in the interleaved RoPE pair layout: keep them, and rotate those pairs.
-        return family.config_from_hf(self.hf).replace(rope_layout=family.gguf.rope_layout), cls
+        return family.config_from_hf(self.hf).replace(rope_layout=self.family.gguf.rope_layout), cls
 
     def model_class(self, cls: type | str | None) -> type:
         return family_and_class(self.hf, cls)[1]

@@ -12,6 +12,7 @@ from flaxzoo.models.architectures.encoder_decoder.hf import (T5_LAYOUT,
                                                              t5_config_to_hf, t5_save_problems, t5_weights)
 from flaxzoo.models.config import TransformerConfig
 from flaxzoo.models.families.base import Family
+from flaxzoo.models.families.t5.gguf import SPEC
 from flaxzoo.models.families.t5.presets import PRESETS
 
 
@@ -23,4 +24,4 @@ FAMILY = Family(
     model_type="t5", base_prefix="transformer", architectures=t5_architectures("T5"),
     config_from_hf=t5_config, config_to_hf=t5_config_to_hf, weights=t5_weights,
     layout=dict(T5_LAYOUT, position_bias_per_layer=False), save_problems=t5_save_problems, presets=PRESETS,
-    config_from_tensors=head_from_tensors)
+    config_from_tensors=head_from_tensors, gguf=SPEC)
