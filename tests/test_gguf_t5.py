@@ -123,3 +123,13 @@ def test_a_t5encoder_gguf_is_the_encoder_alone(tmp_path):
     with torch.no_grad():
         theirs = hf(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask)).last_hidden_state.numpy()
     assert real_max_difference(np.asarray(model(ids, mask).hidden), theirs, mask) < ATOL
+
+
+def test_the_tokenizer_of_a_t5_gguf_is_refused_with_the_way_out(tmp_path):
+    from flaxzoo.models.io.tokenizer import tokenizer_from_gguf
+
+    hf = build("t5-v1.0", "ForConditionalGeneration", relative_attention_max_distance=128)
+    path = write_t5_gguf(tmp_path / "t5.gguf", hf)
+    with pytest.raises(ValueError, match=r"does not rebuild its tokenizer \(tokenizer.ggml.model='t5'\); expected the "
+                                         r"model's Hugging Face tokenizer"):
+        tokenizer_from_gguf(path)

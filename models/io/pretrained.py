@@ -41,8 +41,9 @@ def from_pretrained(path: PathLike, *, cls: type | str | None = None, allow_pick
           (``flaxzoo.models.families.supported()`` lists them: the base model, masked or causal LM, sequence and
           token classification, question answering, as each family has them);
         * a ``.gguf`` file (llama.cpp) of an architecture a family reads (``llama``, ``qwen2``, ``qwen3``,
-          ``gemma``, ``gemma2``, ``gemma3``, ``phi3``; ``gguf_family``), dequantised from any type the ``gguf`` package
-          reads (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, K-quants ...), or a directory holding one;
+          ``gemma``, ``gemma2``, ``gemma3``, ``phi3``, ``t5``, ``t5encoder``; ``gguf_family``), dequantised from any
+          type the ``gguf`` package reads (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, K-quants ...), or a
+          directory holding one;
         * a flaxzoo training checkpoint: a ``python -m flaxzoo.train`` work directory, its ``checkpoints/`` folder or one
           step folder (the latest step is taken; only the parameters are read; a LoRA run's: its base weights with
           the adapters merged);

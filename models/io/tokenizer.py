@@ -243,6 +243,10 @@ def tokenizer_from_gguf(path: str | os.PathLike) -> tuple[tokenizers.Tokenizer, 
         raise FileNotFoundError(f"{file.path} holds no tokenizer (no tokenizer.ggml.tokens in its metadata)")
     kind = meta.get("model")
     kinds = gguf_tokenizer_kinds(file.architecture)
+    if not kinds:
+        raise ValueError(f"{file.path}: flaxzoo reads the weights of general.architecture={file.architecture!r} but "
+                         f"does not rebuild its tokenizer (tokenizer.ggml.model={kind!r}); expected the model's "
+                         "Hugging Face tokenizer (a tokenizer.json folder, models.load_tokenizer)")
     if kind not in kinds:
         raise ValueError(f"{file.path}: GGUF tokenizer tokenizer.ggml.model={kind!r} is not supported for "
                          f"general.architecture={file.architecture!r}; expected one of {list(kinds)}")
