@@ -21,7 +21,6 @@ checkpoints, resume, meshes, several processes, LoRA, layer-wise LR decay, freez
 
 from __future__ import annotations
 
-import json
 import pathlib
 from typing import Any
 
@@ -33,7 +32,7 @@ from flaxzoo.train.finetune.config import FinetuneConfig
 from flaxzoo.train.finetune.spans import (best_answers, encode_questions, read_squad, span_batch, span_epoch_batches,
                                           squad_scores)
 from flaxzoo.train.finetune.task import FinetuneTask
-from flaxzoo.train.hooks import is_main, say
+from flaxzoo.train.hooks import say
 from flaxzoo.train.step import make_predict_spans
 
 LABELS = ("start", "end")  # the span head's two outputs (its num_labels is 2)
@@ -116,18 +115,10 @@ class QuestionAnswering(FinetuneTask):
         found, predicted = self.scores("test")
         metrics = {**found, "split": self.split_description, "test_questions": len(self.questions["test"]),
                    "test_windows": len(self.encoded["test"]), "train_windows": len(self.encoded["train"]),
-                   "steps": steps, "epochs": self.cfg.epochs, "train_s": round(train_s, 2),
-                   "trained_parameters": int(self.trained_count), "mesh": list(self.cfg.mesh.shape),
-                   "config": self.cfg.to_json_dict()}
-        self._save(steps)
-        if is_main():  # eval/metrics.json after the export: the two together mark a finished work directory
-            eval_dir = self.workdir / "eval"
-            eval_dir.mkdir(parents=True, exist_ok=True)
-            with open(eval_dir / "predictions.jsonl", "w") as out:
-                for q, guess in zip(self.questions["test"], predicted):
-                    out.write(json.dumps({"id": q.id, "question": q.question, "predicted": guess,
-                                          "answers": [text for text, _ in q.answers]}) + "\n")
-            (eval_dir / "metrics.json").write_text(json.dumps(metrics, indent=1))
+                   **self.run_figures(steps, train_s)}
+        self.export_with_predictions(steps, metrics, lambda: (
+            {"id": q.id, "question": q.question, "predicted": guess, "answers": [text for text, _ in q.answers]}
+            for q, guess in zip(self.questions["test"], predicted)))
         say(f"test: exact match {metrics['exact_match']:.2f}, F1 {metrics['f1']:.2f} on {metrics['test_questions']} "
             f"questions; {self.workdir / 'eval'}")
         return metrics

@@ -19,7 +19,6 @@ resume, meshes, several processes, LoRA). What differs:
 
 from __future__ import annotations
 
-import json
 import pathlib
 from typing import Any, Iterator, Sequence
 
@@ -35,7 +34,7 @@ from flaxzoo.train.config import ConfigError
 from flaxzoo.train.data.corpus import jsonl_objects
 from flaxzoo.train.finetune.config import SYNTHETIC_PAIRS, FinetuneConfig
 from flaxzoo.train.finetune.task import FinetuneTask
-from flaxzoo.train.hooks import is_main, say
+from flaxzoo.train.hooks import say
 
 # The synthetic task's words: common English words each tokenizer here keeps whole.
 REVERSE_WORDS = ("red", "blue", "green", "black", "white", "cat", "dog", "bird", "fish", "tree", "house", "car",
@@ -282,19 +281,12 @@ class Seq2SeqTrainer(FinetuneTask):
         """Decode and score the test pairs, write ``eval/`` (process 0), export the model (every process joins)."""
         found, predicted = self.scores("test")
         metrics = {**found, "split": self.split_description, "test_pairs": len(self.encoded["test"]),
-                   "num_beams": self.cfg.num_beams, "steps": steps, "epochs": self.cfg.epochs,
-                   "train_s": round(train_s, 2), "trained_parameters": int(self.trained_count),
-                   "mesh": list(self.cfg.mesh.shape), "config": self.cfg.to_json_dict()}
+                   "num_beams": self.cfg.num_beams, **self.run_figures(steps, train_s)}
         if validation is not None:
             metrics["validation"] = {k.removeprefix("val_"): v for k, v in validation.items()}
-        self._save(steps)
-        if is_main():  # eval/metrics.json after the export: the two together mark a finished work directory
-            eval_dir = self.workdir / "eval"
-            eval_dir.mkdir(parents=True, exist_ok=True)
-            with open(eval_dir / "predictions.jsonl", "w") as out:
-                for (source, target), guess in zip(self.pairs["test"], predicted):
-                    out.write(json.dumps({"source": source, "target": target, "predicted": guess}) + "\n")
-            (eval_dir / "metrics.json").write_text(json.dumps(metrics, indent=1))
+        self.export_with_predictions(steps, metrics, lambda: (
+            {"source": source, "target": target, "predicted": guess}
+            for (source, target), guess in zip(self.pairs["test"], predicted)))
         say(f"test: exact match {found['exact_match']:.1f}%, ROUGE-1/2/L {found['rouge1']:.1f} / "
             f"{found['rouge2']:.1f} / {found['rougeL']:.1f}, BLEU {found['bleu']:.1f}, chrF {found['chrf']:.1f} on "
             f"{metrics['test_pairs']} pairs; {self.workdir / 'eval'}")

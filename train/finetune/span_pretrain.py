@@ -25,7 +25,6 @@ loop's checkpoints, exact resume, meshes, several processes, LoRA, the export). 
 
 from __future__ import annotations
 
-import json
 import math
 from typing import Any, Iterator, Sequence
 
@@ -40,7 +39,7 @@ from flaxzoo.train.data.corpus import embedded_documents, read_text_files, split
 from flaxzoo.train.data.span_corruption import (corrupt_spans, input_and_target_lengths, span_counts,
                                                 t5_sentinel_ids, tokenizer_sentinel_ids)
 from flaxzoo.train.finetune.seq2seq import Seq2SeqTrainer
-from flaxzoo.train.hooks import is_main, say
+from flaxzoo.train.hooks import say
 from flaxzoo.train.losses import seq2seq_lm_loss
 
 HELD_OUT = 0.05  # the share of documents held out for the test rows (by a hash of each document's text)
@@ -217,17 +216,8 @@ class SpanCorruptionTrainer(Seq2SeqTrainer):
         """Score the held-out rows, write ``eval/`` (process 0), export the model (every process joins)."""
         found, shown = self.scores("test")
         metrics = {**found, "split": self.split_description, "test_rows": len(self.encoded["test"]),
-                   "steps": steps, "epochs": self.cfg.epochs, "train_s": round(train_s, 2),
-                   "trained_parameters": int(self.trained_count), "mesh": list(self.cfg.mesh.shape),
-                   "config": self.cfg.to_json_dict()}
-        self._save(steps)
-        if is_main():  # eval/metrics.json after the export: the two together mark a finished work directory
-            eval_dir = self.workdir / "eval"
-            eval_dir.mkdir(parents=True, exist_ok=True)
-            with open(eval_dir / "predictions.jsonl", "w") as out:
-                for row in shown:
-                    out.write(json.dumps(row) + "\n")
-            (eval_dir / "metrics.json").write_text(json.dumps(metrics, indent=1))
+                   **self.run_figures(steps, train_s)}
+        self.export_with_predictions(steps, metrics, lambda: shown)
         say(f"test: target loss {found['loss']:.4f} (unigram baseline {found['unigram_loss']:.4f}), accuracy "
             f"{found['accuracy']:.1f}%; the spans' tokens alone: loss {found['span_loss']:.4f} (unigram "
             f"{found['unigram_span_loss']:.4f}), accuracy {found['span_accuracy']:.1f}%; {metrics['test_rows']} rows; "

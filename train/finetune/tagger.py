@@ -18,7 +18,6 @@ checkpoints, resume, meshes, several processes, LoRA, layer-wise LR decay, freez
 from __future__ import annotations
 
 import itertools
-import json
 import pathlib
 from typing import Any
 
@@ -30,7 +29,7 @@ from flaxzoo.train.finetune.config import FinetuneConfig
 from flaxzoo.train.finetune.tokens import (encode_tagged, entity_scores, load_tagged, tagged_batches_in_order,
                                            tagged_epoch_batches, word_sequences)
 from flaxzoo.train.finetune.task import FinetuneTask
-from flaxzoo.train.hooks import is_main, say
+from flaxzoo.train.hooks import say
 from flaxzoo.train.step import make_predict_masked
 
 
@@ -107,22 +106,16 @@ class Tagger(FinetuneTask):
     def _finish(self, steps: int, train_s: float, validation: dict[str, Any] | None) -> dict[str, Any]:
         """Score the test file, write ``eval/`` (process 0), export the tagger (every process joins the save)."""
         metrics = {**self.scores("test"), "label_names": list(self.data.label_names), "split": self.split_description,
-                   "test_sentences": len(self.encoded["test"]), "steps": steps, "epochs": self.cfg.epochs,
-                   "train_s": round(train_s, 2), "trained_parameters": int(self.trained_count),
-                   "mesh": list(self.cfg.mesh.shape), "config": self.cfg.to_json_dict()}
+                   "test_sentences": len(self.encoded["test"]), **self.run_figures(steps, train_s)}
         if validation is not None:
             metrics["validation"] = {"f1": validation["val_f1"], "accuracy": validation["val_accuracy"]}
-        self._save(steps)
-        if is_main():  # eval/metrics.json after the export: the two together mark a finished work directory
-            eval_dir = self.workdir / "eval"
-            eval_dir.mkdir(parents=True, exist_ok=True)
-            names = self.data.label_names
-            true, predicted = self.tag_sequences("test")
-            with open(eval_dir / "predictions.jsonl", "w") as out:
-                for words, gold, guess in zip(self.data.words["test"], true, predicted):
-                    out.write(json.dumps({"words": words, "true": [names[i] for i in gold],
-                                          "predicted": [names[i] for i in guess]}) + "\n")
-            (eval_dir / "metrics.json").write_text(json.dumps(metrics, indent=1))
+
+        def rows():
+            names, (true, predicted) = self.data.label_names, self.tag_sequences("test")
+            for words, gold, guess in zip(self.data.words["test"], true, predicted):
+                yield {"words": words, "true": [names[i] for i in gold], "predicted": [names[i] for i in guess]}
+
+        self.export_with_predictions(steps, metrics, rows)
         say(f"test: entity F1 {metrics['f1']:.4f} (precision {metrics['precision']:.4f}, recall "
             f"{metrics['recall']:.4f}), token accuracy {metrics['accuracy']:.4f} on {metrics['test_sentences']} "
             f"sentences; {self.workdir / 'eval'}")

@@ -9,7 +9,7 @@ import json
 import math
 import pathlib
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -301,6 +301,26 @@ class FinetuneTask(Task):
             summary.metrics = self._finish(steps, summary.train_s, result.final_eval)
         summary.wall_s = time.perf_counter() - self.wall_start
         return summary
+
+    def run_figures(self, steps: int, train_s: float) -> dict[str, Any]:
+        """What every task's ``eval/metrics.json`` says of the run besides its scores."""
+        return {"steps": steps, "epochs": self.cfg.epochs, "train_s": round(train_s, 2),
+                "trained_parameters": int(self.trained_count), "mesh": list(self.cfg.mesh.shape),
+                "config": self.cfg.to_json_dict()}
+
+    def export_with_predictions(self, steps: int, metrics: dict[str, Any],
+                                rows: Callable[[], Iterable[dict[str, Any]]]) -> None:
+        """Export the model (every process joins), then, on process 0, ``eval/predictions.jsonl`` (``rows()``, one
+        JSON object a line) and ``eval/metrics.json``: written after the export, the two together mark a finished
+        work directory."""
+        self._save(steps)
+        if is_main():
+            eval_dir = self.workdir / "eval"
+            eval_dir.mkdir(parents=True, exist_ok=True)
+            with open(eval_dir / "predictions.jsonl", "w") as out:
+                for row in rows():
+                    out.write(json.dumps(row) + "\n")
+            (eval_dir / "metrics.json").write_text(json.dumps(metrics, indent=1))
 
     def _save(self, steps: int) -> None:
         """The classifier as a flaxzoo checkpoint at the last step (LoRA: merged, a plain classifier), and its
