@@ -450,7 +450,8 @@ def test_empty_texts_are_dropped_and_counted(tmp_path, data_dir):
 def test_unknown_source_and_a_decoder_checkpoint_are_refused(tmp_path, data_dir, tiny_encoder, minilm_dir,
                                                              csv_files):
     with pytest.raises(ConfigError, match="data.source: 'news': expected one of "
-                                          "\\['bbc_headlines', 'files', 'reverse_words'\\]"):
+                                          "\\['bbc_headlines', 'files', 'reverse_words', 'span_corruption'\\] or "
+                                          "'tfds:NAME'"):
         finetune_config(data_dir, tiny_encoder, minilm_dir, csv_files["train"], **{"data.source": "news"})
     with pytest.raises(ConfigError, match="model.position: 'alibi' is set but init_from=.* loads its architecture"):
         finetune_config(data_dir, tiny_encoder, minilm_dir, csv_files["train"], **{"model.position": "alibi"})

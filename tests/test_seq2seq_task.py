@@ -166,15 +166,16 @@ def test_settings_of_a_classifier_are_refused_by_name(values, key):
         seq2seq_config(**values)
 
 
-def test_beams_and_the_synthetic_pairs_belong_to_seq2seq():
+def test_beams_and_the_seq2seq_sources_belong_to_seq2seq():
     config = base_config()
     config.num_beams = 4
     with pytest.raises(ConfigError, match=r"num_beams: 4: .*task='seq2seq'"):
         FinetuneConfig.from_config_dict(config)
-    config = base_config()
-    config.data.source = "reverse_words"
-    with pytest.raises(ConfigError, match=r"data.source: 'reverse_words' is task='seq2seq'"):
-        FinetuneConfig.from_config_dict(config)
+    for source in ("reverse_words", "span_corruption", "tfds:wmt14_translate/de-en"):
+        config = base_config()
+        config.data.source = source
+        with pytest.raises(ConfigError, match=rf"data.source: '{source}' is task='seq2seq'"):
+            FinetuneConfig.from_config_dict(config)
 
 
 # ------------------------------------------------------------------------------------------------ the command line
@@ -250,19 +251,60 @@ def test_the_reversal_task_is_learned_resumed_after_sigkill_and_exported(tmp_pat
     np.testing.assert_allclose(ours, theirs, atol=1e-4)
 
 
+def prepared_tfds_pairs(data_dir: pathlib.Path, sizes: dict[str, int]) -> str:
+    """A TFDS dataset of reversal pairs (features ``words`` → ``reversed``, splits ``sizes``) prepared as
+    array_record in ``data_dir``; its name. Readers need not import the builder: TFDS reads the prepared files."""
+    import tensorflow_datasets as tfds
+
+    with tfds.core.registered.skip_registration():  # a class per call: none in TFDS's registry of names
+        class ReversalPairs(tfds.core.GeneratorBasedBuilder):
+            VERSION = tfds.core.Version("1.0.0")
+
+            def _info(self):
+                return tfds.core.DatasetInfo(builder=self, features=tfds.features.FeaturesDict(
+                    {"words": tfds.features.Text(), "reversed": tfds.features.Text()}))
+
+            def _split_generators(self, dl_manager):
+                return {split: self._generate_examples(count, seed)
+                        for seed, (split, count) in enumerate(sizes.items())}
+
+            def _generate_examples(self, count, seed):
+                for i, (words, reversed_words) in enumerate(reverse_word_pairs(count, seed)):
+                    yield i, {"words": words, "reversed": reversed_words}
+
+    ReversalPairs(data_dir=str(data_dir), file_format="array_record").download_and_prepare(
+        file_format="array_record")
+    return ReversalPairs.name
+
+
+def test_pairs_of_a_tfds_dataset_are_read_by_its_fields(tmp_path):
+    """``data.source="tfds:NAME"``: the prepared dataset's pairs per split (train, test; its validation when it has
+    both), by ``data.text_field`` / ``data.target_field``; a missing field is named with the features."""
+    from flaxzoo.train.finetune.seq2seq import tfds_pairs
+
+    name = prepared_tfds_pairs(tmp_path, {"train": 12, "test": 5, "validation": 3})
+    values = {"data.source": f"tfds:{name}", "data.data_dir": str(tmp_path), "data.text_field": "words",
+              "data.target_field": "reversed"}
+    pairs, description = tfds_pairs(seq2seq_config(**values).data)
+    assert {split: len(p) for split, p in pairs.items()} == {"train": 12, "test": 5, "validation": 3}
+    assert sorted(pairs["train"]) == sorted(reverse_word_pairs(12, 0)) and "test = its test" in description
+    with pytest.raises(ValueError, match=r"no feature 'target' .* expected one of \['reversed', 'words'\]"):
+        tfds_pairs(seq2seq_config(**{**values, "data.target_field": "target"}).data)
+
+
 @pytest.mark.multiprocess
 @pytest.mark.timeout(600)
 def test_two_processes_of_two_devices_give_the_losses_and_scores_of_one_process_of_four(tmp_path):
-    """The reversal T5 from scratch, FSDP over 4 devices: 2 processes x 2 devices train with the losses of
-    1 process x 4 (1e-5) and decode the same test predictions."""
+    """The reversal T5 from scratch on a TFDS dataset's pairs, FSDP over 4 devices: 2 processes x 2 devices train
+    with the losses of 1 process x 4 (1e-5) and decode the same test predictions."""
     import subprocess
 
     from train_helper import helper_process_env
 
-    files = {"data.source": "files", "data.train_path": write_pairs(tmp_path / "train.jsonl", 96, seed=21),
-             "data.test_path": write_pairs(tmp_path / "test.jsonl", 16, seed=22), "batch_size": 16,
-             "eval_batch_size": 16, "epochs": 1, "checkpoint_every": 0, "log_every": 1, "mesh.data": 1,
-             "mesh.fsdp": 4}
+    name = prepared_tfds_pairs(tmp_path / "tfds", {"train": 96, "test": 16})
+    files = {"data.source": f"tfds:{name}", "data.data_dir": tmp_path / "tfds", "data.text_field": "words",
+             "data.target_field": "reversed", "batch_size": 16, "eval_batch_size": 16, "epochs": 1,
+             "checkpoint_every": 0, "log_every": 1, "mesh.data": 1, "mesh.fsdp": 4}
     one = run(command(tmp_path / "one", **files), timeout=400, JAX_NUM_CPU_DEVICES="4")
     assert one.returncode == 0, one.stdout[-3000:] + one.stderr[-3000:]
     two = subprocess.run([sys.executable, "-m", "flaxzoo.train.launch", "--processes", "2", "--devices-per-process",

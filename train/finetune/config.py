@@ -76,6 +76,12 @@ SCRATCH = "scratch"
 SYNTHETIC_PAIRS = "reverse_words"  # task="seq2seq"'s built-in data: word sequences and their reversal
 SPAN_CORRUPTION = "span_corruption"  # task="seq2seq" pre-training: T5's denoising objective on plain text
 SEQ2SEQ_SOURCES = ("files", SYNTHETIC_PAIRS, SPAN_CORRUPTION)
+DATA_SOURCES = (*SOURCES, SYNTHETIC_PAIRS, SPAN_CORRUPTION)
+TFDS_PREFIX = "tfds:"  # task="seq2seq": pairs from a TFDS dataset, "tfds:NAME[/CONFIG][:VERSION]"
+
+
+def is_tfds(source: str) -> bool:
+    return source.startswith(TFDS_PREFIX) and len(source) > len(TFDS_PREFIX)
 CLASS_WEIGHTS = ("none", "balanced")
 # What LoRA fine-tuning trains in full when lora.train_fully is "": flaxzoo.models.adapters.lora's "head", the modules outside the
 # encoder's embeddings and layers (for a BertForSequenceClassification: bert.pooler and classifier).
@@ -90,7 +96,7 @@ class ClassifyDataConfig(Section):
     """``data.*``: the labelled texts (``train/finetune/data.py``) and how they become token ids."""
 
     SECTION: ClassVar[str] = "data"
-    source: str = checked("bbc_headlines", choice(*SOURCES, SYNTHETIC_PAIRS, SPAN_CORRUPTION))
+    source: str = checked("bbc_headlines", TEXT)  # one of DATA_SOURCES, or "tfds:NAME" (task="seq2seq")
     train_path: str = checked("", TEXT)
     test_path: str = checked("", TEXT)
     validation_path: str = checked("", TEXT)  # task="tag": a CoNLL file scored at eval_every and the end
@@ -121,6 +127,9 @@ class ClassifyDataConfig(Section):
     max_answer_length: int = checked(30, integer(1))
 
     def _validate(self) -> None:
+        if self.source not in DATA_SOURCES and not is_tfds(self.source):
+            raise ConfigError("data.source", f"{self.source!r}: expected one of {list(DATA_SOURCES)} or "
+                                             "'tfds:NAME' (task='seq2seq')")
         if self.source == "files" and not self.train_path:
             raise ConfigError("data.train_path", "'': source='files' needs a CSV / TSV / JSONL file of labelled texts")
         if self.source not in ("files", SPAN_CORRUPTION) and (self.train_path or self.test_path):
@@ -232,7 +241,7 @@ class FinetuneConfig(RunConfig):
                                                      f"{default!r} with task={self.task!r}")
         if self.task == "seq2seq":
             self._validate_seq2seq()
-        elif self.data.source in (SYNTHETIC_PAIRS, SPAN_CORRUPTION):
+        elif self.data.source in (SYNTHETIC_PAIRS, SPAN_CORRUPTION) or is_tfds(self.data.source):
             raise ConfigError("data.source", f"{self.data.source!r} is task='seq2seq''s data; expected "
                                              f"'bbc_headlines' or 'files' with task={self.task!r}")
         elif self.data.pack_pairs:
@@ -254,10 +263,11 @@ class FinetuneConfig(RunConfig):
     def _validate_seq2seq(self) -> None:
         """``task="seq2seq"``: source → target pairs in, the settings of a classifier's fresh head refused."""
         data = self.data
-        if data.source not in SEQ2SEQ_SOURCES:
+        if data.source not in SEQ2SEQ_SOURCES and not is_tfds(data.source):
             raise ConfigError("data.source", f"{data.source!r}: task='seq2seq' reads source / target pairs or plain "
-                                             "text; expected 'files' (JSONL pairs), 'reverse_words' (the built-in "
-                                             "synthetic task) or 'span_corruption' (pre-training on text)")
+                                             "text; expected 'files' (JSONL pairs), 'tfds:NAME' (a TFDS dataset's "
+                                             "pairs), 'reverse_words' (the built-in synthetic task) or "
+                                             "'span_corruption' (pre-training on text)")
         if data.source == SPAN_CORRUPTION:
             self._validate_span_corruption()
             if data.pack_pairs:

@@ -5,7 +5,8 @@ Everything but the data and the scores is every fine-tune's (``FinetuneTask``: t
 resume, meshes, several processes, LoRA). What differs:
 
 - the data: JSONL files of pairs (``data.train_path``, ``data.test_path``, optionally ``data.validation_path``; the
-  fields ``data.text_field`` → ``data.target_field``), or ``data.source="reverse_words"``: a synthetic task built
+  fields ``data.text_field`` → ``data.target_field``), a TFDS dataset's (``data.source="tfds:NAME"``, prepared in
+  ``data.data_dir``), or ``data.source="reverse_words"``: a synthetic task built
   here (a few common words in a random order → the same words reversed), the same pairs on every run;
 - teacher forcing: the sources cut to ``data.max_len`` pieces by the tokenizer (its special tokens kept: T5's EOS),
   the targets to ``data.target_max_len`` pieces ending in the model's EOS; the decoder reads the target shifted right
@@ -32,7 +33,7 @@ from flaxzoo.models.inference.text import plain_tokenizer, truncating_tokenizer
 from flaxzoo.train.batches import IGNORE_INDEX
 from flaxzoo.train.config import ConfigError
 from flaxzoo.train.data.corpus import jsonl_objects
-from flaxzoo.train.finetune.config import SYNTHETIC_PAIRS, FinetuneConfig
+from flaxzoo.train.finetune.config import SYNTHETIC_PAIRS, TFDS_PREFIX, FinetuneConfig, is_tfds
 from flaxzoo.train.finetune.task import FinetuneTask
 from flaxzoo.train.hooks import say
 
@@ -69,6 +70,45 @@ def read_pairs(path: str, source_field: str, target_field: str) -> list[tuple[st
     if not pairs:
         raise ValueError(f"{path}: no pairs; expected JSON lines with {source_field!r} and {target_field!r}")
     return pairs
+
+
+def tfds_pairs(data: Any) -> tuple[dict[str, list[tuple[str, str]]], str]:
+    """``data.source="tfds:NAME"``'s ``(source, target)`` strings per split (``data.text_field`` →
+    ``data.target_field``) and their description: the dataset prepared in ``data.data_dir`` (array_record; downloaded
+    the first time), read by random access; ``train``, ``test`` (else its ``validation``) and ``validation`` (when it
+    has both)."""
+    from flaxzoo.train.data.builders import prepare_builder, quiet_tfds
+
+    import tensorflow_datasets as tfds
+
+    name = data.source[len(TFDS_PREFIX):]
+    with quiet_tfds():
+        builder = tfds.builder(name, data_dir=data.data_dir, file_format="array_record")
+        prepare_builder(builder)
+    splits = builder.info.splits
+    chosen = {"train": "train", "test": "test" if "test" in splits else "validation"}
+    if "test" in splits and "validation" in splits:
+        chosen["validation"] = "validation"
+    missing = [split for split in dict.fromkeys(chosen.values()) if split not in splits]
+    if missing:
+        raise ValueError(f"{data.source}: no {' / '.join(missing)} split (it has {sorted(splits)}); expected train "
+                         "and test (or validation) splits")
+    features = builder.info.features
+    for field in (data.text_field, data.target_field):
+        if field not in features:
+            raise ValueError(f"{data.source}: no feature {field!r} (data.text_field / data.target_field); expected "
+                             f"one of {sorted(features.keys())}")
+
+    def text(value: Any) -> str:
+        return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
+    pairs = {}
+    for split, name_in_tfds in chosen.items():
+        source = builder.as_data_source(name_in_tfds)
+        pairs[split] = [(text(row[data.text_field]), text(row[data.target_field])) for row in source]
+    description = (f"{data.source} in {data.data_dir}: " + ", ".join(f"{split} = its {name_in_tfds}"
+                                                                     for split, name_in_tfds in chosen.items()))
+    return pairs, description
 
 
 def normalised(text: str) -> str:
@@ -181,6 +221,8 @@ class Seq2SeqTrainer(FinetuneTask):
                           for i, (split, size) in enumerate(REVERSE_SIZES.items())}
             self.split_description = (f"{SYNTHETIC_PAIRS}: {REVERSE_SIZES} pairs, seed {data.split_seed}, words "
                                       f"{len(REVERSE_WORDS)}")
+        elif is_tfds(data.source):
+            self.pairs, self.split_description = tfds_pairs(data)
         else:
             paths = {"train": data.train_path, "test": data.test_path, "validation": data.validation_path}
             self.pairs = {split: read_pairs(path, data.text_field, data.target_field)
