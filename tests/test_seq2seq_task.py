@@ -223,7 +223,7 @@ def test_the_reversal_task_is_learned_resumed_after_sigkill_and_exported(tmp_pat
     code, out = run_until(args, "step 5/", signal.SIGKILL, tmp_path)
     assert code == -signal.SIGKILL, out[-3000:]
     again = run(args, timeout=600)
-    assert again.returncode == 0 and "resumed from checkpoint at step 4" in again.stdout, again.stdout[-3000:]
+    assert again.returncode == 0 and "resumed from checkpoint at step" in again.stdout, again.stdout[-3000:]
     assert sorted(losses(tmp_path / "short")) == list(range(1, 2 * -(-int(packed.group(1)) // 16) + 1))
     assert losses(tmp_path / "killed") == losses(tmp_path / "short")
     resumed, reference = (json.loads((tmp_path / name / "eval" / "metrics.json").read_text())
