@@ -140,10 +140,8 @@ def test_int8_encoder_decoders_quantise_every_projection_cross_attention_include
                                np.asarray(dequantised(ids, ids != 0, target, target != 0)), atol=2e-5)
 
 
-def seq2seq_config(**values) -> FinetuneConfig:
-    config = base_config()
-    config.task = "seq2seq"
-    config.data.source = "reverse_words"
+def resolved(config, values) -> FinetuneConfig:
+    """``config`` with the dotted keys of ``values`` set (``{"data.max_len": 3}``), resolved."""
     for key, value in values.items():
         target = config
         *parents, leaf = key.split(".")
@@ -151,6 +149,13 @@ def seq2seq_config(**values) -> FinetuneConfig:
             target = target[parent]
         target[leaf] = value
     return FinetuneConfig.from_config_dict(config)
+
+
+def seq2seq_config(**values) -> FinetuneConfig:
+    config = base_config()
+    config.task = "seq2seq"
+    config.data.source = "reverse_words"
+    return resolved(config, values)
 
 
 @pytest.mark.parametrize("values, key", [

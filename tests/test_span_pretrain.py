@@ -22,6 +22,7 @@ from flaxzoo.train.finetune.span_pretrain import SpanCorruptionTrainer, corrupte
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from test_finetune_engine import run  # noqa: E402
+from test_seq2seq_task import resolved  # noqa: E402
 
 CONFIGS = pathlib.Path(__file__).resolve().parent.parent / "configs"
 
@@ -32,14 +33,7 @@ def span_config(**values) -> FinetuneConfig:
     spec = importlib.util.spec_from_file_location("span_corruption_config", CONFIGS / "span_corruption.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    config = module.get_config()
-    for key, value in values.items():
-        target = config
-        *parents, leaf = key.split(".")
-        for parent in parents:
-            target = target[parent]
-        target[leaf] = value
-    return FinetuneConfig.from_config_dict(config)
+    return resolved(module.get_config(), values)
 
 
 def test_text_rows_concatenate_documents_behind_their_eos_and_drop_the_remainder():
