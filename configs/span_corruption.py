@@ -9,30 +9,19 @@ vocabulary has no ``<extra_id_k>`` tokens: the sentinels take the ids past its 3
 model's table of 30,528 rows holds. ``data.train_path`` names your own text or JSONL files instead.
 """
 
+from flaxzoo.configs import seq2seq_reverse
 from flaxzoo.train.config import model_fields
-from flaxzoo.train.finetune.classifier import packaged_minilm
 from flaxzoo.train.finetune.config import base_config
 
 
 def get_config():
-    c = base_config()
-    c.task = "seq2seq"
-    c.init_from = "scratch"
-    c.tokenizer = str(packaged_minilm())
+    c = seq2seq_reverse.get_config()  # its tokenizer, optimizer, schedule and checkpoints; a wider model, T5's data
     c.model = model_fields("t5-tiny", vocab_size=30528, hidden_size=128, head_dim=32, num_heads=4, num_layers=2,
                            num_decoder_layers=2, intermediate_size=256, pad_token_id=0, eos_token_id=102,
                            decoder_start_token_id=0, dropout=0.0, attention_dropout=0.0)
     c.data.source = "span_corruption"
     c.data.max_len = 64
-    c.data.group_by_length = False
+    c.data.target_max_len = base_config().data.target_max_len  # unset: the targets' width follows from max_len
     c.epochs = 1
-    c.batch_size = 32
     c.eval_batch_size = 128
-    c.optim.lr = 3e-3
-    c.optim.schedule = "linear"
-    c.optim.min_lr_ratio = 0.0
-    c.optim.weight_decay = 0.01
-    c.optim.grad_clip = 1.0
-    c.warmup_ratio = 0.05
-    c.checkpoint_every = 500
     return c

@@ -272,7 +272,6 @@ def finetune_main(config, workdir: str) -> int:
     from flaxzoo.train.checkpoint import CheckpointError
     from flaxzoo.train.config import ConfigError
     from flaxzoo.train.finetune.config import FinetuneConfig
-    from flaxzoo.train.finetune.trainer import Finetuner
     from flaxzoo.train.hooks import NonFiniteLossError, say
 
     try:
@@ -289,6 +288,8 @@ def finetune_main(config, workdir: str) -> int:
             from flaxzoo.train.finetune.span_pretrain import SpanCorruptionTrainer as Finetuner
         elif cfg.task == "seq2seq":
             from flaxzoo.train.finetune.seq2seq import Seq2SeqTrainer as Finetuner
+        else:
+            from flaxzoo.train.finetune.trainer import Finetuner
         finetuner = Finetuner(cfg, workdir)
     except ConfigError as exc:
         print(f"config error: {exc}", file=sys.stderr)

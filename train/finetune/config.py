@@ -66,6 +66,7 @@ from flaxzoo.train.config import (BOOL, TEXT, ConfigError, LoraSettings, MeshCon
                                   model_from_values, names_list, number, section_dict)
 from flaxzoo.train.data.config import default_data_dir
 from flaxzoo.train.data.span_corruption import input_and_target_lengths
+from flaxzoo.train.finetune.config_tasks import SPAN_CORRUPTION, SYNTHETIC_PAIRS, check_seq2seq, check_tagging, is_tfds
 from flaxzoo.train.finetune.data import SOURCES
 
 TASK = "classify"
@@ -73,15 +74,7 @@ TASK = "classify"
 # question (extractive question answering, SQuAD); a target text per source text (an encoder-decoder)
 TASKS = (TASK, "tag", "qa", "seq2seq")
 SCRATCH = "scratch"
-SYNTHETIC_PAIRS = "reverse_words"  # task="seq2seq"'s built-in data: word sequences and their reversal
-SPAN_CORRUPTION = "span_corruption"  # task="seq2seq" pre-training: T5's denoising objective on plain text
-SEQ2SEQ_SOURCES = ("files", SYNTHETIC_PAIRS, SPAN_CORRUPTION)
 DATA_SOURCES = (*SOURCES, SYNTHETIC_PAIRS, SPAN_CORRUPTION)
-TFDS_PREFIX = "tfds:"  # task="seq2seq": pairs from a TFDS dataset, "tfds:NAME[/CONFIG][:VERSION]"
-
-
-def is_tfds(source: str) -> bool:
-    return source.startswith(TFDS_PREFIX) and len(source) > len(TFDS_PREFIX)
 CLASS_WEIGHTS = ("none", "balanced")
 # What LoRA fine-tuning trains in full when lora.train_fully is "": flaxzoo.models.adapters.lora's "head", the modules outside the
 # encoder's embeddings and layers (for a BertForSequenceClassification: bert.pooler and classifier).
@@ -240,7 +233,7 @@ class FinetuneConfig(RunConfig):
                     raise ConfigError(f"data.{key}", f"{value!r} applies to task='qa' (question windows); expected "
                                                      f"{default!r} with task={self.task!r}")
         if self.task == "seq2seq":
-            self._validate_seq2seq()
+            check_seq2seq(self)
         elif self.data.source in (SYNTHETIC_PAIRS, SPAN_CORRUPTION) or is_tfds(self.data.source):
             raise ConfigError("data.source", f"{self.data.source!r} is task='seq2seq''s data; expected "
                                              f"'bbc_headlines' or 'files' with task={self.task!r}")
@@ -251,7 +244,7 @@ class FinetuneConfig(RunConfig):
             raise ConfigError("num_beams", f"{self.num_beams}: beams decode task='seq2seq' test sets; expected 1 with "
                                            f"task={self.task!r}")
         if self.task in ("tag", "qa"):
-            self._validate_tagging()
+            check_tagging(self)
         elif self.data.validation_path and self.task != "seq2seq":
             raise ConfigError("data.validation_path", f"{self.data.validation_path!r} applies to task='tag'; expected "
                                                       "'' (task='classify' holds out data.validation_fraction)")
@@ -259,85 +252,6 @@ class FinetuneConfig(RunConfig):
             raise ConfigError("lora.rank", f"{self.lora.rank}: LoRA adapts a pretrained encoder, but init_from="
                                            f"'scratch' starts from random weights; expected lora.rank=0 (train every "
                                            "parameter) or a pretrained init_from")
-
-    def _validate_seq2seq(self) -> None:
-        """``task="seq2seq"``: source → target pairs in, the settings of a classifier's fresh head refused."""
-        data = self.data
-        if data.source not in SEQ2SEQ_SOURCES and not is_tfds(data.source):
-            raise ConfigError("data.source", f"{data.source!r}: task='seq2seq' reads source / target pairs or plain "
-                                             "text; expected 'files' (JSONL pairs), 'tfds:NAME' (a TFDS dataset's "
-                                             "pairs), 'reverse_words' (the built-in synthetic task) or "
-                                             "'span_corruption' (pre-training on text)")
-        if data.source == SPAN_CORRUPTION:
-            self._validate_span_corruption()
-            if data.pack_pairs:
-                raise ConfigError("data.pack_pairs", "True: span corruption's rows are full already (no padding); "
-                                                     "expected False")
-        else:
-            for key in ("noise_density", "mean_noise_span_length"):
-                value, default = getattr(data, key), ClassifyDataConfig.__dataclass_fields__[key].default
-                if value != default:
-                    raise ConfigError(f"data.{key}", f"{value!r} applies to data.source='span_corruption'; expected "
-                                                     f"{default!r} with data.source={data.source!r}")
-        if self.data.source == "files" and not self.data.test_path:
-            raise ConfigError("data.test_path", "'': task='seq2seq' scores a test file; expected a JSONL file of "
-                                                f"{self.data.text_field!r} / {self.data.target_field!r} pairs")
-        refused = {"freeze_steps": (self.freeze_steps, 0), "head_lr": (self.head_lr, 0.0),
-                   "class_weights": (self.class_weights, "none"), "optim.layer_decay": (self.optim.layer_decay, 1.0),
-                   "vocab.frequent": (self.vocab.frequent, False), "vocab.tokens": (self.vocab.tokens, ""),
-                   "num_labels": (self.num_labels, 0)}
-        for key, (value, default) in refused.items():
-            if value != default:
-                raise ConfigError(key, f"{value!r} applies to a classifier's fresh head and its encoder; expected "
-                                       f"{default!r} with task='seq2seq' (every parameter of an encoder-decoder "
-                                       "trains at optim.lr)")
-
-    def _validate_span_corruption(self) -> None:
-        """``data.source="span_corruption"``: rows of plain text; the targets' width follows from ``data.max_len``,
-        nothing is decoded for a score."""
-        data = self.data
-        try:
-            _, targets = input_and_target_lengths(data.max_len, data.noise_density, data.mean_noise_span_length)
-        except ValueError as exc:
-            raise ConfigError("data.max_len", f"{data.max_len}: {exc}") from None
-        default = ClassifyDataConfig.__dataclass_fields__["target_max_len"].default
-        if data.target_max_len != default:
-            raise ConfigError("data.target_max_len", f"{data.target_max_len}: span corruption's targets are "
-                                                     f"{targets} pieces wide, set by data.max_len={data.max_len}, "
-                                                     f"noise_density and mean_noise_span_length; expected {default} "
-                                                     "(unset)")
-        for key in ("test_path", "validation_path"):
-            if getattr(data, key):
-                raise ConfigError(f"data.{key}", f"{getattr(data, key)!r}: span corruption holds out a share of the "
-                                                 "text's documents (by a hash of each) for its test rows; expected "
-                                                 "'' (data.train_path names the text files, '' the embedded corpus)")
-        if self.num_beams != 1:
-            raise ConfigError("num_beams", f"{self.num_beams}: span corruption is scored by its held-out loss, not "
-                                           "decoded; expected 1")
-
-    def _validate_tagging(self) -> None:
-        """``task="tag"``: CoNLL files in; ``task="qa"``: SQuAD-style JSON files in; the settings that belong to
-        texts with one label refused by name."""
-        data, task = self.data, self.task
-        files = ("CoNLL files", "(a token and its tag per line, blank lines between sentences)") if task == "tag" else (
-            "SQuAD-style JSON files", "(the training and the evaluation questions)")
-        if data.source != "files" or not data.test_path:
-            key = "data.source" if data.source != "files" else "data.test_path"
-            raise ConfigError(key, f"{getattr(data, key.split('.')[1])!r}: task={task!r} reads {files[0]}; expected "
-                                   f"data.source='files' with data.train_path and data.test_path {files[1]}")
-        if task == "qa" and data.validation_path:
-            raise ConfigError("data.validation_path", f"{data.validation_path!r}: task='qa' scores data.test_path "
-                                                      "(the dev file) at the end; expected ''")
-        refused = {"class_weights": (self.class_weights, "none"),
-                   "data.validation_fraction": (data.validation_fraction, 0.0),
-                   "data.truncation": (data.truncation, "head"), "vocab.frequent": (self.vocab.frequent, False),
-                   "vocab.tokens": (self.vocab.tokens, "")}
-        for key, (value, default) in refused.items():
-            if value != default:
-                hint = " (a validation split: data.validation_path)" if (
-                    key == "data.validation_fraction" and task == "tag") else ""
-                raise ConfigError(key, f"{value!r} applies to task='classify' (one label per text); expected "
-                                       f"{default!r} with task={task!r}{hint}")
 
     @property
     def fully_trained(self) -> tuple[str, ...]:

@@ -33,7 +33,8 @@ from flaxzoo.models.inference.text import plain_tokenizer, truncating_tokenizer
 from flaxzoo.train.batches import IGNORE_INDEX
 from flaxzoo.train.config import ConfigError
 from flaxzoo.train.data.corpus import jsonl_objects
-from flaxzoo.train.finetune.config import SYNTHETIC_PAIRS, TFDS_PREFIX, FinetuneConfig, is_tfds
+from flaxzoo.train.finetune.config import FinetuneConfig
+from flaxzoo.train.finetune.config_tasks import SYNTHETIC_PAIRS, TFDS_PREFIX, is_tfds
 from flaxzoo.train.finetune.task import FinetuneTask
 from flaxzoo.train.hooks import say
 

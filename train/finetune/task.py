@@ -198,9 +198,7 @@ class FinetuneTask(Task):
         grow = None
         if self.extension is not None:  # the new words' rows, grown where the sharded table lies
             extension = self.extension
-
-            def grow(params):
-                return vocablib.grow_table(jax.tree.map(lambda x: x, params), extension)
+            grow = lambda params: vocablib.grow_table(jax.tree.map(lambda x: x, params), extension)  # noqa: E731
 
         self.program = program = finetune_program(self.cfg, self.config, self.MODEL, self.mesh, steps,
                                                   objective=self.OBJECTIVE, make_predict=self.make_predict,
