@@ -11,11 +11,13 @@ model's table of 30,528 rows holds. ``data.train_path`` names your own text or J
 
 from flaxzoo.configs import seq2seq_reverse
 from flaxzoo.train.config import model_fields
+from flaxzoo.train.finetune.classifier import packaged_minilm
 from flaxzoo.train.finetune.config import base_config
 
 
 def get_config():
-    c = seq2seq_reverse.get_config()  # its tokenizer, optimizer, schedule and checkpoints; a wider model, T5's data
+    c = seq2seq_reverse.get_config()  # its optimizer, schedule and checkpoints; MiniLM's pieces, a wider model
+    c.tokenizer = str(packaged_minilm())
     c.model = model_fields("t5-tiny", vocab_size=30528, hidden_size=128, head_dim=32, num_heads=4, num_layers=2,
                            num_decoder_layers=2, intermediate_size=256, pad_token_id=0, eos_token_id=102,
                            decoder_start_token_id=0, dropout=0.0, attention_dropout=0.0)

@@ -171,6 +171,14 @@ def test_settings_of_a_classifier_are_refused_by_name(values, key):
         seq2seq_config(**values)
 
 
+def test_a_tokenizer_kind_is_trained_for_a_model_from_scratch_only():
+    """``tokenizer="wordpiece"`` / ``"bpe"``: trained on the training texts, for ``init_from="scratch"``; a
+    pretrained ``init_from`` has its own, and the refusal names the key and the value."""
+    assert seq2seq_config(**{"init_from": "scratch", "tokenizer": "bpe", "model.preset": "t5-tiny"}).tokenizer == "bpe"
+    with pytest.raises(ConfigError, match=r"tokenizer: 'wordpiece' trains a tokenizer for a model from scratch"):
+        seq2seq_config(**{"init_from": "", "tokenizer": "wordpiece"})
+
+
 def test_beams_and_the_seq2seq_sources_belong_to_seq2seq():
     config = base_config()
     config.num_beams = 4
@@ -247,8 +255,10 @@ def test_the_reversal_task_is_learned_resumed_after_sigkill_and_exported(tmp_pat
         assert sum(t == w for t, w in zip(texts, wanted)) >= 4, texts
     models.save_pretrained(model, tmp_path / "hf")
     hf = transformers.T5ForConditionalGeneration.from_pretrained(tmp_path / "hf").eval()
-    source = np.array([[2304, 4937, 2028, 2712, 102, 0]])
-    target = np.array([[0, 2712, 2028, 4937]])
+    words = tokenizer.encode("cat dog sun moon", add_special_tokens=False).ids  # the trained pieces: a word each
+    assert len(words) == 4 and tokenizer.get_vocab_size() <= model.config.vocab_size
+    source = np.array([[*words, model.config.eos_token_id, 0]])
+    target = np.array([[0, *words[::-1][:3]]])
     with torch.no_grad():
         theirs = hf(input_ids=torch.tensor(source), attention_mask=torch.tensor(source != 0),
                     decoder_input_ids=torch.tensor(target)).logits.numpy()

@@ -5,7 +5,8 @@ Keys (``--config.KEY=VALUE``):
 
 - ``init_from``: where the encoder comes from: "" (the packaged all-MiniLM-L6-v2), a Hugging Face BERT / RoBERTa
   directory, a Hub id, a flaxzoo MLM work directory, or ``"scratch"`` (random initialisation from ``model.*``)
-- ``tokenizer``: a tokenizer path ("" = ``init_from``'s; required for ``"scratch"``)
+- ``tokenizer``: a tokenizer path ("" = ``init_from``'s; required for ``"scratch"``), or for ``"scratch"`` a kind,
+  ``"wordpiece"`` or ``"bpe"``: one trained on the training texts, ``model.vocab_size`` pieces at most
 - ``epochs``, ``batch_size``, ``eval_batch_size``, ``seed``, ``log_every``, ``num_labels`` (0 = the data's classes;
   another value must agree with them), ``dropout`` (−1 = the checkpoint's)
 - ``freeze_steps``: train the head alone (pooler + classifier) for this many steps, then everything (0 = off);
@@ -68,6 +69,7 @@ from flaxzoo.train.data.config import default_data_dir
 from flaxzoo.train.data.span_corruption import input_and_target_lengths
 from flaxzoo.train.finetune.config_tasks import SPAN_CORRUPTION, SYNTHETIC_PAIRS, check_seq2seq, check_tagging, is_tfds
 from flaxzoo.train.finetune.data import SOURCES
+from flaxzoo.train.tokenizer import KINDS as TOKENIZER_KINDS
 
 TASK = "classify"
 # a label per text (sequence classification); a tag per word (token classification, NER); an answer span per
@@ -214,7 +216,12 @@ class FinetuneConfig(RunConfig):
                                                       "or token; expected 0 or 'auto'")
         if self.init_from == SCRATCH and not self.tokenizer:
             raise ConfigError("tokenizer", "'': init_from='scratch' needs a tokenizer path (a folder with "
-                                           "tokenizer.json / vocab.txt)")
+                                           "tokenizer.json / vocab.txt) or a kind to train on the data "
+                                           f"{TOKENIZER_KINDS}")
+        if self.tokenizer in TOKENIZER_KINDS and self.init_from != SCRATCH:
+            raise ConfigError("tokenizer", f"{self.tokenizer!r} trains a tokenizer for a model from scratch, but "
+                                           f"init_from={self.init_from!r} has its own; expected '' (the checkpoint's) "
+                                           "or a tokenizer path")
         if self.init_from == SCRATCH and self.model is None:
             raise ConfigError("model", "init_from='scratch' needs model.* (a preset or every field)")
         for key in ("batch_size", "eval_batch_size"):

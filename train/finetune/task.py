@@ -5,6 +5,7 @@ training loop (``flaxzoo.train.engine``), resume and export are here once."""
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
 import pathlib
@@ -23,6 +24,7 @@ from flaxzoo.train import multihost
 from flaxzoo.train import sharding as shardlib
 from flaxzoo.train import storage
 from flaxzoo.train.config import ConfigError
+from flaxzoo.train.data.tokenizers import cached_trained_tokenizer
 from flaxzoo.train.finetune import vocab as vocablib
 from flaxzoo.train.finetune.config import SCRATCH, FinetuneConfig
 from flaxzoo.train.finetune.classifier import (adapt, check_head_trained, describe_classifier, load_classifier_params,
@@ -32,6 +34,7 @@ from flaxzoo.train.finetune.batching import EpochIterator
 from flaxzoo.train.hooks import is_main, say, setup_compilation_cache
 from flaxzoo.train.optim import make_finetune_optimizer
 from flaxzoo.train.program import StepProgram
+from flaxzoo.train.tokenizer import KINDS as TOKENIZER_KINDS
 
 def is_head(keys: Sequence[Any]) -> bool:
     """The classifier head: every parameter outside the backbone (the pooler and the classifier)."""
@@ -151,7 +154,7 @@ class FinetuneTask(Task):
 
             source = cfg.init_from or packaged_minilm()
             self.base = {"path": str(source), "fingerprint": open_source(source).fingerprint()}
-        self.tokenizer = load_tokenizer(tokenizer_source)
+        self.tokenizer = self._tokenizer(tokenizer_source, config.vocab_size)
         self.extension, self.vocabulary = vocablib.apply_settings(cfg.vocab, self.tokenizer, config.vocab_size,
                                                                   config.padded_vocab_size, self.train_texts)
         if self.extension is not None:
@@ -181,6 +184,20 @@ class FinetuneTask(Task):
             nnx.to_pure_dict(nnx.get_partition_spec(loaded)), nnx.to_pure_dict(loaded), self.mesh, self.unsplit),
             self.MODEL)
         self.encoded = self._encode()
+
+    def _tokenizer(self, source: str, vocab_size: int):
+        """The tokenizer at ``source``, or with ``tokenizer`` a kind (``"wordpiece"`` / ``"bpe"``, a model from
+        scratch) one of that kind trained on the training texts, at most ``vocab_size`` pieces (the model's table),
+        once: cached in ``data.data_dir`` by a hash of the texts, so that every process and every rerun reads the same
+        pieces; saved with the model."""
+        kind = self.cfg.tokenizer
+        if kind not in TOKENIZER_KINDS:
+            return load_tokenizer(source)
+        digest = hashlib.sha256("\0".join(self.train_texts).encode()).hexdigest()
+        trained = cached_trained_tokenizer(lambda: self.train_texts, kind, vocab_size, self.cfg.data.data_dir,
+                                           identity=("finetune training texts", digest))
+        say(f"tokenizer: {kind}, {trained.vocab_size} pieces trained on the {len(self.train_texts)} training texts")
+        return trained.tokenizer
 
     @property
     def max_len(self) -> int:
