@@ -179,6 +179,24 @@ def test_a_tokenizer_kind_is_trained_for_a_model_from_scratch_only():
         seq2seq_config(**{"init_from": "", "tokenizer": "wordpiece"})
 
 
+def test_a_trained_tokenizer_is_trained_once_per_texts_and_read_back_after(tmp_path):
+    """``cached_trained_tokenizer``: the first call trains and writes ``tokenizer.json``, a later call with the same
+    identity reads it without asking for the texts; another identity trains again."""
+    from flaxzoo.train.data.tokenizers import cached_trained_tokenizer
+
+    asked = []
+
+    def texts():
+        asked.append(1)
+        return [" ".join(pair) for pair in reverse_word_pairs(200, seed=5)]
+
+    first = cached_trained_tokenizer(texts, "wordpiece", 96, str(tmp_path), identity="a")
+    again = cached_trained_tokenizer(texts, "wordpiece", 96, str(tmp_path), identity="a")
+    assert len(asked) == 1 and first.tokenizer.to_str() == again.tokenizer.to_str() and first.vocab_size <= 96
+    cached_trained_tokenizer(texts, "wordpiece", 96, str(tmp_path), identity="b")
+    assert len(asked) == 2 and len(list((tmp_path / "tokenizers").glob("wordpiece_*/tokenizer.json"))) == 2
+
+
 def test_beams_and_the_seq2seq_sources_belong_to_seq2seq():
     config = base_config()
     config.num_beams = 4
