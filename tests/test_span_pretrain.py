@@ -137,6 +137,24 @@ def test_the_sentinels_take_ids_past_a_vocabulary_without_them(trainer):
 
 
 @pytest.mark.slow
+def test_a_tokenizer_trained_here_leaves_the_last_rows_to_the_sentinels(tmp_path):
+    """``tokenizer="wordpiece"``: trained on the training documents with at most ``model.vocab_size`` minus a row's
+    sentinels pieces; the sentinels take the ids right past it, inside the table; the same pieces on a second run;
+    an EOS id that is none of its special tokens is refused by name."""
+    (tmp_path / "docs.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in embedded_documents()[:30]))
+    values = {"data.train_path": str(tmp_path / "docs.jsonl"), "tokenizer": "wordpiece", "model.vocab_size": 300,
+              "data.data_dir": str(tmp_path / "data"), "model.hidden_size": 32, "model.head_dim": 8,
+              "model.intermediate_size": 64, "model.eos_token_id": 3}
+    with pytest.raises(ConfigError, match=r"model.eos_token_id: 102: the wordpiece tokenizer trained on the data "
+                                          r"has the special tokens \{'\[PAD\]': 0, .*expected one of their ids"):
+        SpanCorruptionTrainer(span_config(**{**values, "model.eos_token_id": 102}), tmp_path / "c")
+    first, second = (SpanCorruptionTrainer(span_config(**values), tmp_path / name) for name in ("a", "b"))
+    size = first.tokenizer.get_vocab_size()
+    assert size <= 300 - first.num_spans and first.sentinels == list(range(size + first.num_spans - 1, size - 1, -1))
+    assert second.tokenizer.to_str() == first.tokenizer.to_str() and first.tokenizer.token_to_id("[SEP]") == 3
+
+
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_pretraining_beats_the_unigram_baseline_on_held_out_documents(tmp_path):
     """``python -m flaxzoo.train --config span_corruption`` on a share of the embedded corpus: the held-out rows'

@@ -37,6 +37,7 @@ from flaxzoo.train.finetune.config import FinetuneConfig
 from flaxzoo.train.finetune.config_tasks import SYNTHETIC_PAIRS, TFDS_PREFIX, is_tfds
 from flaxzoo.train.finetune.task import FinetuneTask
 from flaxzoo.train.hooks import say
+from flaxzoo.train.tokenizer import KINDS as TOKENIZER_KINDS
 
 # The synthetic task's words: common English words each tokenizer here keeps whole.
 REVERSE_WORDS = ("red", "blue", "green", "black", "white", "cat", "dog", "bird", "fish", "tree", "house", "car",
@@ -213,6 +214,14 @@ class Seq2SeqTrainer(FinetuneTask):
         if not self.config.is_encoder_decoder:
             raise ConfigError("init_from", f"{cfg.init_from or cfg.model.model_type!r} is no encoder-decoder; "
                                            "task='seq2seq' trains T5, mT5, umT5 or BART models")
+        if cfg.tokenizer in TOKENIZER_KINDS:  # trained here: its special tokens are the only ids the model may name
+            specials = {token.content: i for i, token in self.tokenizer.get_added_tokens_decoder().items()
+                        if token.special}
+            for name in ("eos_token_id", "pad_token_id", "decoder_start_token_id"):
+                if getattr(self.config, name) not in specials.values():
+                    raise ConfigError(f"model.{name}", f"{getattr(self.config, name)}: the {cfg.tokenizer} tokenizer "
+                                                       f"trained on the data has the special tokens {specials}; "
+                                                       "expected one of their ids")
 
     # ------------------------------------------------------------------------------------------------ data
     def _load_data(self) -> None:

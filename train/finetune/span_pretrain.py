@@ -102,6 +102,10 @@ class SpanCorruptionTrainer(Seq2SeqTrainer):
                                                               self.documents.items()) + " documents")
         return None
 
+    def _tokenizer(self, source: str, vocab_size: int):
+        # a tokenizer trained here (tokenizer="wordpiece" / "bpe") leaves the table's last rows to a row's sentinels
+        return super()._tokenizer(source, vocab_size - self.num_spans)
+
     def _sentinels(self) -> list[int]:
         try:
             return tokenizer_sentinel_ids(self.tokenizer, self.num_spans)
