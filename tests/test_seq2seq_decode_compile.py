@@ -99,3 +99,26 @@ def test_the_cross_attention_memory_is_never_copied_in_the_loop(batch):
     assert copies_of(hlo, shapes["cross"]) == []
     assert not [line for dtype, out, op, line in body_instructions(hlo)
                 if op == "dynamic-update-slice" and sorted(out) == sorted(shapes["cross"])]
+
+
+@pytest.mark.parametrize("in_shape, out_shape", [((6,), (2, 3)), ((2, 3), (6,)), ((5,), (7,))])
+def test_the_decode_layout_computes_what_the_layer_computed(in_shape, out_shape):
+    """``decode_layout``: a Dense read from its ``[out, in]`` matrix gives numpy's ``x · W + b`` (1e-6) for one or
+    several input / output axes; a layer with LoRA adapters beside its kernel keeps its layout."""
+    from flax import nnx
+
+    from flaxzoo.models.layers.linear import Dense, decode_layout
+
+    dense = Dense(in_shape, out_shape, axes=(None,) * (len(in_shape) + len(out_shape)), use_bias=True,
+                  rngs=nnx.Rngs(0), init_std=0.5)
+    dense.bias.set_raw_value(jax.random.normal(jax.random.key(1), out_shape))
+    x = np.random.default_rng(2).standard_normal((3, 4, *in_shape)).astype(np.float32)
+    kernel, bias = np.asarray(dense.kernel[...]), np.asarray(dense.bias[...])
+    expected = (x.reshape(12, -1) @ kernel.reshape(int(np.prod(in_shape)), -1)).reshape(3, 4, *out_shape) + bias
+    adapted = Dense(in_shape, out_shape, axes=(None,) * (len(in_shape) + len(out_shape)), use_bias=False,
+                    rngs=nnx.Rngs(0))
+    adapted.kernel_lora_a = nnx.LoRAParam(np.zeros((int(np.prod(in_shape)), 2), np.float32))
+    decode_layout([dense, adapted])
+    assert dense.kernel[...].shape == (int(np.prod(out_shape)), int(np.prod(in_shape))) and dense.out_major
+    np.testing.assert_allclose(np.asarray(dense(x)), expected, rtol=1e-6, atol=1e-6)
+    assert adapted.kernel[...].shape == (*in_shape, *out_shape) and not getattr(adapted, "out_major", False)

@@ -22,6 +22,7 @@ from flax import nnx
 
 from flaxzoo.models.config import TransformerConfig
 from flaxzoo.models.layers.embeddings import as_index_array, check_token_ids
+from flaxzoo.models.layers.linear import decode_layout
 from flaxzoo.models.inference.beam_search import EARLY_STOPPING, beam_search
 from flaxzoo.models.inference.sampling import check_sampling_args, sample_logits
 
@@ -204,6 +205,8 @@ def _generate_from_source(graphdef, state, source_ids, source_mask, start, max_n
     memory = jnp.repeat(model.encode(source_ids, source_mask).hidden, search.num_beams, axis=0)
     source_mask = jnp.repeat(source_mask, search.num_beams, axis=0)
     layers = model.decoder.decoding_layers()
+    if jax.default_backend() == "cpu":  # faster dots at a few rows (decode_layout); accelerators pick their layouts
+        decode_layout(layers)
     # the start token and capacity - 1 picks are fed (beam search feeds its last pick too)
     decode_state = model.init_state(memory, source_mask, capacity + (search.num_beams > 1), layers)
     logits, decode_state = model.decode(jnp.full((memory.shape[0], 1), start, jnp.int32), decode_state,

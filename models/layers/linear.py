@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 import jax
@@ -81,6 +82,8 @@ class Dense(nnx.Module):
         n_in = len(self.in_shape)
         if x.shape[x.ndim - n_in:] != self.in_shape:
             raise ValueError(f"Dense expected trailing shape {self.in_shape}, got input shape {x.shape}")
+        if getattr(self, "out_major", False):  # decode_layout's [out, in] matrix
+            return self._out_major_call(x)
         contract = (tuple(range(x.ndim - n_in, x.ndim)), tuple(range(n_in)))
         kernel = self.kernel
         # A float kernel is an nnx.Param; a quantised one (models/adapters/quantize.py: qwix's ``WithAux`` of an int8 QArray)
@@ -92,3 +95,33 @@ class Dense(nnx.Module):
         if self.bias is not None:
             y = y + compute_copy(self.bias[...], self.dtype)
         return y
+
+    def _out_major_call(self, x: jax.Array) -> jax.Array:
+        """``__call__`` for a kernel held as :func:`decode_layout`'s ``[prod(out_shape), prod(in_shape)]`` matrix."""
+        rows = x.reshape(*x.shape[:x.ndim - len(self.in_shape)], math.prod(self.in_shape)).astype(self.dtype)
+        matrix = compute_copy(self.kernel[...], self.dtype)
+        y = jax.lax.dot_general(rows, matrix, (((rows.ndim - 1,), (1,)), ((), ())))
+        y = y.reshape(*y.shape[:-1], *self.out_shape).astype(self.dtype)
+        if self.bias is not None:
+            y = y + compute_copy(self.bias[...], self.dtype)
+        return y
+
+
+def decode_layout(modules: Sequence[nnx.Module]) -> None:
+    """Hold every plain float :class:`Dense` kernel in ``modules`` as a ``[prod(out_shape), prod(in_shape)]`` matrix
+    that the layer reads transposed, the contracted axis innermost in memory; for a decode loop on the CPU, called on
+    the modules of a model merged inside the traced function, before the loop (each kernel is relaid out once per
+    call, not per step). XLA's CPU dots (YNNPACK) at a few rows run faster that way: 512 x 2048 at 8 rows 0.42 ms
+    against 0.60 ms; a t5-small decode at batch 8 326 -> 404 new tokens/s, batch 1 113 -> 119 (2-core AMD EPYC,
+    ``models/layers/DECODING.md``). Quantised kernels (qwix's) and layers with LoRA adapters (qwix reads their
+    kernels' axes) are left as they are."""
+    for module in modules:
+        for _, node in nnx.iter_graph(module):
+            if type(node) is not Dense or not isinstance(node.kernel, nnx.Param) or getattr(node, "out_major", False):
+                continue
+            others = [name for name, value in vars(node).items() if isinstance(value, nnx.Variable)]
+            if set(others) - {"kernel", "bias"}:
+                continue  # adapters beside the kernel
+            kernel = node.kernel[...]
+            node.kernel.set_raw_value(kernel.reshape(math.prod(node.in_shape), math.prod(node.out_shape)).T)
+            node.out_major = True
