@@ -112,7 +112,7 @@ def decode_layout(modules: Sequence[nnx.Module]) -> None:
     that the layer reads transposed, the contracted axis innermost in memory; for a decode loop on the CPU, called on
     the modules of a model merged inside the traced function, before the loop (each kernel is relaid out once per
     call, not per step). XLA's CPU dots (YNNPACK) at a few rows run faster that way: 512 x 2048 at 8 rows 0.42 ms
-    against 0.60 ms; a t5-small decode at batch 8 326 -> 404 new tokens/s, batch 1 113 -> 119 (2-core AMD EPYC,
+    against 0.60 ms; ``t5_generate`` at batch 8 339 -> 414 new tokens/s, batch 1 117 -> 121 (2-core AMD EPYC,
     ``models/layers/DECODING.md``). Quantised kernels (qwix's) and layers with LoRA adapters (qwix reads their
     kernels' axes) are left as they are."""
     for module in modules:
