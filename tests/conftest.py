@@ -161,11 +161,6 @@ def smol_pair(smol_file):
     cannot reuse memory the float load freed."""
     from flaxzoo.models.io import from_pretrained
 
-    # one load first, unmeasured: a fresh process's first load also grows by JAX's start-up and first compiles
-    # (int8 then grew 564 MB and float32 509 MB; in a worker that had run other tests first 290 / 472 MB)
-    del_after = from_pretrained(smol_file, quantize="int8")
-    del del_after
-    gc.collect()
     start = time.perf_counter()
     int8, int8_growth = load_measuring_rss(lambda: from_pretrained(smol_file, quantize="int8"))
     int8_seconds = time.perf_counter() - start
