@@ -53,7 +53,7 @@ import pathlib
 from typing import Any, Mapping, Sequence
 
 from flaxzoo.models.io.chat_render import (ChatTemplateError, checked_messages, checked_tools, compile_template, failure,
-                                        plain_data)
+                                        plain_data, tracking_generation)
 
 __all__ = ["CHAT_TEMPLATE_FILES", "SPECIAL_TOKEN_NAMES", "ChatTemplate", "ChatTemplateError", "apply_chat_template",
            "is_template_text", "load_chat_template", "plain_data"]
@@ -111,16 +111,32 @@ class ChatTemplate:
                tools: Sequence[Mapping[str, Any]] | None = None, template_name: str | None = None,
                **extra: Any) -> str:
         """``messages`` rendered with the selected template (see :func:`apply_chat_template`)."""
+        return self.render_with_generation_spans(messages, add_generation_prompt=add_generation_prompt, tools=tools,
+                                                 template_name=template_name, **extra)[0]
+
+    def render_with_generation_spans(self, messages: Sequence[Mapping[str, Any]], *,
+                                     add_generation_prompt: bool = False,
+                                     tools: Sequence[Mapping[str, Any]] | None = None,
+                                     template_name: str | None = None,
+                                     **extra: Any) -> tuple[str, list[tuple[int, int]]]:
+        """``(text, spans)``: :meth:`render`'s text and the ``[start, end)`` character spans of the template's
+        ``{% generation %}`` blocks in it (none when the template has no such block), found as transformers'
+        ``apply_chat_template(..., return_assistant_tokens_mask=True)`` finds them. Training text by default
+        (``add_generation_prompt=False``)."""
         chat = checked_messages(messages)
         schemas = checked_tools(tools)
-        text = self.select(template_name, tools=schemas)
-        compiled = compile_template(text, self.origin)
+        compiled = compile_template(self.select(template_name, tools=schemas), self.origin)
         variables = {**self.special_tokens, "documents": None, **plain_data(extra)}
         variables.update(messages=chat, tools=schemas, add_generation_prompt=bool(add_generation_prompt))
+        pieces: list[str] = []
+        spans: list[tuple[int, int]] = []
         try:
-            return compiled.render(**variables)
+            with tracking_generation(pieces, spans):
+                for piece in compiled.generate(**variables):  # streamed: a span starts where the text so far ends
+                    pieces.append(piece)
         except Exception as exc:  # a template runs arbitrary (sandboxed) logic: any failure is the template's
             raise ChatTemplateError(f"the chat template ({self.origin}) failed: {failure(exc)}") from exc
+        return "".join(pieces), spans
 
 
 # ---------------------------------------------------------------------------------------------------- finding

@@ -7,6 +7,8 @@ template object, are :mod:`flaxzoo.models.io.chat`'s.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import json
 from datetime import datetime
@@ -154,7 +156,7 @@ def environment() -> Any:
 
     class GenerationBlock(Extension):
         """``{% generation %}...{% endgeneration %}`` (marks the assistant's text for training masks): renders its
-        body unchanged."""
+        body unchanged, and inside :func:`tracking_generation` records where the body lands in the rendered text."""
 
         tags = {"generation"}
 
@@ -164,7 +166,13 @@ def environment() -> Any:
             return jinja2.nodes.CallBlock(self.call_method("body"), [], [], body).set_lineno(lineno)
 
         def body(self, caller: Callable[[], str]) -> str:
-            return caller()
+            text = caller()
+            tracked = GENERATION_TRACKER.get()
+            if tracked is not None:
+                pieces, spans = tracked
+                start = sum(map(len, pieces))
+                spans.append((start, start + len(text)))
+            return text
 
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
                                        extensions=[GenerationBlock, loopcontrols])
@@ -172,6 +180,25 @@ def environment() -> Any:
     env.globals.update(raise_exception=raise_exception, strftime_now=strftime_now, dict=DictMaker(),
                        namespace=SafeNamespace)
     return env
+
+
+# (the pieces a streamed render has produced so far, the spans found) while :func:`tracking_generation` runs
+GENERATION_TRACKER: contextvars.ContextVar[tuple[list[str], list[tuple[int, int]]] | None] = contextvars.ContextVar(
+    "generation_tracker", default=None)
+
+
+@contextlib.contextmanager
+def tracking_generation(pieces: list[str], spans: list[tuple[int, int]]):
+    """Within the block, a template streamed into ``pieces`` (``compiled.generate``) appends to ``spans`` the
+    ``[start, end)`` character span of each ``{% generation %}`` body: where the text rendered before it ends, as
+    transformers' ``return_assistant_tokens_mask`` finds them."""
+    if GENERATION_TRACKER.get() is not None:
+        raise RuntimeError("tracking_generation does not nest")
+    token = GENERATION_TRACKER.set((pieces, spans))
+    try:
+        yield
+    finally:
+        GENERATION_TRACKER.reset(token)
 
 
 @functools.lru_cache(maxsize=64)
