@@ -15,7 +15,8 @@ import pytest
 
 from flaxzoo.models.io.chat import ChatTemplateError, load_chat_template
 from flaxzoo.models.io.tokenizer import load_tokenizer
-from flaxzoo.train.data.conversations import SPANS_FROM, assistant_spans, encode_conversation, tokens_in_spans
+from flaxzoo.train.data.conversations import (SPANS_FROM, Example, assistant_spans, encode_conversation, fit_examples,
+                                             pack_examples, packed_batch, tokens_in_spans, training_example)
 
 WORDS = ["the", "tool", "returns", "42", "café", "naïve", "  spaced", "line\nbreak", "日本", "end.", "?", "a-b",
          "x\n", " y", "<think>", "json", "{}", "ok"]
@@ -67,6 +68,7 @@ def hf_tokenizer(tokenizer, chat_template: str):
                                                 pad_token="<|endoftext|>")
 
 
+@pytest.mark.slow_variants
 @pytest.mark.parametrize("seed", [0, 1])
 def test_generation_markers_give_transformers_assistant_masks(smol_tokenizer, seed):
     template_text = trl_template("qwen2_5_training.jinja")
@@ -184,3 +186,46 @@ def test_rendered_turns_equal_trl_prompt_completion_masks_turn_by_turn(smol_toke
             one_turn = tokens_in_spans(offsets, [span])
             assert np.where(one_turn, ours.ids, -100)[:length].tolist() == row["labels"], messages
             assert not one_turn[length:].any()
+
+
+# ------------------------------------------------------------------------------------------------ rows of examples
+@pytest.mark.slow_variants
+@pytest.mark.parametrize("preset, seed", [("llama-tiny", 5), ("gpt2-tiny", 6)])
+def test_packed_rows_give_the_loss_of_their_conversations_alone(smol_tokenizer, preset, seed):
+    """Packed rows (segment ids: no attention across conversations, positions restarting) give the summed loss and
+    count of scored tokens of the conversations each in a row of its own (1e-5); truncation and dropping counted."""
+    from flax import nnx
+
+    from flaxzoo import models
+    from flaxzoo.train.losses import causal_lm_loss
+
+    template = load_chat_template("smollm2-135m-instruct")
+    examples = [training_example(encode_conversation(template, smol_tokenizer, messages))
+                for messages in conversations(seed, 10, tools=False)]
+    seq_len = min(96, max(len(e.inputs) for e in examples) - 1)  # the longest is cut
+    kept, counts = fit_examples(examples, seq_len, "truncate")
+    assert counts["kept"] == len(kept) and counts["truncated"] + counts["dropped"] >= 1, counts
+    rows = pack_examples(kept, seq_len)
+    assert len(rows) < len(kept)
+    model = models.create_model(models.get_preset(preset, vocab_size=smol_tokenizer.get_vocab_size(), dropout=0.0,
+                                                  attention_dropout=0.0), seed=seed)
+    model.eval()
+    loss = nnx.jit(causal_lm_loss)
+    packed = [float(x) for x in loss(model, packed_batch(rows, seq_len, pad_id=0))]
+    alone = np.sum([[float(x) for x in loss(model, packed_batch([[e]], seq_len, pad_id=0))] for e in kept], 0)
+    assert packed[1] == alone[1] == sum(int((e.targets != -100).sum()) for e in kept)
+    np.testing.assert_allclose(packed[:2], alone[:2], rtol=1e-5)
+
+
+def test_fit_examples_cuts_or_drops_and_says_how_many():
+    scored = Example(np.arange(6, dtype=np.int32), np.array([-100, -100, 7, 8, -100, 9], np.int32))
+    late = Example(np.arange(6, dtype=np.int32), np.array([-100] * 5 + [9], np.int32))  # its reply past a cut at 4
+    short = Example(np.arange(3, dtype=np.int32), np.array([-100, 5, 6], np.int32))
+    kept, counts = fit_examples([scored, late, short], 4, "truncate")
+    assert [len(e.inputs) for e in kept] == [4, 3] and counts == {"truncated": 2, "dropped": 1, "kept": 2}
+    kept, counts = fit_examples([scored, late, short], 4, "drop")
+    assert [len(e.inputs) for e in kept] == [3] and counts == {"truncated": 0, "dropped": 2, "kept": 1}
+    with pytest.raises(ValueError, match="too_long='cut'"):
+        fit_examples([short], 4, "cut")
+    with pytest.raises(ValueError, match="longer than seq_len=2"):
+        pack_examples([short], 2)

@@ -15,7 +15,9 @@ Where the assistant's text is, found one of two ways (``EncodedConversation.span
   reasoning of earlier replies, say) is refused, naming the turn.
 
 A token is the assistant's when its characters overlap an assistant span (transformers' rule: a token that straddles
-a span's edge counts).
+a span's edge counts). A training example predicts each next token and scores the prediction when the predicted
+token is the assistant's (TRL's labels, which the model shifts); several examples share a row with segment ids
+(:func:`pack_examples`), attending only within their own conversation, positions restarting.
 """
 
 from __future__ import annotations
@@ -27,9 +29,12 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from flaxzoo.models.io.chat import ChatTemplate, ChatTemplateError
+from flaxzoo.train.batches import IGNORE_INDEX
+from flaxzoo.train.data.rows import next_fit
 
 GENERATION_MARKER = re.compile(r"\{%-?\s*generation\s*-?%\}")
 SPANS_FROM = ("generation markers", "rendered turns")
+TOO_LONG = ("truncate", "drop")  # what becomes of a conversation longer than a row
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,3 +115,71 @@ def encode_conversation(template: ChatTemplate, tokenizer: Any, messages: Sequen
     return EncodedConversation(ids=np.asarray(encoding.ids, np.int32),
                                assistant_mask=tokens_in_spans(encoding.offsets, spans), text=text,
                                spans=tuple(spans), spans_from=spans_from)
+
+
+@dataclasses.dataclass(frozen=True)
+class Example:
+    """One conversation's next-token pairs: ``inputs`` ``int32 [n]`` (its tokens but the last) and ``targets``
+    ``int32 [n]`` (the next token where it is the assistant's, else ``IGNORE_INDEX``)."""
+
+    inputs: np.ndarray
+    targets: np.ndarray
+
+
+def training_example(encoded: EncodedConversation) -> Example:
+    """:class:`Example` of an encoded conversation."""
+    targets = np.where(encoded.assistant_mask[1:], encoded.ids[1:], IGNORE_INDEX).astype(np.int32)
+    return Example(inputs=encoded.ids[:-1].astype(np.int32), targets=targets)
+
+
+def fit_examples(examples: Sequence[Example], seq_len: int, too_long: str) -> tuple[list[Example], dict[str, int]]:
+    """``(kept, counts)``: examples longer than ``seq_len`` cut to their first ``seq_len`` tokens (``"truncate"``)
+    or left out (``"drop"``); an example left with no scored target (its replies all past the cut) is left out too.
+    ``counts``: ``{"truncated", "dropped", "kept"}``, for the caller to report."""
+    if too_long not in TOO_LONG:
+        raise ValueError(f"too_long={too_long!r}: expected one of {TOO_LONG}")
+    if seq_len < 2:
+        raise ValueError(f"seq_len={seq_len}: a row needs at least 2 tokens")
+    kept, counts = [], {"truncated": 0, "dropped": 0, "kept": 0}
+    for example in examples:
+        if len(example.inputs) > seq_len:
+            if too_long == "drop":
+                counts["dropped"] += 1
+                continue
+            example = Example(example.inputs[:seq_len], example.targets[:seq_len])
+            counts["truncated"] += 1
+        if not (example.targets != IGNORE_INDEX).any():
+            counts["dropped"] += 1
+            continue
+        kept.append(example)
+    counts["kept"] = len(kept)
+    return kept, counts
+
+
+def pack_examples(examples: Sequence[Example], seq_len: int) -> list[list[Example]]:
+    """Examples (each at most ``seq_len`` long: :func:`fit_examples`) into rows in their order (next-fit)."""
+    too_long = [i for i, example in enumerate(examples) if len(example.inputs) > seq_len]
+    if too_long:
+        raise ValueError(f"examples {too_long[:5]} are longer than seq_len={seq_len}: fit_examples cuts or drops them")
+    return [[examples[i] for i in row] for row in next_fit([(len(e.inputs),) for e in examples], (seq_len,))]
+
+
+def packed_batch(rows: Sequence[Sequence[Example]], seq_len: int, pad_id: int) -> dict[str, np.ndarray]:
+    """Rows of examples as a causal LM batch (``flaxzoo.train.batches.CAUSAL_KEYS``): ``input_ids``, ``targets``
+    and ``segment_ids`` ``int32 [rows, seq_len]``, the examples of a row numbered from 1 (0: padding, never
+    scored)."""
+    count = len(rows)
+    batch = {"input_ids": np.full((count, seq_len), pad_id, np.int32),
+             "targets": np.full((count, seq_len), IGNORE_INDEX, np.int32),
+             "segment_ids": np.zeros((count, seq_len), np.int32)}
+    for r, row in enumerate(rows):
+        at = 0
+        for number, example in enumerate(row, 1):
+            end = at + len(example.inputs)
+            if end > seq_len:
+                raise ValueError(f"row {r} holds {end} tokens, more than seq_len={seq_len}")
+            batch["input_ids"][r, at:end] = example.inputs
+            batch["targets"][r, at:end] = example.targets
+            batch["segment_ids"][r, at:end] = number
+            at = end
+    return batch

@@ -33,6 +33,7 @@ from flaxzoo.models.inference.text import plain_tokenizer, truncating_tokenizer
 from flaxzoo.train.batches import IGNORE_INDEX
 from flaxzoo.train.config import ConfigError
 from flaxzoo.train.data.corpus import jsonl_objects
+from flaxzoo.train.data.rows import next_fit
 from flaxzoo.train.finetune.config import FinetuneConfig
 from flaxzoo.train.finetune.config_tasks import SYNTHETIC_PAIRS, TFDS_PREFIX, is_tfds
 from flaxzoo.train.finetune.task import FinetuneTask
@@ -158,14 +159,8 @@ def pack_pairs(pairs: Sequence[tuple[list[int], list[int]]], max_len: int,
                target_max_len: int) -> list[list[tuple[list[int], list[int]]]]:
     """Pairs in their order into rows: a pair joins the current row while its source fits ``max_len`` and its target
     ``target_max_len`` beside the row's others, else it starts the next row (next-fit)."""
-    rows, row, source_used, target_used = [], [], 0, 0
-    for source, target in pairs:
-        if row and (source_used + len(source) > max_len or target_used + len(target) > target_max_len):
-            rows.append(row)
-            row, source_used, target_used = [], 0, 0
-        row.append((source, target))
-        source_used, target_used = source_used + len(source), target_used + len(target)
-    return rows + [row] if row else rows
+    sizes = [(len(source), len(target)) for source, target in pairs]
+    return [[pairs[i] for i in row] for row in next_fit(sizes, (max_len, target_max_len))]
 
 
 def packed_pair_batch(rows: Sequence[Sequence[tuple[list[int], list[int]]]], *, pad_id: int, start_id: int,
