@@ -67,6 +67,8 @@ class Dense(nnx.Module):
     ``Dense((d,), (heads, head_dim))`` maps ``[batch, seq, d]`` to ``[batch, seq, heads, head_dim]``.
     """
 
+    out_major = False  # True once decode_layout holds the kernel as an [out, in] matrix
+
     def __init__(self, in_shape: Sequence[int], out_shape: Sequence[int], *, axes: Axes, use_bias: bool,
                  rngs: nnx.Rngs, init_std: float = 0.02, dtype: jnp.dtype = jnp.float32,
                  param_dtype: jnp.dtype = jnp.float32):
@@ -82,29 +84,27 @@ class Dense(nnx.Module):
         n_in = len(self.in_shape)
         if x.shape[x.ndim - n_in:] != self.in_shape:
             raise ValueError(f"Dense expected trailing shape {self.in_shape}, got input shape {x.shape}")
-        if getattr(self, "out_major", False):  # decode_layout's [out, in] matrix
-            return self._out_major_call(x)
-        contract = (tuple(range(x.ndim - n_in, x.ndim)), tuple(range(n_in)))
-        kernel = self.kernel
-        # A float kernel is an nnx.Param; a quantised one (models/adapters/quantize.py: qwix's ``WithAux`` of an int8 QArray)
-        # goes to dot_general whole, which qwix intercepts in a quantised Dense.
-        kernel = compute_copy(kernel[...], self.dtype) if isinstance(kernel, nnx.Variable) else kernel
-        # In the compute dtype: qwix's LoRA adds its float32 adapters' product inside dot_general, which would turn a
-        # bfloat16 model's activations float32 from the first adapted layer on (and break lax.scan's carry type).
-        y = jax.lax.dot_general(x.astype(self.dtype), kernel, (contract, ((), ()))).astype(self.dtype)
+        if self.out_major:
+            y = self._out_major_product(x)
+        else:
+            contract = (tuple(range(x.ndim - n_in, x.ndim)), tuple(range(n_in)))
+            kernel = self.kernel
+            # A float kernel is an nnx.Param; a quantised one (models/adapters/quantize.py: qwix's ``WithAux`` of an
+            # int8 QArray) goes to dot_general whole, which qwix intercepts in a quantised Dense.
+            kernel = compute_copy(kernel[...], self.dtype) if isinstance(kernel, nnx.Variable) else kernel
+            # In the compute dtype: qwix's LoRA adds its float32 adapters' product inside dot_general, which would turn
+            # a bfloat16 model's activations float32 from the first adapted layer on (and break lax.scan's carry type).
+            y = jax.lax.dot_general(x.astype(self.dtype), kernel, (contract, ((), ()))).astype(self.dtype)
         if self.bias is not None:
             y = y + compute_copy(self.bias[...], self.dtype)
         return y
 
-    def _out_major_call(self, x: jax.Array) -> jax.Array:
-        """``__call__`` for a kernel held as :func:`decode_layout`'s ``[prod(out_shape), prod(in_shape)]`` matrix."""
+    def _out_major_product(self, x: jax.Array) -> jax.Array:
+        """``x · W`` for a kernel held as :func:`decode_layout`'s ``[prod(out_shape), prod(in_shape)]`` matrix."""
         rows = x.reshape(*x.shape[:x.ndim - len(self.in_shape)], math.prod(self.in_shape)).astype(self.dtype)
         matrix = compute_copy(self.kernel[...], self.dtype)
         y = jax.lax.dot_general(rows, matrix, (((rows.ndim - 1,), (1,)), ((), ())))
-        y = y.reshape(*y.shape[:-1], *self.out_shape).astype(self.dtype)
-        if self.bias is not None:
-            y = y + compute_copy(self.bias[...], self.dtype)
-        return y
+        return y.reshape(*y.shape[:-1], *self.out_shape).astype(self.dtype)
 
 
 def decode_layout(modules: Sequence[nnx.Module]) -> None:
@@ -117,7 +117,7 @@ def decode_layout(modules: Sequence[nnx.Module]) -> None:
     kernels' axes) are left as they are."""
     for module in modules:
         for _, node in nnx.iter_graph(module):
-            if type(node) is not Dense or not isinstance(node.kernel, nnx.Param) or getattr(node, "out_major", False):
+            if type(node) is not Dense or not isinstance(node.kernel, nnx.Param) or node.out_major:
                 continue
             others = [name for name, value in vars(node).items() if isinstance(value, nnx.Variable)]
             if set(others) - {"kernel", "bias"}:
